@@ -1,0 +1,1 @@
+//! The reconcilers: pin refresher and catch-up, fast finalizer, leader election.

@@ -1,0 +1,1 @@
+//! The admission server: TLS, AdmissionReview routing and the rules.
