@@ -1,1 +1,25 @@
-//! harness
+//! Test harness for holdfast: a real local control plane (etcd, kube-apiserver,
+//! kube-controller-manager) and a real OCI registry on loopback, test images pushed to it,
+//! and the runner the e2e suites share.
+
+pub mod control_plane;
+pub mod images;
+pub mod objects;
+pub mod process;
+pub mod suite;
+pub mod tools;
+pub mod wait;
+
+pub use control_plane::Env;
+
+/// Process-wide set-up for harness users: the ring TLS provider and logs from `RUST_LOG`.
+pub fn init() {
+    // Only ring is compiled in; installing it explicitly keeps rustls from guessing.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,428 @@
+//! A real local control plane and OCI registry on loopback: etcd, kube-apiserver,
+//! kube-controller-manager (garbage collector, namespace controller, service accounts) and a
+//! Distribution registry, each on a free port in a temporary directory.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::{
+    api::core::v1::{Namespace, ServiceAccount},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube::{
+    Api, Client, Config, ResourceExt,
+    api::{ObjectMeta, PostParams},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::wait::{await_condition, conditions},
+};
+use serde::Deserialize as _;
+use sha2::{Digest, Sha256};
+use tempfile::TempDir;
+
+use crate::{
+    process::{ServerProcess, free_port},
+    tools::Tools,
+};
+
+/// How long any one component may take to become ready before the boot fails.
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// Label on every namespace the harness creates, so leftovers can be found on a shared cluster.
+pub const E2E_LABEL: &str = "holdfast.dev/e2e";
+
+/// A running control plane and registry. Dropping it stops every process and removes its directory
+/// (kept, with the logs, when `HOLDFAST_KEEP_ENV=1`).
+#[derive(Debug)]
+pub struct Env {
+    kubeconfig: PathBuf,
+    registry: String,
+    boot_time: Duration,
+    /// In start order; stopped in reverse.
+    processes: Vec<ServerProcess>,
+    dir: Option<TempDir>,
+}
+
+impl Env {
+    /// Boots everything and installs the peers' CRDs (and holdfast's own) before the controller
+    /// manager starts, so its garbage collector discovers them on its first sync.
+    pub async fn start() -> Result<Self> {
+        // Children are forked from a runtime worker thread: PR_SET_PDEATHSIG follows the forking
+        // thread, and workers live as long as the runtime, unlike a short-lived test thread.
+        tokio::spawn(Self::boot()).await.context("boot task panicked")?
+    }
+
+    async fn boot() -> Result<Self> {
+        let started = Instant::now();
+        let tools = Tools::locate()?;
+        let dir = tempfile::Builder::new().prefix("holdfast-env-").tempdir()?;
+        let root = dir.path().to_path_buf();
+        let mut env = Env {
+            kubeconfig: root.join("kubeconfig"),
+            registry: String::new(),
+            boot_time: Duration::ZERO,
+            processes: Vec::new(),
+            dir: Some(dir),
+        };
+
+        let etcd_port = free_port()?;
+        let etcd_peer_port = free_port()?;
+        let apiserver_port = free_port()?;
+        let kcm_port = free_port()?;
+        let registry_port = free_port()?;
+        env.registry = format!("127.0.0.1:{registry_port}");
+
+        let pki = root.join("pki");
+        std::fs::create_dir_all(&pki)?;
+        let sa_key = rcgen::KeyPair::generate().context("generating the service-account key")?;
+        std::fs::write(pki.join("sa.key"), sa_key.serialize_pem())?;
+        std::fs::write(pki.join("sa.pub"), sa_key.public_key_pem())?;
+        let token = random_token();
+        std::fs::write(
+            pki.join("tokens.csv"),
+            format!("{token},admin,admin,system:masters\n"),
+        )?;
+
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
+        env.spawn(
+            "etcd",
+            &tools.etcd,
+            &[
+                "--name=default".into(),
+                format!("--data-dir={}", root.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=default={peer_url}"),
+            ],
+        )?;
+
+        let registry_config = root.join("registry.yml");
+        std::fs::write(
+            &registry_config,
+            registry_config_yaml(&root.join("registry"), &env.registry),
+        )?;
+        env.spawn(
+            "docker-registry",
+            &tools.registry,
+            &["serve".into(), registry_config.display().to_string()],
+        )?;
+
+        let cert_dir = root.join("apiserver");
+        let ca_file = cert_dir.join("apiserver.crt");
+        env.spawn(
+            "kube-apiserver",
+            &tools.kube_apiserver,
+            &[
+                format!("--etcd-servers={etcd_url}"),
+                format!("--secure-port={apiserver_port}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                "--insecure-port=0".into(),
+                format!("--cert-dir={}", cert_dir.display()),
+                format!("--token-auth-file={}", pki.join("tokens.csv").display()),
+                "--authorization-mode=RBAC".into(),
+                "--service-account-issuer=https://kubernetes.default.svc".into(),
+                format!("--service-account-key-file={}", pki.join("sa.pub").display()),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    pki.join("sa.key").display()
+                ),
+                "--service-cluster-ip-range=10.96.0.0/24".into(),
+            ],
+        )?;
+
+        env.wait_for_registry().await?;
+        let client = env.wait_for_apiserver(apiserver_port, &ca_file, &token).await?;
+        install_crds(&client, &crd_dirs()).await?;
+
+        env.spawn(
+            "kube-controller-manager",
+            &tools.kube_controller_manager,
+            &[
+                format!("--kubeconfig={}", env.kubeconfig.display()),
+                "--leader-elect=false".into(),
+                format!(
+                    "--service-account-private-key-file={}",
+                    pki.join("sa.key").display()
+                ),
+                format!("--root-ca-file={}", ca_file.display()),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={kcm_port}"),
+                "--port=0".into(),
+            ],
+        )?;
+        env.wait_for_service_account(&client, "default").await?;
+
+        env.boot_time = started.elapsed();
+        tracing::info!(boot_seconds = env.boot_time.as_secs_f64(), dir = %root.display(), "local control plane ready");
+        Ok(env)
+    }
+
+    fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) -> Result<()> {
+        let root = self.dir()?.to_path_buf();
+        let process = ServerProcess::spawn(name, program, args, root.join(format!("{name}.log")))?;
+        self.processes.push(process);
+        Ok(())
+    }
+
+    fn dir(&self) -> Result<&Path> {
+        self.dir
+            .as_ref()
+            .map(TempDir::path)
+            .context("environment already torn down")
+    }
+
+    /// Fails fast, with the log, if any process died while we wait for another.
+    fn check_processes(&mut self) -> Result<()> {
+        self.processes
+            .iter_mut()
+            .try_for_each(ServerProcess::check_running)
+    }
+
+    async fn wait_for_registry(&mut self) -> Result<()> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()?;
+        let url = format!("http://{}/v2/", self.registry);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_processes()?;
+            if let Ok(rsp) = http.get(&url).send().await
+                && rsp.status().is_success()
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("registry at {url} not ready after {READY_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Polls `/readyz` (there is nothing to watch before the apiserver is up), then writes the
+    /// kubeconfig and returns a client.
+    async fn wait_for_apiserver(&mut self, port: u16, ca_file: &Path, token: &str) -> Result<Client> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let url = format!("https://127.0.0.1:{port}/readyz");
+        let mut http = None;
+        let mut last_error = String::from("serving certificate not written yet");
+        loop {
+            self.check_processes()?;
+            if http.is_none() && ca_file.is_file() {
+                let ca = reqwest::Certificate::from_pem_bundle(&std::fs::read(ca_file)?)?;
+                http = Some(
+                    reqwest::Client::builder()
+                        .tls_certs_only(ca)
+                        .timeout(Duration::from_secs(2))
+                        .build()?,
+                );
+            }
+            if let Some(http) = &http {
+                match http.get(&url).bearer_auth(token).send().await {
+                    Ok(rsp) if rsp.status().is_success() => break,
+                    Ok(rsp) => last_error = format!("/readyz answered {}", rsp.status()),
+                    Err(e) => last_error = e.to_string(),
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("kube-apiserver not ready after {READY_TIMEOUT:?}: {last_error}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        std::fs::write(&self.kubeconfig, kubeconfig_yaml(port, ca_file, token))?;
+        self.client().await
+    }
+
+    /// The controller manager is useful once its service-account and token controllers run.
+    async fn wait_for_service_account(&mut self, client: &Client, namespace: &str) -> Result<()> {
+        let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+        let has_token = |sa: Option<&ServiceAccount>| {
+            sa.is_some_and(|sa| sa.secrets.as_ref().is_some_and(|s| !s.is_empty()))
+        };
+        let wait = await_condition(api, "default", has_token);
+        tokio::select! {
+            done = tokio::time::timeout(READY_TIMEOUT, wait) => {
+                done.context("timed out waiting for the default service account (kube-controller-manager)")?
+                    .context("watching service accounts")?;
+                Ok(())
+            }
+            err = self.watch_for_exit() => Err(err),
+        }
+    }
+
+    /// Resolves only when a server process has exited, with its log.
+    async fn watch_for_exit(&mut self) -> anyhow::Error {
+        loop {
+            if let Err(e) = self.check_processes() {
+                return e;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// A fresh client: kube clients keep connections on the runtime that made them.
+    pub async fn client(&self) -> Result<Client> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(Client::try_from(config)?)
+    }
+
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// `host:port` of the plain-HTTP registry.
+    pub fn registry(&self) -> &str {
+        &self.registry
+    }
+
+    pub fn boot_time(&self) -> Duration {
+        self.boot_time
+    }
+
+    /// PIDs of the servers, in start order (for `make up`'s state file).
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        self.processes.iter().map(|p| (p.name(), p.pid())).collect()
+    }
+
+    /// `kubectl` pointed at this control plane, to drive it as a user would.
+    pub fn kubectl(&self) -> std::process::Command {
+        let mut cmd = std::process::Command::new("kubectl");
+        cmd.env("KUBECONFIG", &self.kubeconfig);
+        cmd
+    }
+
+    /// Creates a uniquely named, labelled namespace whose default service account is ready
+    /// (pods are rejected by the ServiceAccount admission plugin before that).
+    pub async fn namespace(&self, prefix: &str) -> Result<String> {
+        let client = self.client().await?;
+        let name = unique_name(prefix);
+        let ns = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([(E2E_LABEL.to_string(), "true".to_string())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        let api: Api<ServiceAccount> = Api::namespaced(client, &name);
+        let ready = |sa: Option<&ServiceAccount>| {
+            sa.is_some_and(|sa| sa.secrets.as_ref().is_some_and(|s| !s.is_empty()))
+        };
+        tokio::time::timeout(READY_TIMEOUT, await_condition(api, "default", ready))
+            .await
+            .with_context(|| format!("default service account in {name} never got a token"))??;
+        Ok(name)
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        while let Some(mut process) = self.processes.pop() {
+            process.stop(Duration::from_secs(5));
+        }
+        if std::env::var_os("HOLDFAST_KEEP_ENV").is_some()
+            && let Some(dir) = self.dir.take()
+        {
+            eprintln!("harness: kept {} (HOLDFAST_KEEP_ENV)", dir.keep().display());
+        }
+    }
+}
+
+/// The peers' CRDs (`e2e/crds`) and holdfast's own (`manifests/crds`).
+pub fn crd_dirs() -> Vec<PathBuf> {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    vec![crate_dir.join("crds"), crate_dir.join("../manifests/crds")]
+}
+
+/// Creates every CRD found in `dirs` and waits until each is established.
+pub async fn install_crds(client: &Client, dirs: &[PathBuf]) -> Result<Vec<String>> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut names = Vec::new();
+    for crd in load_crds(dirs)? {
+        let name = crd.name_any();
+        match api.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e).with_context(|| format!("creating CRD {name}")),
+        }
+        names.push(name);
+    }
+    for name in &names {
+        tokio::time::timeout(
+            READY_TIMEOUT,
+            await_condition(api.clone(), name, conditions::is_crd_established()),
+        )
+        .await
+        .with_context(|| format!("CRD {name} not established"))??;
+    }
+    Ok(names)
+}
+
+fn load_crds(dirs: &[PathBuf]) -> Result<Vec<CustomResourceDefinition>> {
+    let mut crds = Vec::new();
+    for dir in dirs.iter().filter(|d| d.is_dir()) {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+            .collect();
+        files.sort();
+        for file in files {
+            let text = std::fs::read_to_string(&file)?;
+            for doc in serde_yaml::Deserializer::from_str(&text) {
+                let value = serde_yaml::Value::deserialize(doc)?;
+                if value.is_null() {
+                    continue;
+                }
+                let crd: CustomResourceDefinition =
+                    serde_yaml::from_value(value).with_context(|| format!("parsing {}", file.display()))?;
+                crds.push(crd);
+            }
+        }
+    }
+    Ok(crds)
+}
+
+fn registry_config_yaml(storage: &Path, addr: &str) -> String {
+    format!(
+        "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: false\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n",
+        storage.display()
+    )
+}
+
+fn kubeconfig_yaml(port: u16, ca_file: &Path, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: holdfast-local\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: {}\nusers:\n- name: admin\n  user:\n    token: {token}\ncontexts:\n- name: holdfast-local\n  context:\n    cluster: holdfast-local\n    user: admin\ncurrent-context: holdfast-local\n",
+        ca_file.display()
+    )
+}
+
+fn random_token() -> String {
+    let seed = format!(
+        "{:?}{}{:?}",
+        SystemTime::now(),
+        std::process::id(),
+        std::thread::current().id()
+    );
+    hex::encode(Sha256::digest(seed.as_bytes()))
+}
+
+/// `prefix-<8 hex>`: unique within the process and across runs.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let digest = Sha256::digest(format!("{nanos}-{}-{n}", std::process::id()).as_bytes());
+    format!("{prefix}-{}", &hex::encode(digest)[..8])
+}

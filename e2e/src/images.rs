@@ -1,0 +1,264 @@
+//! Small OCI images and imgpkg-style bundles, built in memory and pushed to a registry with the
+//! OCI distribution API: enough to give tags real digests, and to move a tag to new content.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result, bail};
+use reqwest::{StatusCode, header};
+use serde_json::json;
+use sha2::{Digest as _, Sha256};
+
+pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+pub const OCI_LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+/// The config label imgpkg sets on bundles.
+pub const IMGPKG_BUNDLE_LABEL: &str = "dev.carvel.imgpkg.bundle";
+
+#[derive(Debug, Clone)]
+pub struct Blob {
+    pub media_type: &'static str,
+    pub digest: String,
+    pub bytes: Vec<u8>,
+}
+
+impl Blob {
+    fn new(media_type: &'static str, bytes: Vec<u8>) -> Self {
+        Self {
+            media_type,
+            digest: sha256_digest(&bytes),
+            bytes,
+        }
+    }
+
+    fn descriptor(&self) -> serde_json::Value {
+        json!({"mediaType": self.media_type, "digest": self.digest, "size": self.bytes.len()})
+    }
+}
+
+/// A single-platform image: one uncompressed tar layer with the given files.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub config: Blob,
+    pub layer: Blob,
+    pub manifest: Blob,
+}
+
+impl Image {
+    /// Same files, same digest: the tar is written with fixed metadata.
+    pub fn with_files(files: &[(&str, &[u8])]) -> Result<Self> {
+        Self::build(files, BTreeMap::new())
+    }
+
+    /// An imgpkg bundle: the bundle label, the given files, and `.imgpkg/images.yml` locking
+    /// `images` (digest references).
+    pub fn bundle(files: &[(&str, &[u8])], images: &[String]) -> Result<Self> {
+        let lock = images_lock_yaml(images);
+        let mut all: Vec<(&str, &[u8])> = files.to_vec();
+        all.push((".imgpkg/images.yml", lock.as_bytes()));
+        Self::build(
+            &all,
+            [(IMGPKG_BUNDLE_LABEL.to_string(), "true".to_string())].into(),
+        )
+    }
+
+    fn build(files: &[(&str, &[u8])], labels: BTreeMap<String, String>) -> Result<Self> {
+        let layer = Blob::new(OCI_LAYER_TAR, tar_of(files)?);
+        let config = json!({
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Labels": labels},
+            "rootfs": {"type": "layers", "diff_ids": [layer.digest]},
+        });
+        let config = Blob::new(OCI_CONFIG, serde_json::to_vec(&config)?);
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": config.descriptor(),
+            "layers": [layer.descriptor()],
+        });
+        let manifest = Blob::new(OCI_MANIFEST, serde_json::to_vec(&manifest)?);
+        Ok(Self {
+            config,
+            layer,
+            manifest,
+        })
+    }
+
+    pub fn digest(&self) -> &str {
+        &self.manifest.digest
+    }
+}
+
+/// The `.imgpkg/images.yml` imgpkg writes into a bundle.
+pub fn images_lock_yaml(images: &[String]) -> String {
+    let mut out = String::from("apiVersion: imgpkg.carvel.dev/v1alpha1\nkind: ImagesLock\nimages:\n");
+    for image in images {
+        out.push_str(&format!(
+            "- image: {image}\n  annotations:\n    kbld.carvel.dev/id: {image}\n"
+        ));
+    }
+    out
+}
+
+/// Pushes an image's blobs and manifest under `tag`; returns the manifest digest the registry reports.
+pub async fn push(registry: &str, repository: &str, tag: &str, image: &Image) -> Result<String> {
+    let http = reqwest::Client::new();
+    for blob in [&image.config, &image.layer] {
+        push_blob(&http, registry, repository, blob).await?;
+    }
+    put_manifest(&http, registry, repository, tag, &image.manifest).await
+}
+
+/// Pushes several platform images and an OCI index over them under `tag`; returns the index digest.
+pub async fn push_index(
+    registry: &str,
+    repository: &str,
+    tag: &str,
+    platforms: &[(&str, &Image)],
+) -> Result<String> {
+    let http = reqwest::Client::new();
+    let mut manifests = Vec::new();
+    for (arch, image) in platforms {
+        for blob in [&image.config, &image.layer] {
+            push_blob(&http, registry, repository, blob).await?;
+        }
+        put_manifest(
+            &http,
+            registry,
+            repository,
+            &image.manifest.digest,
+            &image.manifest,
+        )
+        .await?;
+        let mut descriptor = image.manifest.descriptor();
+        descriptor["platform"] = json!({"architecture": arch, "os": "linux"});
+        manifests.push(descriptor);
+    }
+    let index = json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests});
+    let index = Blob::new(OCI_INDEX, serde_json::to_vec(&index)?);
+    put_manifest(&http, registry, repository, tag, &index).await
+}
+
+/// Moves `tag` to new content (pushes `image` over it); returns the new digest.
+pub async fn retag(registry: &str, repository: &str, tag: &str, image: &Image) -> Result<String> {
+    push(registry, repository, tag, image).await
+}
+
+/// What the registry answers to `HEAD /v2/<repo>/manifests/<reference>`, as a client pinning would see it.
+pub async fn head_digest(registry: &str, repository: &str, reference: &str) -> Result<Option<String>> {
+    let url = format!("http://{registry}/v2/{repository}/manifests/{reference}");
+    let rsp = reqwest::Client::new()
+        .head(&url)
+        .header(header::ACCEPT, format!("{OCI_INDEX}, {OCI_MANIFEST}"))
+        .send()
+        .await?;
+    if rsp.status() == StatusCode::NOT_FOUND {
+        return Ok(None);
+    }
+    if !rsp.status().is_success() {
+        bail!("HEAD {url}: {}", rsp.status());
+    }
+    let digest = rsp
+        .headers()
+        .get("docker-content-digest")
+        .context("no Docker-Content-Digest")?;
+    Ok(Some(digest.to_str()?.to_string()))
+}
+
+async fn push_blob(http: &reqwest::Client, registry: &str, repository: &str, blob: &Blob) -> Result<()> {
+    let base = format!("http://{registry}");
+    let exists = http
+        .head(format!("{base}/v2/{repository}/blobs/{}", blob.digest))
+        .send()
+        .await?;
+    if exists.status().is_success() {
+        return Ok(());
+    }
+    let start = http
+        .post(format!("{base}/v2/{repository}/blobs/uploads/"))
+        .send()
+        .await?;
+    if start.status() != StatusCode::ACCEPTED {
+        bail!("starting a blob upload to {repository}: {}", start.status());
+    }
+    let location = start
+        .headers()
+        .get(header::LOCATION)
+        .context("upload without Location")?
+        .to_str()?;
+    let location = if location.starts_with('/') {
+        format!("{base}{location}")
+    } else {
+        location.to_string()
+    };
+    let separator = if location.contains('?') { '&' } else { '?' };
+    let done = http
+        .put(format!("{location}{separator}digest={}", blob.digest))
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .body(blob.bytes.clone())
+        .send()
+        .await?;
+    if done.status() != StatusCode::CREATED {
+        bail!(
+            "uploading blob {} to {repository}: {}",
+            blob.digest,
+            done.status()
+        );
+    }
+    Ok(())
+}
+
+async fn put_manifest(
+    http: &reqwest::Client,
+    registry: &str,
+    repository: &str,
+    reference: &str,
+    manifest: &Blob,
+) -> Result<String> {
+    let rsp = http
+        .put(format!("http://{registry}/v2/{repository}/manifests/{reference}"))
+        .header(header::CONTENT_TYPE, manifest.media_type)
+        .body(manifest.bytes.clone())
+        .send()
+        .await?;
+    if rsp.status() != StatusCode::CREATED {
+        bail!(
+            "putting manifest {repository}:{reference}: {} {}",
+            rsp.status(),
+            rsp.text().await.unwrap_or_default()
+        );
+    }
+    let digest = rsp
+        .headers()
+        .get("docker-content-digest")
+        .context("manifest PUT without Docker-Content-Digest")?
+        .to_str()?
+        .to_string();
+    if digest != manifest.digest {
+        bail!(
+            "registry stored {repository}:{reference} as {digest}, expected {}",
+            manifest.digest
+        );
+    }
+    Ok(digest)
+}
+
+fn tar_of(files: &[(&str, &[u8])]) -> Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (path, contents) in files {
+        let mut header = tar::Header::new_ustar();
+        header.set_size(contents.len() as u64);
+        header.set_mode(0o644);
+        header.set_mtime(0);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder
+            .append_data(&mut header, path, *contents)
+            .with_context(|| format!("adding {path}"))?;
+    }
+    Ok(builder.into_inner()?)
+}
+
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}

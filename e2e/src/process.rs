@@ -1,0 +1,104 @@
+//! Child processes of the harness: logged to a file, tied to the harness's life, stopped on drop.
+
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+
+/// A server process started by the harness.
+///
+/// Spawned through `setpriv --pdeathsig KILL` so that a harness killed outright (SIGKILL, a CI
+/// timeout) takes its servers with it; `Drop` is the orderly path (SIGTERM, then SIGKILL).
+#[derive(Debug)]
+pub struct ServerProcess {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl ServerProcess {
+    pub fn spawn(name: &'static str, program: &Path, args: &[String], log: PathBuf) -> Result<Self> {
+        let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = Command::new("setpriv")
+            .arg("--pdeathsig")
+            .arg("KILL")
+            .arg("--")
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        Ok(Self { name, child, log })
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Fails with the end of the log if the process has already exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        match self.child.try_wait()? {
+            None => Ok(()),
+            Some(status) => anyhow::bail!(
+                "{} exited early ({status}); last log lines:\n{}",
+                self.name,
+                self.log_tail(30)
+            ),
+        }
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// SIGTERM, wait up to `grace`, then SIGKILL; always reaps the child.
+    pub fn stop(&mut self, grace: Duration) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let pid = Pid::from_raw(self.child.id() as i32);
+        let _ = kill(pid, Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// A loopback TCP port that was free a moment ago.
+pub fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding a free port")?;
+    Ok(listener.local_addr()?.port())
+}

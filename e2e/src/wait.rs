@@ -1,0 +1,33 @@
+//! Bounded waits on watches: tests never sleep for a condition the API server can tell them.
+
+use std::{fmt::Debug, time::Duration};
+
+use anyhow::{Context, Result};
+use kube::{
+    Api, Resource,
+    runtime::wait::{Condition, await_condition, conditions},
+};
+use serde::de::DeserializeOwned;
+
+/// Long enough for the controller manager's work on a loaded 2-core machine, short enough to fail.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Waits, on a watch, until `name` satisfies `condition`; returns the object as last seen.
+pub async fn until<K, C>(api: &Api<K>, name: &str, condition: C) -> Result<Option<K>>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
+    C: Condition<K>,
+{
+    tokio::time::timeout(DEFAULT_TIMEOUT, await_condition(api.clone(), name, condition))
+        .await
+        .with_context(|| format!("timed out after {DEFAULT_TIMEOUT:?} waiting for {name}"))?
+        .with_context(|| format!("watching {name}"))
+}
+
+/// Waits until the object with this `uid` is gone.
+pub async fn deleted<K>(api: &Api<K>, name: &str, uid: &str) -> Result<()>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    until(api, name, conditions::is_deleted(uid)).await.map(drop)
+}
