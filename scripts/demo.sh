@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The demo: pushes the images the examples refer to, applies examples/ with kubectl as a user
+# would, and prints each reference as written and as stored (what holdfast did to it).
+set -euo pipefail
+state=${1:-.holdfast}
+# shellcheck disable=SC1091
+source "$state/env"
+
+target/debug/holdfast-localenv seed --registry "$HOLDFAST_REGISTRY" >"$state/seed.log"
+echo "pushed demo images to $HOLDFAST_REGISTRY (see $state/seed.log)"
+
+rendered="$state/examples"
+mkdir -p "$rendered"
+for f in examples/*.yaml; do
+  sed "s|REGISTRY|$HOLDFAST_REGISTRY|g" "$f" >"$rendered/$(basename "$f")"
+done
+kubectl apply -f "$rendered/namespace.yaml"
+for f in app-image packagerepository package korifi-app; do
+  kubectl apply -f "$rendered/$f.yaml"
+done
+
+echo
+echo "=== each reference as written (examples/) and as stored after admission ==="
+target/debug/holdfast-localenv show "$rendered/app-image.yaml" "$rendered/packagerepository.yaml" \
+  "$rendered/package.yaml" "$rendered/korifi-app.yaml"
+echo
+echo "The environment keeps running: source $state/env to use it; make down stops it."
