@@ -23,12 +23,17 @@ async fn main() -> Result<()> {
         Some("up") => up(&state_dir(&args)?).await,
         Some("show") => show(&args[1..]).await,
         Some("seed") => seed(&flag(&args, "--registry").context("seed needs --registry HOST:PORT")?).await,
-        _ => bail!("usage: holdfast-localenv up [--state-dir DIR] | seed --registry HOST:PORT | show FILE..."),
+        _ => {
+            bail!("usage: holdfast-localenv up [--state-dir DIR] | seed --registry HOST:PORT | show FILE...")
+        }
     }
 }
 
 fn flag(args: &[String], name: &str) -> Option<String> {
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned()
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
 }
 
 fn state_dir(args: &[String]) -> Result<PathBuf> {
@@ -46,7 +51,11 @@ async fn up(state: &Path) -> Result<()> {
     let env = Env::start().await?;
     let kubeconfig = state.join("kubeconfig");
     std::fs::copy(env.kubeconfig(), &kubeconfig)?;
-    let pids: Vec<String> = env.pids().iter().map(|(name, pid)| format!("{name}={pid}")).collect();
+    let pids: Vec<String> = env
+        .pids()
+        .iter()
+        .map(|(name, pid)| format!("{name}={pid}"))
+        .collect();
     std::fs::write(state.join("pids"), pids.join("\n") + "\n")?;
     let exports = format!(
         "export KUBECONFIG={}\nexport HOLDFAST_REGISTRY={}\n",
@@ -77,12 +86,18 @@ async fn up(state: &Path) -> Result<()> {
 /// The tags the examples use: `demo/app-config:1.0.0`, `demo/app-bundle` at several semver tags
 /// (so `tagSelection` has something to choose from) and `demo/repo-bundle:1.0.0`.
 async fn seed(registry: &str) -> Result<()> {
-    let config = images::Image::with_files(&[("config/app.yml", b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: demo}\n")])?;
+    let config = images::Image::with_files(&[(
+        "config/app.yml",
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: demo}\n",
+    )])?;
     let digest = images::push(registry, "demo/app-config", "1.0.0", &config).await?;
     println!("pushed {registry}/demo/app-config:1.0.0 {digest}");
     let locked = [format!("{registry}/demo/app-config@{digest}")];
     for version in ["0.9.0", "1.0.0", "1.1.0", "1.2.0-rc.1", "2.0.0"] {
-        let bundle = images::Image::bundle(&[("config/version.yml", format!("version: {version}\n").as_bytes())], &locked)?;
+        let bundle = images::Image::bundle(
+            &[("config/version.yml", format!("version: {version}\n").as_bytes())],
+            &locked,
+        )?;
         let digest = images::push(registry, "demo/app-bundle", version, &bundle).await?;
         println!("pushed {registry}/demo/app-bundle:{version} {digest}");
     }
@@ -113,7 +128,11 @@ async fn show(files: &[String]) -> Result<()> {
                     None => println!("  {path}: {was}\n      -> (removed)"),
                 }
             }
-            let owners: Vec<String> = stored.owner_references().iter().map(|o| format!("{}/{}", o.kind, o.name)).collect();
+            let owners: Vec<String> = stored
+                .owner_references()
+                .iter()
+                .map(|o| format!("{}/{}", o.kind, o.name))
+                .collect();
             if !owners.is_empty() {
                 println!("  ownerReferences: {}", owners.join(", "));
             }
