@@ -4,13 +4,15 @@
 //! - [`rotation`]: pure renewal decisions and `caBundle` management during CA rotation.
 //! - [`resolver`]: a rustls certificate resolver that can be swapped without a restart.
 //! - [`watch`]: reloads cert-manager-mounted files into that resolver.
+//! - [`kube_store`]: the self-managed mode: a Secret shared by replicas, caBundle injection.
 //!
 //! Crypto is ring only (never aws-lc-rs); this crate builds its rustls objects with an explicit
-//! ring provider and never depends on the process default. No Kubernetes types appear here:
-//! Secret data goes in and out as `(key, bytes)` pairs and PEM strings.
+//! ring provider and never depends on the process default. Only [`kube_store`] talks to the
+//! cluster (the Secret and the caBundle injection); the rest is pure.
 
 mod error;
 pub mod issue;
+pub mod kube_store;
 mod pem;
 pub mod resolver;
 pub mod rotation;

@@ -1,1 +1,15 @@
-//! The admission server: TLS, AdmissionReview routing and the rules.
+//! holdfast's admission server: TLS serving, AdmissionReview decoding and routing, and the rules.
+//!
+//! - [`rules`]: pure decisions over a request and a read-only [`cluster::ClusterView`].
+//! - [`review`]: the wire format; [`handler`]: the HTTP layer (deadline, metrics, logs).
+//! - [`server`]: the TLS and admin ports; [`admin`]: probes and metrics.
+
+pub mod admin;
+pub mod cli;
+pub mod cluster;
+pub mod decision;
+pub mod handler;
+pub mod metrics;
+pub mod review;
+pub mod rules;
+pub mod server;

@@ -1,0 +1,125 @@
+//! The read-only view of the cluster the rules consult: in-memory stores fed by metadata-only
+//! watches, so a lookup on the admission path is a map read and never an API call.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta},
+    discovery::{self, ApiCapabilities},
+    runtime::{WatchStreamExt, reflector, reflector::ObjectRef, watcher},
+};
+use tokio_util::sync::CancellationToken;
+
+/// What the rules may ask of the cluster.
+pub trait ClusterView: Send + Sync {
+    /// The app that owns a kpack Image of this name and namespace, if there is one.
+    fn image_owner(&self, namespace: &str, image: &str) -> Option<OwnerReference>;
+}
+
+type MetaStore = reflector::Store<PartialObjectMeta<DynamicObject>>;
+
+/// Korifi's app kind: an Image named after a CFApp in its namespace belongs to it.
+pub fn cfapp_gvk() -> GroupVersionKind {
+    GroupVersionKind::gvk("korifi.cloudfoundry.org", "v1alpha1", "CFApp")
+}
+
+/// The cluster view backed by reflectors. A kind whose API is not installed has no store and
+/// answers nothing (holdfast runs on clusters without Korifi).
+#[derive(Clone, Default)]
+pub struct Cluster {
+    cfapps: Option<(ApiResource, MetaStore)>,
+}
+
+impl Cluster {
+    /// Starts the watches; they stop with `cancel`. Ready once [`Cluster::synced`] resolves.
+    pub async fn start(client: Client, cancel: CancellationToken) -> Result<Self, kube::Error> {
+        let cfapps = match discover(&client, &cfapp_gvk()).await? {
+            Some((resource, _)) => Some((resource.clone(), watch_metadata(client, resource, cancel))),
+            None => {
+                tracing::warn!(
+                    kind = "CFApp",
+                    "korifi.cloudfoundry.org API not installed: stamp-owners finds no owners"
+                );
+                None
+            }
+        };
+        Ok(Self { cfapps })
+    }
+
+    /// Resolves once every store has its first full list.
+    pub async fn synced(&self) {
+        if let Some((_, store)) = &self.cfapps {
+            let _ = store.wait_until_ready().await;
+        }
+    }
+}
+
+impl ClusterView for Cluster {
+    fn image_owner(&self, namespace: &str, image: &str) -> Option<OwnerReference> {
+        let (resource, store) = self.cfapps.as_ref()?;
+        let app = store.get(&ObjectRef::new_with(image, resource.clone()).within(namespace))?;
+        Some(OwnerReference {
+            api_version: resource.api_version.clone(),
+            kind: resource.kind.clone(),
+            name: app.metadata.name.clone()?,
+            uid: app.metadata.uid.clone()?,
+            ..Default::default()
+        })
+    }
+}
+
+async fn discover(
+    client: &Client,
+    gvk: &GroupVersionKind,
+) -> Result<Option<(ApiResource, ApiCapabilities)>, kube::Error> {
+    match discovery::pinned_kind(client, gvk).await {
+        Ok(found) => Ok(Some(found)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(kube::Error::Discovery(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn watch_metadata(client: Client, resource: ApiResource, cancel: CancellationToken) -> MetaStore {
+    // An Api of PartialObjectMeta makes metadata-only list/watch requests.
+    let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client, &resource);
+    let writer = reflector::store::Writer::new(resource.clone());
+    let store = writer.as_reader();
+    let kind = resource.kind.clone();
+    let stream = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream.take_until(cancel.cancelled_owned()));
+        while let Some(event) = stream.next().await {
+            if let Err(error) = event {
+                tracing::warn!(%kind, %error, "metadata watch error; retrying with backoff");
+            }
+        }
+    });
+    store
+}
+
+/// A fixed view for tests of the rules.
+#[derive(Debug, Default, Clone)]
+pub struct StaticCluster {
+    pub owners: Vec<(String, String, OwnerReference)>,
+}
+
+impl ClusterView for StaticCluster {
+    fn image_owner(&self, namespace: &str, image: &str) -> Option<OwnerReference> {
+        self.owners
+            .iter()
+            .find(|(ns, name, _)| ns == namespace && name == image)
+            .map(|(_, _, r)| r.clone())
+    }
+}
+
+impl<T: ClusterView + ?Sized> ClusterView for Arc<T> {
+    fn image_owner(&self, namespace: &str, image: &str) -> Option<OwnerReference> {
+        (**self).image_owner(namespace, image)
+    }
+}

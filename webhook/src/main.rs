@@ -1,0 +1,107 @@
+//! `holdfast-webhook`: wiring only — flags, logs, certificates, cluster view, server, signals.
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::{Context, Result, anyhow};
+use clap::Parser;
+use holdfast_certs::{
+    CaOptions, FileWatcher, ServingOptions, SwappableCert,
+    kube_store::{KubeCertStore, StoreConfig},
+    load_pair,
+};
+use holdfast_webhook::{
+    cli::{Args, LogFormat},
+    cluster::Cluster,
+    server::{self, Settings},
+};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .map_err(|_| anyhow!("a rustls crypto provider was already installed"))?;
+    let args = Args::parse();
+    init_tracing(args.log_format);
+    let mut terminate = signal(SignalKind::terminate())?;
+    let cancel = CancellationToken::new();
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+
+    let certificate = certificate(&args, client.clone(), cancel.clone()).await?;
+    let cluster = Cluster::start(client, cancel.clone())
+        .await
+        .context("starting the cluster watches")?;
+    let synced = {
+        let cluster = cluster.clone();
+        async move { cluster.synced().await }
+    };
+    let settings = Settings {
+        addr: args.addr,
+        admin_addr: args.admin_addr,
+        deadline: args.deadline(),
+        body_limit: args.body_limit_bytes,
+        handshake_timeout: Duration::from_secs(5),
+    };
+    let running = server::start(settings, Arc::new(cluster), synced, certificate).await?;
+
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+    }
+    running.shutdown(Duration::from_secs(args.drain_seconds)).await;
+    cancel.cancel();
+    Ok(())
+}
+
+/// File mode when certificate files are given, else the self-managed Secret.
+async fn certificate(
+    args: &Args,
+    client: kube::Client,
+    cancel: CancellationToken,
+) -> Result<Arc<SwappableCert>> {
+    let tls = &args.tls;
+    if let (Some(cert), Some(key)) = (&tls.tls_cert_file, &tls.tls_key_file) {
+        let pair = load_pair(cert, key)
+            .await
+            .context("loading the serving certificate")?;
+        let resolver = Arc::new(SwappableCert::new(&pair)?);
+        FileWatcher::new(cert, key)
+            .with_interval(Duration::from_secs(tls.tls_poll_seconds))
+            .spawn(resolver.clone(), cancel);
+        return Ok(resolver);
+    }
+    let serving = tls.tls_ips.iter().fold(
+        ServingOptions::for_service(&tls.service_name, &tls.namespace),
+        |opts, ip| opts.with_ip(*ip),
+    );
+    let config = StoreConfig {
+        namespace: tls.namespace.clone(),
+        secret: tls.tls_secret.clone(),
+        ca: CaOptions::default(),
+        serving,
+        renew_at_fraction: holdfast_certs::DEFAULT_RENEW_AT_FRACTION,
+        ca_overlap: Duration::from_secs(tls.ca_overlap_seconds),
+        mutating_webhook_configurations: tls.mutating_webhook_configurations.clone(),
+        validating_webhook_configurations: tls.validating_webhook_configurations.clone(),
+    };
+    let store = Arc::new(
+        KubeCertStore::bootstrap(client, config)
+            .await
+            .context("setting up certificates")?,
+    );
+    let resolver = store.resolver();
+    tokio::spawn(store.run(Duration::from_secs(tls.cert_recheck_seconds), cancel));
+    Ok(resolver)
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Plain => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

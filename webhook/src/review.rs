@@ -1,0 +1,183 @@
+//! Decoding AdmissionReviews and encoding the answers: the only place that knows the wire format.
+
+use bytes::Bytes;
+use json_patch::Patch;
+use kube::core::{
+    DynamicObject,
+    admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND},
+};
+
+use crate::decision::{Decision, Verdict};
+
+/// Why a body is not an AdmissionReview holdfast can answer. Each maps to an HTTP status: the
+/// API server never sends these, so whoever does gets a plain error rather than a review.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("request body is not valid JSON for an AdmissionReview: {0}")]
+    Malformed(#[source] serde_json::Error),
+    #[error("unsupported {field} {found:?}: holdfast speaks {META_API_VERSION_V1} {META_KIND}")]
+    WrongType { field: &'static str, found: String },
+    #[error("AdmissionReview has no request")]
+    MissingRequest,
+    #[error("AdmissionReview request has no uid")]
+    MissingUid,
+}
+
+/// Parses a review body into its request.
+pub fn decode(body: &Bytes) -> Result<AdmissionRequest<DynamicObject>, ReviewError> {
+    let review: AdmissionReview<DynamicObject> =
+        serde_json::from_slice(body).map_err(ReviewError::Malformed)?;
+    if review.types.api_version != META_API_VERSION_V1 {
+        return Err(ReviewError::WrongType {
+            field: "apiVersion",
+            found: review.types.api_version,
+        });
+    }
+    if review.types.kind != META_KIND {
+        return Err(ReviewError::WrongType {
+            field: "kind",
+            found: review.types.kind,
+        });
+    }
+    let request: AdmissionRequest<DynamicObject> =
+        review.try_into().map_err(|_| ReviewError::MissingRequest)?;
+    if request.uid.is_empty() {
+        return Err(ReviewError::MissingUid);
+    }
+    Ok(request)
+}
+
+/// The response to `request` carrying `verdict`.
+pub fn respond(
+    request: &AdmissionRequest<DynamicObject>,
+    verdict: Verdict,
+) -> AdmissionReview<DynamicObject> {
+    let mut response = AdmissionResponse::from(request);
+    response = match verdict.decision {
+        Decision::Allow => response,
+        Decision::Patch(ops) if ops.is_empty() => response,
+        Decision::Patch(ops) => match response.clone().with_patch(Patch(ops)) {
+            Ok(patched) => patched,
+            // Serialising a patch of JSON values cannot fail in practice; if it ever did, admit
+            // unchanged (the controller pins later) rather than block the request.
+            Err(e) => {
+                tracing::error!(error = %e, "could not serialise a patch; admitting unchanged");
+                response
+            }
+        },
+        Decision::Deny(message) => response.deny(message),
+    };
+    if !verdict.warnings.is_empty() {
+        response.warnings = Some(verdict.warnings);
+    }
+    response.into_review()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use json_patch::{AddOperation, PatchOperation, jsonptr::PointerBuf};
+    use serde_json::json;
+
+    fn review_json(operation: &str, object: serde_json::Value) -> serde_json::Value {
+        json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                "kind": {"group": "kpack.io", "version": "v1alpha2", "kind": "Image"},
+                "resource": {"group": "kpack.io", "version": "v1alpha2", "resource": "images"},
+                "name": "app", "namespace": "space",
+                "operation": operation,
+                "userInfo": {"username": "admin"},
+                "object": object,
+                "oldObject": null,
+                "dryRun": false,
+            }
+        })
+    }
+
+    fn body(value: serde_json::Value) -> Bytes {
+        Bytes::from(serde_json::to_vec(&value).unwrap())
+    }
+
+    fn image() -> serde_json::Value {
+        json!({"apiVersion": "kpack.io/v1alpha2", "kind": "Image", "metadata": {"name": "app", "namespace": "space"}})
+    }
+
+    #[test]
+    fn decodes_a_v1_review() {
+        let req = decode(&body(review_json("CREATE", image()))).unwrap();
+        assert_eq!(req.uid, "705ab4f5-6393-11e8-b7cc-42010a800002");
+        assert_eq!(req.resource.resource, "images");
+    }
+
+    #[test]
+    fn rejects_malformed_json() {
+        assert!(matches!(
+            decode(&Bytes::from_static(b"{not json")),
+            Err(ReviewError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn rejects_v1beta1_and_other_kinds() {
+        let mut v = review_json("CREATE", image());
+        v["apiVersion"] = json!("admission.k8s.io/v1beta1");
+        let err = decode(&body(v)).unwrap_err();
+        assert!(err.to_string().contains("admission.k8s.io/v1beta1"), "{err}");
+        let mut v = review_json("CREATE", image());
+        v["kind"] = json!("TokenReview");
+        assert!(matches!(
+            decode(&body(v)),
+            Err(ReviewError::WrongType { field: "kind", .. })
+        ));
+    }
+
+    #[test]
+    fn rejects_a_review_without_request_or_uid() {
+        let mut v = review_json("CREATE", image());
+        v.as_object_mut().unwrap().remove("request");
+        assert!(matches!(decode(&body(v)), Err(ReviewError::MissingRequest)));
+        let mut v = review_json("CREATE", image());
+        v["request"]["uid"] = json!("");
+        assert!(matches!(decode(&body(v)), Err(ReviewError::MissingUid)));
+    }
+
+    #[test]
+    fn response_copies_uid_and_carries_patch_and_warnings() {
+        let req = decode(&body(review_json("CREATE", image()))).unwrap();
+        let op = PatchOperation::Add(AddOperation {
+            path: PointerBuf::from_tokens(["metadata", "labels"]),
+            value: json!({"a": "b"}),
+        });
+        let verdict = Verdict::from(Decision::Patch(vec![op])).with_warning("heads up");
+        let out = serde_json::to_value(respond(&req, verdict)).unwrap();
+        let rsp = &out["response"];
+        assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(rsp["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+        assert_eq!(rsp["allowed"], true);
+        assert_eq!(rsp["patchType"], "JSONPatch");
+        assert_eq!(rsp["warnings"], json!(["heads up"]));
+        // kube-core sends the patch bytes as a JSON array, which the API server's decoder accepts.
+        let bytes: Vec<u8> = serde_json::from_value(rsp["patch"].clone()).unwrap();
+        let patch: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(
+            patch,
+            json!([{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}])
+        );
+    }
+
+    #[test]
+    fn deny_carries_the_message() {
+        let req = decode(&body(review_json("CREATE", image()))).unwrap();
+        let out = serde_json::to_value(respond(
+            &req,
+            Decision::Deny("owner is terminating".into()).into(),
+        ))
+        .unwrap();
+        assert_eq!(out["response"]["allowed"], false);
+        assert_eq!(out["response"]["status"]["message"], "owner is terminating");
+        assert!(out["response"].get("patch").is_none());
+    }
+}

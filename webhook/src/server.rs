@@ -1,0 +1,143 @@
+//! Serving: the TLS admission port and the plain-HTTP admin port, started together and drained
+//! in order (readiness off, in-flight requests finished, then exit).
+
+use std::{future::Future, net::SocketAddr, sync::Arc, sync::atomic::Ordering, time::Duration};
+
+use axum_server::{Handle, tls_rustls::RustlsConfig};
+use holdfast_certs::SwappableCert;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    admin::{self, AdminState, Readiness},
+    cluster::ClusterView,
+    handler::{self, AdmissionState},
+    metrics::Metrics,
+};
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub deadline: Duration,
+    pub body_limit: usize,
+    /// A client that opens a connection must finish its TLS handshake within this.
+    pub handshake_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("binding the admin port {addr}: {source}")]
+    BindAdmin {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("binding the admission port {0}")]
+    BindTls(SocketAddr),
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] holdfast_certs::CertError),
+}
+
+/// A running server; [`Running::shutdown`] drains it.
+pub struct Running {
+    pub addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub readiness: Arc<Readiness>,
+    pub metrics: Arc<Metrics>,
+    handle: Handle<SocketAddr>,
+    cancel: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Binds both ports and serves. Readiness waits for `synced` (the cluster view's first lists).
+pub async fn start(
+    settings: Settings,
+    cluster: Arc<dyn ClusterView>,
+    synced: impl Future<Output = ()> + Send + 'static,
+    certificate: Arc<SwappableCert>,
+) -> Result<Running, ServeError> {
+    let metrics = Arc::new(Metrics::default());
+    let readiness = Arc::new(Readiness::default());
+    let cancel = CancellationToken::new();
+    let mut tasks = Vec::new();
+
+    let admin_listener = tokio::net::TcpListener::bind(settings.admin_addr)
+        .await
+        .map_err(|source| ServeError::BindAdmin {
+            addr: settings.admin_addr,
+            source,
+        })?;
+    let admin_addr = admin_listener
+        .local_addr()
+        .map_err(|source| ServeError::BindAdmin {
+            addr: settings.admin_addr,
+            source,
+        })?;
+    let admin_app = admin::router(Arc::new(AdminState {
+        readiness: readiness.clone(),
+        metrics: metrics.clone(),
+        certificate: certificate.clone(),
+    }));
+    let admin_cancel = cancel.clone();
+    tasks.push(tokio::spawn(async move {
+        let served =
+            axum::serve(admin_listener, admin_app).with_graceful_shutdown(admin_cancel.cancelled_owned());
+        if let Err(error) = served.await {
+            tracing::error!(%error, "admin server failed");
+        }
+    }));
+
+    let app = handler::router(
+        Arc::new(AdmissionState {
+            cluster,
+            metrics: metrics.clone(),
+            deadline: settings.deadline,
+        }),
+        settings.body_limit,
+    );
+    let tls = RustlsConfig::from_config(Arc::new(holdfast_certs::server_config(certificate)?));
+    let handle = Handle::<SocketAddr>::new();
+    let server = axum_server::bind_rustls(settings.addr, tls)
+        .map(|acceptor| acceptor.handshake_timeout(settings.handshake_timeout))
+        .handle(handle.clone());
+    tasks.push(tokio::spawn(async move {
+        if let Err(error) = server.serve(app.into_make_service()).await {
+            tracing::error!(%error, "admission server failed");
+        }
+    }));
+    let addr = handle
+        .listening()
+        .await
+        .ok_or(ServeError::BindTls(settings.addr))?;
+    readiness.serving.store(true, Ordering::Release);
+
+    let synced_flag = readiness.clone();
+    tasks.push(tokio::spawn(async move {
+        synced.await;
+        synced_flag.caches_synced.store(true, Ordering::Release);
+        tracing::info!("cluster caches synced");
+    }));
+    tracing::info!(%addr, %admin_addr, "serving admission over TLS");
+    Ok(Running {
+        addr,
+        admin_addr,
+        readiness,
+        metrics,
+        handle,
+        cancel,
+        tasks,
+    })
+}
+
+impl Running {
+    /// Turns unready, stops accepting, lets in-flight requests finish within `drain`, then stops.
+    pub async fn shutdown(self, drain: Duration) {
+        self.readiness.shutting_down.store(true, Ordering::Release);
+        self.handle.graceful_shutdown(Some(drain));
+        self.cancel.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        tracing::info!("admission server stopped");
+    }
+}

@@ -1,0 +1,225 @@
+//! The admission HTTP contract, in-process (no sockets): status codes for bad input, uid
+//! round-trip, patches, warnings and metrics.
+
+// Helpers outside #[test] fns are not covered by clippy.toml's allow-unwrap-in-tests.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{sync::Arc, time::Duration};
+
+use axum::body::Body;
+use holdfast_webhook::{
+    cluster::StaticCluster,
+    handler::{AdmissionState, router},
+    metrics::Metrics,
+};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+const UID: &str = "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4";
+
+fn state() -> (Arc<AdmissionState>, Arc<Metrics>) {
+    let owner = OwnerReference {
+        api_version: "korifi.cloudfoundry.org/v1alpha1".into(),
+        kind: "CFApp".into(),
+        name: "app-guid".into(),
+        uid: "cfapp-uid".into(),
+        ..Default::default()
+    };
+    let cluster = StaticCluster {
+        owners: vec![("space".into(), "app-guid".into(), owner)],
+    };
+    let metrics = Arc::new(Metrics::default());
+    let state = AdmissionState {
+        cluster: Arc::new(cluster),
+        metrics: metrics.clone(),
+        deadline: Duration::from_secs(3),
+    };
+    (Arc::new(state), metrics)
+}
+
+fn review(group: &str, resource: &str, kind: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": UID,
+            "kind": {"group": group, "version": "v1alpha2", "kind": kind},
+            "resource": {"group": group, "version": "v1alpha2", "resource": resource},
+            "name": name, "namespace": "space", "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:cf:korifi-controllers"},
+            "object": {"apiVersion": format!("{group}/v1alpha2"), "kind": kind, "metadata": {"name": name, "namespace": "space"}},
+            "oldObject": null, "dryRun": false
+        }
+    })
+}
+
+async fn post(
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+    limit: usize,
+) -> (StatusCode, Value, Arc<Metrics>) {
+    let (state, metrics) = state();
+    let rsp = router(state, limit)
+        .oneshot(
+            Request::post(path)
+                .header("content-type", content_type)
+                .body(Body::from(body))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = rsp.status();
+    let bytes = rsp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        metrics,
+    )
+}
+
+async fn post_json(path: &str, value: &Value) -> (StatusCode, Value, Arc<Metrics>) {
+    post(
+        path,
+        "application/json",
+        serde_json::to_vec(value).unwrap(),
+        1 << 20,
+    )
+    .await
+}
+
+fn patch_of(response: &Value) -> Value {
+    let bytes: Vec<u8> = serde_json::from_value(response["patch"].clone()).unwrap();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+#[tokio::test]
+async fn stamps_the_owner_and_round_trips_the_uid() {
+    let (status, body, metrics) =
+        post_json("/mutate", &review("kpack.io", "images", "Image", "app-guid")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(body["kind"], "AdmissionReview");
+    let rsp = &body["response"];
+    assert_eq!(rsp["uid"], UID);
+    assert_eq!(rsp["allowed"], true);
+    assert_eq!(rsp["patchType"], "JSONPatch");
+    assert_eq!(patch_of(rsp)[0]["path"], "/metadata/ownerReferences");
+    assert_eq!(patch_of(rsp)[0]["value"][0]["uid"], "cfapp-uid");
+    let text = metrics.encode().unwrap();
+    assert!(
+        text.contains(r#"holdfast_webhook_admission_requests_total{outcome="patched"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"rule="stamp-owners",operation="CREATE",result="patched""#),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn an_image_without_an_app_is_admitted_unchanged() {
+    let (status, body, _) = post_json("/mutate", &review("kpack.io", "images", "Image", "other")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["response"]["allowed"], true);
+    assert!(body["response"].get("patch").is_none());
+}
+
+#[tokio::test]
+async fn an_unknown_resource_is_admitted_with_a_warning() {
+    let (status, body, metrics) =
+        post_json("/mutate", &review("example.com", "widgets", "Widget", "w")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["response"]["allowed"], true);
+    let warning = body["response"]["warnings"][0].as_str().unwrap();
+    assert!(warning.contains("no rule for example.com/widgets"), "{warning}");
+    assert!(metrics.encode().unwrap().contains(r#"rule="none""#));
+}
+
+#[tokio::test]
+async fn malformed_json_is_a_400_with_the_reason() {
+    let (status, body, metrics) = post(
+        "/mutate",
+        "application/json",
+        b"{\"apiVersion\":".to_vec(),
+        1 << 20,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        body["error"].as_str().unwrap().contains("not valid JSON"),
+        "{body}"
+    );
+    assert!(
+        metrics
+            .encode()
+            .unwrap()
+            .contains(r#"holdfast_webhook_admission_requests_total{outcome="error"} 1"#)
+    );
+}
+
+#[tokio::test]
+async fn a_v1beta1_review_is_refused_by_name() {
+    let mut v = review("kpack.io", "images", "Image", "app-guid");
+    v["apiVersion"] = json!("admission.k8s.io/v1beta1");
+    let (status, body, _) = post_json("/validate", &v).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("admission.k8s.io/v1beta1"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_review_without_request_is_a_400() {
+    let (status, body, _) = post_json(
+        "/mutate",
+        &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"], "AdmissionReview has no request");
+}
+
+#[tokio::test]
+async fn a_non_json_body_is_a_415() {
+    let (status, _, _) = post("/mutate", "text/plain", b"hello".to_vec(), 1 << 20).await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+}
+
+#[tokio::test]
+async fn an_oversized_body_is_a_413() {
+    let mut v = review("kpack.io", "images", "Image", "app-guid");
+    v["request"]["object"]["metadata"]["annotations"] = json!({"big": "x".repeat(4096)});
+    let (status, _, _) = post(
+        "/mutate",
+        "application/json",
+        serde_json::to_vec(&v).unwrap(),
+        1024,
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn other_paths_and_methods_are_refused() {
+    let (state, _) = state();
+    let app = router(state, 1 << 20);
+    let rsp = app
+        .clone()
+        .oneshot(Request::get("/mutate").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(rsp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let rsp = app
+        .oneshot(Request::post("/other").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(rsp.status(), StatusCode::NOT_FOUND);
+}
