@@ -300,12 +300,19 @@ impl Env {
     /// Creates a uniquely named, labelled namespace whose default service account is ready
     /// (pods are rejected by the ServiceAccount admission plugin before that).
     pub async fn namespace(&self, prefix: &str) -> Result<String> {
+        self.namespace_with_labels(prefix, &[]).await
+    }
+
+    /// [`Env::namespace`] with extra labels (e.g. to match a webhook's namespaceSelector).
+    pub async fn namespace_with_labels(&self, prefix: &str, labels: &[(&str, &str)]) -> Result<String> {
         let client = self.client().await?;
         let name = unique_name(prefix);
+        let mut all = std::collections::BTreeMap::from([(E2E_LABEL.to_string(), "true".to_string())]);
+        all.extend(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let ns = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
-                labels: Some([(E2E_LABEL.to_string(), "true".to_string())].into()),
+                labels: Some(all),
                 ..Default::default()
             },
             ..Default::default()

@@ -9,6 +9,7 @@ pub mod process;
 pub mod suite;
 pub mod tools;
 pub mod wait;
+pub mod webhook;
 
 pub use control_plane::Env;
 

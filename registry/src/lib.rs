@@ -1,3 +1,24 @@
 //! OCI references, tag to digest resolution, registry credentials and the digest cache.
 //!
 //! Knows nothing of Kubernetes admission: the webhook and the controller build on it.
+//!
+//! - [`reference`](mod@reference): parse image references exactly as vendir/imgpkg (go-containerregistry) do,
+//!   and produce the pinned `repo@sha256:…` form.
+//! - [`semver_select`]: vendir's `tagSelection.semver` (which tag vendir would pick).
+//! - [`credentials`]: registry credentials from a `secretRef` Secret, as vendir reads them.
+//! - [`resolve`]: the registry client: tag → digest, tag lists, auth, rate limits, budgets.
+
+mod auth;
+pub mod credentials;
+pub mod digest;
+mod host_gate;
+pub mod reference;
+pub mod resolve;
+mod retry_after;
+pub mod semver_select;
+
+pub use credentials::{AuthConfig, Credentials, CredentialsError};
+pub use digest::{Digest, DigestError};
+pub use reference::{Reference, ReferenceError};
+pub use resolve::{ResolveError, Resolver, ResolverBuildError, ResolverConfig};
+pub use semver_select::{Prereleases, SelectError, SemverSelection, VersionSelection, select_tag};

@@ -1,9 +1,7 @@
 //! The read-only view of the cluster the rules consult: in-memory stores fed by metadata-only
 //! watches, so a lookup on the admission path is a map read and never an API call.
 
-use std::sync::Arc;
-
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt, future::BoxFuture};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{
     Api, Client,
@@ -11,12 +9,14 @@ use kube::{
     discovery::{self, ApiCapabilities},
     runtime::{WatchStreamExt, reflector, reflector::ObjectRef, watcher},
 };
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// What the rules may ask of the cluster.
 pub trait ClusterView: Send + Sync {
     /// The app that owns a kpack Image of this name and namespace, if there is one.
-    fn image_owner(&self, namespace: &str, image: &str) -> Option<OwnerReference>;
+    fn image_owner<'a>(&'a self, namespace: &'a str, image: &'a str)
+    -> BoxFuture<'a, Option<OwnerReference>>;
 }
 
 type MetaStore = reflector::Store<PartialObjectMeta<DynamicObject>>;
@@ -28,16 +28,18 @@ pub fn cfapp_gvk() -> GroupVersionKind {
 
 /// The cluster view backed by reflectors. A kind whose API is not installed has no store and
 /// answers nothing (holdfast runs on clusters without Korifi).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Cluster {
+    client: Client,
     cfapps: Option<(ApiResource, MetaStore)>,
+    synced: watch::Receiver<bool>,
 }
 
 impl Cluster {
     /// Starts the watches; they stop with `cancel`. Ready once [`Cluster::synced`] resolves.
     pub async fn start(client: Client, cancel: CancellationToken) -> Result<Self, kube::Error> {
         let cfapps = match discover(&client, &cfapp_gvk()).await? {
-            Some((resource, _)) => Some((resource.clone(), watch_metadata(client, resource, cancel))),
+            Some((resource, _)) => Some((resource.clone(), watch_metadata(client.clone(), resource, cancel))),
             None => {
                 tracing::warn!(
                     kind = "CFApp",
@@ -46,28 +48,69 @@ impl Cluster {
                 None
             }
         };
-        Ok(Self { cfapps })
+        // One waiter on the stores, fanned out through a watch channel: a reflector store wakes
+        // only the last of several concurrent `wait_until_ready` callers.
+        let (tx, synced) = watch::channel(false);
+        let stores: Vec<MetaStore> = cfapps.iter().map(|(_, s)| s.clone()).collect();
+        tokio::spawn(async move {
+            for store in stores {
+                let _ = store.wait_until_ready().await;
+            }
+            let _ = tx.send(true);
+        });
+        Ok(Self {
+            client,
+            cfapps,
+            synced,
+        })
     }
 
     /// Resolves once every store has its first full list.
     pub async fn synced(&self) {
-        if let Some((_, store)) = &self.cfapps {
-            let _ = store.wait_until_ready().await;
+        let _ = self.synced.clone().wait_for(|synced| *synced).await;
+    }
+
+    /// The cache misses an app created a moment ago (watch lag; `kubectl apply` of an app and its
+    /// Image in one file): ask the API server before concluding there is none.
+    async fn live_app(
+        &self,
+        resource: &ApiResource,
+        namespace: &str,
+        name: &str,
+    ) -> Option<PartialObjectMeta<DynamicObject>> {
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, resource);
+        match api.get_metadata_opt(name).await {
+            Ok(found) => found,
+            Err(error) => {
+                tracing::warn!(%error, namespace, name, kind = %resource.kind, "live owner lookup failed; admitting without an owner");
+                None
+            }
         }
     }
 }
 
 impl ClusterView for Cluster {
-    fn image_owner(&self, namespace: &str, image: &str) -> Option<OwnerReference> {
-        let (resource, store) = self.cfapps.as_ref()?;
-        let app = store.get(&ObjectRef::new_with(image, resource.clone()).within(namespace))?;
-        Some(OwnerReference {
-            api_version: resource.api_version.clone(),
-            kind: resource.kind.clone(),
-            name: app.metadata.name.clone()?,
-            uid: app.metadata.uid.clone()?,
-            ..Default::default()
-        })
+    fn image_owner<'a>(
+        &'a self,
+        namespace: &'a str,
+        image: &'a str,
+    ) -> BoxFuture<'a, Option<OwnerReference>> {
+        async move {
+            let (resource, store) = self.cfapps.as_ref()?;
+            let cached = store.get(&ObjectRef::new_with(image, resource.clone()).within(namespace));
+            let metadata = match cached {
+                Some(app) => app.metadata.clone(),
+                None => self.live_app(resource, namespace, image).await?.metadata,
+            };
+            Some(OwnerReference {
+                api_version: resource.api_version.clone(),
+                kind: resource.kind.clone(),
+                name: metadata.name?,
+                uid: metadata.uid?,
+                ..Default::default()
+            })
+        }
+        .boxed()
     }
 }
 
@@ -110,16 +153,15 @@ pub struct StaticCluster {
 }
 
 impl ClusterView for StaticCluster {
-    fn image_owner(&self, namespace: &str, image: &str) -> Option<OwnerReference> {
-        self.owners
+    fn image_owner<'a>(
+        &'a self,
+        namespace: &'a str,
+        image: &'a str,
+    ) -> BoxFuture<'a, Option<OwnerReference>> {
+        let found = self
+            .owners
             .iter()
-            .find(|(ns, name, _)| ns == namespace && name == image)
-            .map(|(_, _, r)| r.clone())
-    }
-}
-
-impl<T: ClusterView + ?Sized> ClusterView for Arc<T> {
-    fn image_owner(&self, namespace: &str, image: &str) -> Option<OwnerReference> {
-        (**self).image_owner(namespace, image)
+            .find(|(ns, name, _)| ns == namespace && name == image);
+        futures::future::ready(found.map(|(_, _, r)| r.clone())).boxed()
     }
 }

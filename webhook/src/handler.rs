@@ -100,7 +100,7 @@ async fn admit(family: Family, state: &AdmissionState, headers: &HeaderMap, body
 /// Runs a rule within the deadline. Past it, holdfast admits unchanged: the webhook must never
 /// be what blocks the cluster, and the controller catches up on what it let through.
 async fn decide(rule: Rule, request: &AdmissionRequest<DynamicObject>, state: &AdmissionState) -> Verdict {
-    let evaluation = async { rule.evaluate(request, state.cluster.as_ref()) };
+    let evaluation = rule.evaluate(request, state.cluster.as_ref());
     match tokio::time::timeout(state.deadline, evaluation).await {
         Ok(verdict) => verdict,
         Err(_) => {

@@ -46,10 +46,14 @@ impl Rule {
         }
     }
 
-    /// Evaluates the rule. Only in-memory lookups: no I/O on this path.
-    pub fn evaluate(self, request: &AdmissionRequest<DynamicObject>, cluster: &dyn ClusterView) -> Verdict {
+    /// Evaluates the rule: lookups through the cluster view, then the rule's pure decision.
+    pub async fn evaluate(
+        self,
+        request: &AdmissionRequest<DynamicObject>,
+        cluster: &dyn ClusterView,
+    ) -> Verdict {
         match self {
-            Rule::StampOwners => stamp_owners::evaluate(request, cluster),
+            Rule::StampOwners => stamp_owners::evaluate(request, cluster).await,
         }
     }
 }

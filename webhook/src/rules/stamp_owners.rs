@@ -24,7 +24,7 @@ use crate::{
 
 pub const NAME: &str = "stamp-owners";
 
-pub fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn ClusterView) -> Verdict {
+pub async fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn ClusterView) -> Verdict {
     let (Operation::Create | Operation::Update) = request.operation else {
         return Verdict::allow();
     };
@@ -34,7 +34,7 @@ pub fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn Cluster
     // The object of a CREATE may have no namespace yet: the request's is authoritative.
     let namespace = request.namespace.as_deref().unwrap_or_default();
     let name = image.metadata.name.as_deref().unwrap_or(request.name.as_str());
-    let owner = cluster.image_owner(namespace, name);
+    let owner = cluster.image_owner(namespace, name).await;
     stamp(image, owner.as_ref()).into()
 }
 

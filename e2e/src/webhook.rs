@@ -1,0 +1,179 @@
+//! holdfast's webhook run in-process against the local control plane, registered by URL with the
+//! caBundle its certificate store injects: the API server calls it over real TLS.
+
+use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result};
+use holdfast_certs::{
+    CaOptions, ServingOptions,
+    kube_store::{KubeCertStore, StoreConfig},
+};
+use holdfast_webhook::{
+    cluster::Cluster,
+    handler::{DEFAULT_BODY_LIMIT, DEFAULT_DEADLINE},
+    rules::MUTATE_PATH,
+    server::{self, Running, Settings},
+};
+use k8s_openapi::api::{
+    admissionregistration::v1::{
+        MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
+    },
+    core::v1::Namespace,
+};
+use kube::{
+    Api,
+    api::{DeleteParams, ObjectMeta, PostParams},
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Env, control_plane::unique_name, process::free_port};
+
+/// Label whose value scopes a test's webhook configuration to that test's namespaces.
+pub const SCOPE_LABEL: &str = "holdfast.dev/e2e-scope";
+
+/// A running in-process webhook and the configuration that sends it requests.
+pub struct LocalWebhook {
+    pub running: Option<Running>,
+    pub store: Arc<KubeCertStore>,
+    pub configuration: String,
+    /// Namespaces labelled `SCOPE_LABEL=<scope>` are served by this webhook only.
+    pub scope: String,
+    pub addr: SocketAddr,
+    env: Arc<Env>,
+    cancel: CancellationToken,
+}
+
+/// What the test's webhook configuration routes to holdfast.
+pub struct Registration {
+    pub rules: Vec<RuleWithOperations>,
+    pub ca_overlap: Duration,
+}
+
+pub fn rule(group: &str, version: &str, resources: &[&str], operations: &[&str]) -> RuleWithOperations {
+    RuleWithOperations {
+        api_groups: Some(vec![group.into()]),
+        api_versions: Some(vec![version.into()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        operations: Some(operations.iter().map(|o| o.to_string()).collect()),
+        scope: Some("Namespaced".into()),
+    }
+}
+
+impl LocalWebhook {
+    /// Registers a MutatingWebhookConfiguration pointing at a free loopback port (failurePolicy
+    /// Fail, so any TLS or serving failure shows up as a failed request), lets the certificate
+    /// store create its Secret and inject the caBundle, and starts serving.
+    pub async fn start(env: Arc<Env>, registration: Registration) -> Result<Self> {
+        let client = env.client().await?;
+        let port = free_port()?;
+        let scope = unique_name("scope");
+        let configuration = format!("holdfast-{scope}");
+        let tls_namespace = format!("{scope}-system");
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata: ObjectMeta {
+                        name: Some(tls_namespace.clone()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let webhook = MutatingWebhook {
+            name: "mutate.holdfast.dev".into(),
+            admission_review_versions: vec!["v1".into()],
+            side_effects: "None".into(),
+            failure_policy: Some("Fail".into()),
+            timeout_seconds: Some(5),
+            reinvocation_policy: Some("IfNeeded".into()),
+            client_config: WebhookClientConfig {
+                url: Some(format!("https://127.0.0.1:{port}{MUTATE_PATH}")),
+                ..Default::default()
+            },
+            namespace_selector: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: Some(BTreeMap::from([(SCOPE_LABEL.to_string(), scope.clone())])),
+                ..Default::default()
+            }),
+            rules: Some(registration.rules),
+            ..Default::default()
+        };
+        Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &MutatingWebhookConfiguration {
+                    metadata: ObjectMeta {
+                        name: Some(configuration.clone()),
+                        ..Default::default()
+                    },
+                    webhooks: Some(vec![webhook]),
+                },
+            )
+            .await?;
+
+        let store = KubeCertStore::bootstrap(
+            client.clone(),
+            StoreConfig {
+                namespace: tls_namespace,
+                secret: "holdfast-webhook-tls".into(),
+                ca: CaOptions::default(),
+                serving: ServingOptions::for_service("holdfast-webhook", "holdfast-system")
+                    .with_ip(std::net::Ipv4Addr::LOCALHOST.into()),
+                renew_at_fraction: holdfast_certs::DEFAULT_RENEW_AT_FRACTION,
+                ca_overlap: registration.ca_overlap,
+                mutating_webhook_configurations: vec![configuration.clone()],
+                validating_webhook_configurations: vec![],
+            },
+        )
+        .await
+        .context("bootstrapping the certificate store")?;
+        let store = Arc::new(store);
+        let cancel = CancellationToken::new();
+        let cluster = Cluster::start(client, cancel.clone()).await?;
+        let synced = {
+            let cluster = cluster.clone();
+            async move { cluster.synced().await }
+        };
+        let settings = Settings {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            deadline: DEFAULT_DEADLINE,
+            body_limit: DEFAULT_BODY_LIMIT,
+            handshake_timeout: Duration::from_secs(5),
+        };
+        let running = server::start(settings, Arc::new(cluster.clone()), synced, store.resolver()).await?;
+        // Serve only once the cluster view is complete, as readiness would gate it in a cluster.
+        cluster.synced().await;
+        let addr = running.addr;
+        Ok(Self {
+            running: Some(running),
+            store,
+            configuration,
+            scope,
+            addr,
+            env,
+            cancel,
+        })
+    }
+
+    /// A namespace this webhook serves.
+    pub async fn namespace(&self, prefix: &str) -> Result<String> {
+        self.env
+            .namespace_with_labels(prefix, &[(SCOPE_LABEL, &self.scope)])
+            .await
+    }
+
+    /// Stops serving and removes the webhook configuration.
+    pub async fn stop(mut self) -> Result<()> {
+        let client = self.env.client().await?;
+        Api::<MutatingWebhookConfiguration>::all(client)
+            .delete(&self.configuration, &DeleteParams::default())
+            .await?;
+        if let Some(running) = self.running.take() {
+            running.shutdown(Duration::from_secs(5)).await;
+        }
+        self.cancel.cancel();
+        Ok(())
+    }
+}
