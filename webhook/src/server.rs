@@ -47,6 +47,8 @@ pub struct Running {
     handle: Handle<SocketAddr>,
     cancel: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// Waits for the caches; may never finish (an API that never lists), so it is aborted, not awaited.
+    sync_waiter: JoinHandle<()>,
 }
 
 /// Binds both ports and serves. Readiness waits for `synced` (the cluster view's first lists).
@@ -112,11 +114,11 @@ pub async fn start(
     readiness.serving.store(true, Ordering::Release);
 
     let synced_flag = readiness.clone();
-    tasks.push(tokio::spawn(async move {
+    let sync_waiter = tokio::spawn(async move {
         synced.await;
         synced_flag.caches_synced.store(true, Ordering::Release);
         tracing::info!("cluster caches synced");
-    }));
+    });
     tracing::info!(%addr, %admin_addr, "serving admission over TLS");
     Ok(Running {
         addr,
@@ -126,6 +128,7 @@ pub async fn start(
         handle,
         cancel,
         tasks,
+        sync_waiter,
     })
 }
 
@@ -135,6 +138,7 @@ impl Running {
         self.readiness.shutting_down.store(true, Ordering::Release);
         self.handle.graceful_shutdown(Some(drain));
         self.cancel.cancel();
+        self.sync_waiter.abort();
         for task in self.tasks {
             let _ = task.await;
         }

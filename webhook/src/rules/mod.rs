@@ -1,6 +1,7 @@
 //! The admission rules. Each is a pure function of the request and a read-only view of the
 //! cluster; this module only routes a request to its rule.
 
+pub mod pin_refs;
 pub mod stamp_owners;
 
 use kube::core::{DynamicObject, admission::AdmissionRequest};
