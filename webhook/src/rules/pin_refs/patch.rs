@@ -51,9 +51,9 @@ impl From<PinOutcome> for Verdict {
 ///
 /// Never touches a reference that already has a digest, or a site [`plan`] rejects (a
 /// resolution for one is a caller bug and is reported as a warning). With
-/// [`PinPolicy::Disabled`], or on an object being deleted, there are no operations at all. Deterministic: the same object,
-/// sites and resolutions always give the same operations, and an object this patch was applied
-/// to gets none for the same sites with no resolutions.
+/// [`PinPolicy::Disabled`], or on an object being deleted, there are no operations at all.
+/// Deterministic: the same object, sites and resolutions always give the same operations, and
+/// an object this patch was applied to gets none for the same sites with no resolutions.
 pub fn pin_patch(
     object: &Value,
     sites: &[FetchSite],

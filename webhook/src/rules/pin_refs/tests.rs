@@ -962,6 +962,32 @@ fn opted_out_objects_get_no_operations() {
 }
 
 #[test]
+fn objects_being_deleted_are_never_patched() {
+    let existing = json!({"/spec/fetch/0/image/url": {"ref": "nginx:1.25", "digest": sha(6)}});
+    let mut object = with_metadata(
+        app(json!([{"image": {"url": "nginx:1.25"}}])),
+        "annotations",
+        json!({ORIGINAL_REFS_ANNOTATION: existing.to_string()}),
+    );
+    object["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+    object["metadata"]["finalizers"] = json!([]);
+    assert!(is_terminating(&object));
+    let plan = ObjectPlan::new(PinnedKind::App, &object, None);
+    assert!(plan.sites.is_empty() && plan.steps.is_empty());
+    assert_eq!(
+        run(PinnedKind::App, &object, None, &registry()),
+        PinOutcome::default()
+    );
+    let sites = fetch_sites(PinnedKind::App, &object);
+    let resolution = Resolution {
+        digest: digest(6),
+        selected_tag: None,
+    };
+    let outcome = pin_patch(&object, &sites, &[(0, resolution)], PinPolicy::Follow);
+    assert_eq!(outcome, PinOutcome::default());
+}
+
+#[test]
 fn unknown_policy_values_pin_with_the_default_and_warn() {
     let object = with_metadata(
         app(json!([{"image": {"url": "nginx:1.25"}}])),
