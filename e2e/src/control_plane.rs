@@ -164,8 +164,20 @@ impl Env {
     }
 
     fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) -> Result<()> {
+        self.spawn_with_env(name, program, args, &[])
+    }
+
+    /// Starts a process the environment stops with the rest (e.g. holdfast's own binaries for
+    /// `make up`), logging to `<name>.log` in the environment's directory.
+    pub fn spawn_with_env(
+        &mut self,
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        envs: &[(&str, &Path)],
+    ) -> Result<()> {
         let root = self.dir()?.to_path_buf();
-        let process = ServerProcess::spawn(name, program, args, root.join(format!("{name}.log")))?;
+        let process = ServerProcess::spawn(name, program, args, envs, root.join(format!("{name}.log")))?;
         self.processes.push(process);
         Ok(())
     }

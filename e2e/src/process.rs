@@ -25,7 +25,13 @@ pub struct ServerProcess {
 }
 
 impl ServerProcess {
-    pub fn spawn(name: &'static str, program: &Path, args: &[String], log: PathBuf) -> Result<Self> {
+    pub fn spawn(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        envs: &[(&str, &Path)],
+        log: PathBuf,
+    ) -> Result<Self> {
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
         let child = Command::new("setpriv")
@@ -34,6 +40,7 @@ impl ServerProcess {
             .arg("--")
             .arg(program)
             .args(args)
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)

@@ -14,11 +14,14 @@ use holdfast_webhook::{
     rules::MUTATE_PATH,
     server::{self, Running, Settings},
 };
-use k8s_openapi::api::{
-    admissionregistration::v1::{
-        MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
+use k8s_openapi::{
+    api::{
+        admissionregistration::v1::{
+            MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
+        },
+        core::v1::Namespace,
     },
-    core::v1::Namespace,
+    apimachinery::pkg::apis::meta::v1::LabelSelector,
 };
 use kube::{
     Api,
@@ -59,6 +62,39 @@ pub fn rule(group: &str, version: &str, resources: &[&str], operations: &[&str])
     }
 }
 
+/// A MutatingWebhookConfiguration calling holdfast by URL (the local control plane has no
+/// Service network); the caBundle is left for holdfast's certificate store to inject.
+pub fn mutating_configuration(
+    name: &str,
+    url: String,
+    namespace_selector: LabelSelector,
+    rules: Vec<RuleWithOperations>,
+    failure_policy: &str,
+) -> MutatingWebhookConfiguration {
+    let webhook = MutatingWebhook {
+        name: "mutate.holdfast.dev".into(),
+        admission_review_versions: vec!["v1".into()],
+        side_effects: "None".into(),
+        failure_policy: Some(failure_policy.into()),
+        timeout_seconds: Some(5),
+        reinvocation_policy: Some("IfNeeded".into()),
+        client_config: WebhookClientConfig {
+            url: Some(url),
+            ..Default::default()
+        },
+        namespace_selector: Some(namespace_selector),
+        rules: Some(rules),
+        ..Default::default()
+    };
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        webhooks: Some(vec![webhook]),
+    }
+}
+
 impl LocalWebhook {
     /// Registers a MutatingWebhookConfiguration pointing at a free loopback port (failurePolicy
     /// Fail, so any TLS or serving failure shows up as a failed request), lets the certificate
@@ -81,35 +117,14 @@ impl LocalWebhook {
                 },
             )
             .await?;
-        let webhook = MutatingWebhook {
-            name: "mutate.holdfast.dev".into(),
-            admission_review_versions: vec!["v1".into()],
-            side_effects: "None".into(),
-            failure_policy: Some("Fail".into()),
-            timeout_seconds: Some(5),
-            reinvocation_policy: Some("IfNeeded".into()),
-            client_config: WebhookClientConfig {
-                url: Some(format!("https://127.0.0.1:{port}{MUTATE_PATH}")),
-                ..Default::default()
-            },
-            namespace_selector: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
-                match_labels: Some(BTreeMap::from([(SCOPE_LABEL.to_string(), scope.clone())])),
-                ..Default::default()
-            }),
-            rules: Some(registration.rules),
+        let selector = LabelSelector {
+            match_labels: Some(BTreeMap::from([(SCOPE_LABEL.to_string(), scope.clone())])),
             ..Default::default()
         };
+        let url = format!("https://127.0.0.1:{port}{MUTATE_PATH}");
+        let config = mutating_configuration(&configuration, url, selector, registration.rules, "Fail");
         Api::<MutatingWebhookConfiguration>::all(client.clone())
-            .create(
-                &PostParams::default(),
-                &MutatingWebhookConfiguration {
-                    metadata: ObjectMeta {
-                        name: Some(configuration.clone()),
-                        ..Default::default()
-                    },
-                    webhooks: Some(vec![webhook]),
-                },
-            )
+            .create(&PostParams::default(), &config)
             .await?;
 
         let store = KubeCertStore::bootstrap(

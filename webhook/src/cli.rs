@@ -64,12 +64,12 @@ pub struct TlsArgs {
         default_value = "holdfast"
     )]
     pub mutating_webhook_configurations: Vec<String>,
-    /// ValidatingWebhookConfigurations whose caBundle holdfast keeps current.
+    /// ValidatingWebhookConfigurations whose caBundle holdfast keeps current (none until the
+    /// validating rules ship).
     #[arg(
         long,
         env = "HOLDFAST_VALIDATING_WEBHOOK_CONFIGURATIONS",
-        value_delimiter = ',',
-        default_value = "holdfast"
+        value_delimiter = ','
     )]
     pub validating_webhook_configurations: Vec<String>,
     /// Seconds both the old and the new CA are published before the certificate moves to the new CA.

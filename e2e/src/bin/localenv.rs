@@ -10,8 +10,16 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use holdfast_e2e::{Env, images, objects};
+use holdfast_e2e::{Env, images, objects, process::free_port, webhook::mutating_configuration};
+use k8s_openapi::{
+    api::{admissionregistration::v1::MutatingWebhookConfiguration, core::v1::Namespace},
+    apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
+};
 use kube::ResourceExt;
+use kube::{
+    Api,
+    api::{ObjectMeta, Patch, PatchParams, PostParams},
+};
 use serde_json::Value;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -48,7 +56,8 @@ async fn up(state: &Path) -> Result<()> {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
 
-    let env = Env::start().await?;
+    let mut env = Env::start().await?;
+    let webhook = start_webhook(&mut env).await?;
     let kubeconfig = state.join("kubeconfig");
     std::fs::copy(env.kubeconfig(), &kubeconfig)?;
     let pids: Vec<String> = env
@@ -58,18 +67,21 @@ async fn up(state: &Path) -> Result<()> {
         .collect();
     std::fs::write(state.join("pids"), pids.join("\n") + "\n")?;
     let exports = format!(
-        "export KUBECONFIG={}\nexport HOLDFAST_REGISTRY={}\n",
+        "export KUBECONFIG={}\nexport HOLDFAST_REGISTRY={}\nexport HOLDFAST_WEBHOOK_ADMIN=http://{}\n",
         kubeconfig.display(),
-        env.registry()
+        env.registry(),
+        webhook.admin
     );
     let partial = state.join("env.partial");
     std::fs::write(&partial, exports)?;
     std::fs::rename(&partial, &env_file)?;
     println!(
-        "holdfast local environment ready in {:.1} s: kube-apiserver via {}, registry at {}",
+        "holdfast local environment ready in {:.1} s: kube-apiserver via {}, registry at {}, holdfast-webhook at {} (admin {})",
         env.boot_time().as_secs_f64(),
         kubeconfig.display(),
-        env.registry()
+        env.registry(),
+        webhook.addr,
+        webhook.admin
     );
 
     tokio::select! {
@@ -173,4 +185,98 @@ fn fetch_refs(data: &Value) -> Vec<(String, String)> {
         walk(spec, "/spec", "", &mut out);
     }
     out
+}
+
+/// Namespaces labelled so are never sent to holdfast (its own, and kube-system).
+const IGNORE_LABEL: &str = "holdfast.dev/ignore";
+const NAMESPACE: &str = "holdfast-system";
+
+struct LocalWebhook {
+    addr: String,
+    admin: String,
+}
+
+/// Runs `holdfast-webhook` as a process of the environment, registered by URL in the
+/// MutatingWebhookConfiguration `holdfast`, with its self-managed certificate (caBundle injected).
+async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
+    let client = env.client().await?;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ignored = serde_json::json!({"metadata": {"labels": {IGNORE_LABEL: "true"}}});
+    namespaces
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(NAMESPACE.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await?;
+    for ns in [NAMESPACE, "kube-system"] {
+        namespaces
+            .patch(ns, &PatchParams::default(), &Patch::Merge(&ignored))
+            .await?;
+    }
+    let (port, admin_port) = (free_port()?, free_port()?);
+    let selector = LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: IGNORE_LABEL.into(),
+            operator: "NotIn".into(),
+            values: Some(vec!["true".into()]),
+        }]),
+        ..Default::default()
+    };
+    let rules = vec![holdfast_e2e::webhook::rule(
+        "kpack.io",
+        "v1alpha2",
+        &["images"],
+        &["CREATE", "UPDATE"],
+    )];
+    // Ignore: mutation fails open, as in the manifests.
+    let config = mutating_configuration(
+        "holdfast",
+        format!("https://127.0.0.1:{port}/mutate"),
+        selector,
+        rules,
+        "Ignore",
+    );
+    Api::<MutatingWebhookConfiguration>::all(client)
+        .create(&PostParams::default(), &config)
+        .await?;
+
+    let binary = std::env::current_exe()?.with_file_name("holdfast-webhook");
+    let kubeconfig = env.kubeconfig().to_path_buf();
+    env.spawn_with_env(
+        "holdfast-webhook",
+        &binary,
+        &[
+            format!("--addr=127.0.0.1:{port}"),
+            format!("--admin-addr=127.0.0.1:{admin_port}"),
+            format!("--namespace={NAMESPACE}"),
+            "--tls-ip=127.0.0.1".into(),
+            "--mutating-webhook-configurations=holdfast".into(),
+        ],
+        &[("KUBECONFIG", kubeconfig.as_path())],
+    )?;
+    let ready = format!("http://127.0.0.1:{admin_port}/readyz");
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    // Readiness polled, as a kubelet would: the process has nothing to watch.
+    loop {
+        if let Ok(rsp) = http.get(&ready).send().await
+            && rsp.status().is_success()
+        {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("holdfast-webhook not ready after 60 s; see its log in the environment directory");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    Ok(LocalWebhook {
+        addr: format!("127.0.0.1:{port}"),
+        admin: format!("127.0.0.1:{admin_port}"),
+    })
 }
