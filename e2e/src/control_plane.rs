@@ -309,6 +309,43 @@ impl Env {
         cmd
     }
 
+    /// `kubectl apply -n <namespace> -f -` with `yaml` on stdin, as a user would.
+    pub fn kubectl_apply(&self, namespace: &str, yaml: &str) -> Result<()> {
+        use std::io::Write as _;
+        let mut child = self
+            .kubectl()
+            .args(["apply", "-n", namespace, "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?;
+        child
+            .stdin
+            .take()
+            .context("kubectl stdin")?
+            .write_all(yaml.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// `kubectl get <resource> <name> -n <namespace> -o json`.
+    pub fn kubectl_get(&self, resource: &str, name: &str, namespace: &str) -> Result<serde_json::Value> {
+        let out = self
+            .kubectl()
+            .args(["get", resource, name, "-n", namespace, "-o", "json"])
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "kubectl get {resource} {name} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
     /// Creates a uniquely named, labelled namespace whose default service account is ready
     /// (pods are rejected by the ServiceAccount admission plugin before that).
     pub async fn namespace(&self, prefix: &str) -> Result<String> {

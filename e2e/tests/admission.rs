@@ -34,30 +34,8 @@ fn images_registration(ca_overlap: Duration) -> Registration {
 async fn kubectl_apply_comes_back_patched_over_tls(env: Arc<Env>) -> Result<()> {
     let webhook = LocalWebhook::start(env.clone(), images_registration(Duration::from_secs(1))).await?;
     let ns = webhook.namespace("tls").await?;
-    let manifest = std::env::temp_dir().join(format!("{ns}.yaml"));
-    std::fs::write(&manifest, cfapp_and_image("app-1"))?;
-    let out = env
-        .kubectl()
-        .args(["apply", "-n", &ns, "-f"])
-        .arg(&manifest)
-        .output()?;
-    let _ = std::fs::remove_file(&manifest);
-    ensure!(
-        out.status.success(),
-        "kubectl apply failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    let out = env
-        .kubectl()
-        .args(["get", "images.kpack.io", "app-1", "-n", &ns, "-o", "json"])
-        .output()?;
-    ensure!(
-        out.status.success(),
-        "kubectl get failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let image: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    env.kubectl_apply(&ns, &cfapp_and_image("app-1"))?;
+    let image = env.kubectl_get("images.kpack.io", "app-1", &ns)?;
     let owners = &image["metadata"]["ownerReferences"];
     ensure!(
         owners[0]["kind"] == "CFApp" && owners[0]["name"] == "app-1",
@@ -65,28 +43,10 @@ async fn kubectl_apply_comes_back_patched_over_tls(env: Arc<Env>) -> Result<()> 
     );
 
     // Applying the same manifest again changes nothing: same patch, generation unchanged.
-    let generation = image["metadata"]["generation"].clone();
-    let manifest = std::env::temp_dir().join(format!("{ns}-again.yaml"));
-    std::fs::write(&manifest, cfapp_and_image("app-1"))?;
-    let out = env
-        .kubectl()
-        .args(["apply", "-n", &ns, "-f"])
-        .arg(&manifest)
-        .output()?;
-    let _ = std::fs::remove_file(&manifest);
+    env.kubectl_apply(&ns, &cfapp_and_image("app-1"))?;
+    let again = env.kubectl_get("images.kpack.io", "app-1", &ns)?;
     ensure!(
-        out.status.success(),
-        "second apply failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let again: serde_json::Value = serde_json::from_slice(
-        &env.kubectl()
-            .args(["get", "images.kpack.io", "app-1", "-n", &ns, "-o", "json"])
-            .output()?
-            .stdout,
-    )?;
-    ensure!(
-        again["metadata"]["generation"] == generation,
+        again["metadata"]["generation"] == image["metadata"]["generation"],
         "re-apply changed the Image"
     );
     ensure!(
