@@ -278,37 +278,23 @@ impl KubeCertStore {
     /// Writes `bundle` into every webhook of holdfast's own webhook configurations.
     pub async fn publish(&self, bundle: &str) -> Result<(), StoreError> {
         let bytes = ByteString(bundle.as_bytes().to_vec());
-        for name in &self.config.mutating_webhook_configurations {
-            let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
-            inject(
-                &api,
-                name,
-                |c: &mut MutatingWebhookConfiguration| {
-                    c.webhooks
-                        .iter_mut()
-                        .flatten()
-                        .map(|w| &mut w.client_config.ca_bundle)
-                        .collect()
-                },
-                &bytes,
-            )
+        self.publish_to::<MutatingWebhookConfiguration>(&self.config.mutating_webhook_configurations, &bytes)
             .await?;
-        }
-        for name in &self.config.validating_webhook_configurations {
-            let api: Api<ValidatingWebhookConfiguration> = Api::all(self.client.clone());
-            inject(
-                &api,
-                name,
-                |c: &mut ValidatingWebhookConfiguration| {
-                    c.webhooks
-                        .iter_mut()
-                        .flatten()
-                        .map(|w| &mut w.client_config.ca_bundle)
-                        .collect()
-                },
-                &bytes,
-            )
-            .await?;
+        self.publish_to::<ValidatingWebhookConfiguration>(
+            &self.config.validating_webhook_configurations,
+            &bytes,
+        )
+        .await
+    }
+
+    async fn publish_to<K: WebhookConfiguration>(
+        &self,
+        names: &[String],
+        bundle: &ByteString,
+    ) -> Result<(), StoreError> {
+        let api: Api<K> = Api::all(self.client.clone());
+        for name in names {
+            inject(&api, name, bundle).await?;
         }
         Ok(())
     }
@@ -345,19 +331,46 @@ impl KubeCertStore {
     }
 }
 
-async fn inject<K>(
+/// A webhook configuration kind whose webhooks each carry a `clientConfig.caBundle`.
+trait WebhookConfiguration:
+    kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+    + Clone
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+{
+    fn ca_bundles(&mut self) -> Vec<&mut Option<ByteString>>;
+}
+
+impl WebhookConfiguration for MutatingWebhookConfiguration {
+    fn ca_bundles(&mut self) -> Vec<&mut Option<ByteString>> {
+        self.webhooks
+            .iter_mut()
+            .flatten()
+            .map(|w| &mut w.client_config.ca_bundle)
+            .collect()
+    }
+}
+
+impl WebhookConfiguration for ValidatingWebhookConfiguration {
+    fn ca_bundles(&mut self) -> Vec<&mut Option<ByteString>> {
+        self.webhooks
+            .iter_mut()
+            .flatten()
+            .map(|w| &mut w.client_config.ca_bundle)
+            .collect()
+    }
+}
+
+async fn inject<K: WebhookConfiguration>(
     api: &Api<K>,
     name: &str,
-    bundles: impl Fn(&mut K) -> Vec<&mut Option<ByteString>>,
     bundle: &ByteString,
-) -> Result<(), StoreError>
-where
-    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
-{
+) -> Result<(), StoreError> {
     for _ in 0..CONFLICT_RETRIES {
         let mut config = api.get(name).await?;
         let mut changed = false;
-        for slot in bundles(&mut config) {
+        for slot in config.ca_bundles() {
             if slot.as_ref() != Some(bundle) {
                 *slot = Some(bundle.clone());
                 changed = true;

@@ -315,17 +315,19 @@ mod tests {
         assert_eq!(ca_bundle(&[]), "");
     }
 
+    /// A one-day CA issued three days before `now`.
+    fn expired_ca(now: OffsetDateTime) -> CertificateAuthority {
+        let opts = CaOptions {
+            validity: Duration::days(1),
+            ..CaOptions::default()
+        };
+        CertificateAuthority::generate_at(&opts, now - Duration::days(3)).unwrap()
+    }
+
     #[test]
     fn pruning_drops_the_expired_ca() {
         let now = OffsetDateTime::now_utc();
-        let expired = CertificateAuthority::generate_at(
-            &CaOptions {
-                validity: Duration::days(1),
-                ..CaOptions::default()
-            },
-            now - Duration::days(3),
-        )
-        .unwrap();
+        let expired = expired_ca(now);
         let current = CertificateAuthority::generate_at(&CaOptions::default(), now).unwrap();
         let bundle = ca_bundle(&[&expired, &current]);
         let pruned = prune_expired(&bundle, now).unwrap();
@@ -340,14 +342,7 @@ mod tests {
     #[test]
     fn add_to_bundle_rotates() {
         let now = OffsetDateTime::now_utc();
-        let expired = CertificateAuthority::generate_at(
-            &CaOptions {
-                validity: Duration::days(1),
-                ..CaOptions::default()
-            },
-            now - Duration::days(3),
-        )
-        .unwrap();
+        let expired = expired_ca(now);
         let old =
             CertificateAuthority::generate_at(&CaOptions::default(), now - Duration::days(400)).unwrap();
         let new = CertificateAuthority::generate_at(&CaOptions::default(), now).unwrap();
