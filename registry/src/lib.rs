@@ -9,6 +9,7 @@
 //! - [`resolve`]: the registry client: tag → digest, tag lists, auth, rate limits, budgets.
 
 mod auth;
+pub mod cache;
 pub mod credentials;
 pub mod digest;
 mod host_gate;

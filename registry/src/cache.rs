@@ -1,0 +1,756 @@
+//! The digest cache: tag (or tag selection) → digest, answered from memory on the admission path,
+//! with single-flight on misses, stale-if-error when the registry fails, and a short negative
+//! cache.
+//!
+//! Entries are keyed by what was asked *and* the credential scope it was asked with: an entry
+//! resolved with a namespace's Secret is only served to lookups with that same scope (that
+//! namespace and Secret name), so a namespace never learns a digest it could not resolve itself.
+//! Anonymous entries are public and serve every scope.
+//!
+//! Persistence is the caller's: an [`EntrySink`] receives every changed entry (the cluster store
+//! writes it as a `DigestCacheEntry` object) and [`DigestCache::insert`] loads entries back
+//! (from a watch of those objects), so replicas and restarts share one cache.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{
+        Arc, Mutex, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime},
+};
+
+use futures::{
+    FutureExt,
+    future::{BoxFuture, Shared},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    Credentials, Digest, Reference, ResolveError, Resolver, SelectError, VersionSelection, select_tag,
+};
+
+/// Whose credentials resolved an entry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Scope {
+    /// No credentials: the content is public.
+    Anonymous,
+    /// The `secretRef` Secret `name` in `namespace`.
+    Secret { namespace: String, name: String },
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scope::Anonymous => f.write_str("anonymous"),
+            Scope::Secret { namespace, name } => write!(f, "secret:{namespace}/{name}"),
+        }
+    }
+}
+
+/// What a lookup asks: the digest of a tag, or of the tag a selection picks in a repository.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheKey {
+    /// The normalised reference (`registry/repository:tag`), or the repository for a selection.
+    pub reference: String,
+    /// The `tagSelection`, as canonical JSON, when the tag is selected.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<String>,
+    pub scope: Scope,
+}
+
+impl CacheKey {
+    pub fn tag(reference: &Reference, scope: Scope) -> Self {
+        Self {
+            reference: reference.normalized(),
+            selection: None,
+            scope,
+        }
+    }
+
+    pub fn selection(repository: &Reference, selection: &VersionSelection, scope: Scope) -> Self {
+        Self {
+            reference: repository.name(),
+            selection: Some(serde_json::to_string(selection).unwrap_or_default()),
+            scope,
+        }
+    }
+
+    fn anonymous(&self) -> Self {
+        Self {
+            scope: Scope::Anonymous,
+            ..self.clone()
+        }
+    }
+}
+
+/// One cached answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheEntry {
+    pub key: CacheKey,
+    pub digest: Digest,
+    /// The tag a selection picked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// Last successful answer from the registry.
+    pub resolved_at: SystemTime,
+    /// Last time the registry was asked, whatever it answered.
+    pub checked_at: SystemTime,
+    /// The last failure, if the last check failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Where an answer came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Cache,
+    Registry,
+    /// The registry failed; this is the last digest it gave, within the allowed staleness.
+    Stale {
+        error: String,
+        age: Duration,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub digest: Digest,
+    pub tag: Option<String>,
+    pub origin: Origin,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CacheError {
+    #[error(transparent)]
+    Registry(#[from] ResolveError),
+    #[error("{reference}: {source}")]
+    Select { reference: String, source: SelectError },
+    #[error("credentials: {0}")]
+    Credentials(String),
+    #[error("{reference}: the selected tag {tag:?} is not a valid reference: {detail}")]
+    SelectedTag {
+        reference: String,
+        tag: String,
+        detail: String,
+    },
+}
+
+/// Knobs, with the defaults documented in the README's configuration reference.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Answer from memory without asking the registry while an entry is younger than this.
+    pub max_age: Duration,
+    /// When the registry fails, keep answering with an entry up to this old.
+    pub max_staleness: Duration,
+    /// How long a failed lookup of an uncached key is remembered.
+    pub negative_ttl: Duration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            max_age: Duration::from_secs(10 * 60),
+            max_staleness: Duration::from_secs(7 * 24 * 3600),
+            negative_ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Receives every entry the cache changed, to persist it.
+pub trait EntrySink: Send + Sync {
+    fn persist(&self, entry: &CacheEntry);
+}
+
+/// The registry operations the cache needs; [`Resolver`] is the real one.
+pub trait Source: Send + Sync + 'static {
+    fn digest<'a>(
+        &'a self,
+        reference: &'a Reference,
+        credentials: &'a Credentials,
+    ) -> BoxFuture<'a, Result<Digest, ResolveError>>;
+    fn tags<'a>(
+        &'a self,
+        repository: &'a Reference,
+        credentials: &'a Credentials,
+    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>>;
+}
+
+impl Source for Resolver {
+    fn digest<'a>(
+        &'a self,
+        reference: &'a Reference,
+        credentials: &'a Credentials,
+    ) -> BoxFuture<'a, Result<Digest, ResolveError>> {
+        self.resolve_digest(reference, credentials).boxed()
+    }
+
+    fn tags<'a>(
+        &'a self,
+        repository: &'a Reference,
+        credentials: &'a Credentials,
+    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
+        self.list_tags(repository, credentials).boxed()
+    }
+}
+
+/// Counters for metrics.
+#[derive(Debug, Default)]
+pub struct CacheStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub stale_answers: AtomicU64,
+    pub negative_hits: AtomicU64,
+    /// Lookups that went to the registry (one per flight, however many callers joined it).
+    pub registry_lookups: AtomicU64,
+    pub registry_errors: AtomicU64,
+}
+
+type Resolved = (Digest, Option<String>);
+type Flight = Shared<BoxFuture<'static, Result<Resolved, CacheError>>>;
+
+pub struct DigestCache {
+    source: Arc<dyn Source>,
+    config: CacheConfig,
+    entries: RwLock<HashMap<CacheKey, CacheEntry>>,
+    negative: Mutex<HashMap<CacheKey, (Instant, CacheError)>>,
+    flights: Mutex<HashMap<CacheKey, Flight>>,
+    sink: Option<Arc<dyn EntrySink>>,
+    pub stats: CacheStats,
+}
+
+impl DigestCache {
+    pub fn new(source: Arc<dyn Source>, config: CacheConfig, sink: Option<Arc<dyn EntrySink>>) -> Self {
+        Self {
+            source,
+            config,
+            entries: RwLock::default(),
+            negative: Mutex::default(),
+            flights: Mutex::default(),
+            sink,
+            stats: CacheStats::default(),
+        }
+    }
+
+    /// Loads an entry (from the persisted store); a newer entry already held wins.
+    pub fn insert(&self, entry: CacheEntry) {
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        match entries.get(&entry.key) {
+            Some(held) if held.checked_at >= entry.checked_at => {}
+            _ => {
+                entries.insert(entry.key.clone(), entry);
+            }
+        }
+    }
+
+    /// The entry serving `key`: its own, else the anonymous one (public content serves all).
+    pub fn get(&self, key: &CacheKey) -> Option<CacheEntry> {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(key)
+            .or_else(|| entries.get(&key.anonymous()))
+            .cloned()
+    }
+
+    pub fn entries(&self) -> Vec<CacheEntry> {
+        self.entries
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// The digest for `key`: from memory when fresh; else from the registry, once however many
+    /// callers ask at the same time; else, if the registry fails, the last digest within the
+    /// allowed staleness. `credentials` is only called when the registry must be asked.
+    pub async fn lookup<F>(
+        &self,
+        key: CacheKey,
+        target: Reference,
+        selection: Option<VersionSelection>,
+        credentials: F,
+    ) -> Result<Answer, CacheError>
+    where
+        F: FnOnce() -> BoxFuture<'static, Result<Credentials, CacheError>>,
+    {
+        let now = SystemTime::now();
+        let held = self.get(&key);
+        if let Some(entry) = &held
+            && age(entry.resolved_at, now) <= self.config.max_age
+        {
+            self.stats.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(Answer {
+                digest: entry.digest.clone(),
+                tag: entry.tag.clone(),
+                origin: Origin::Cache,
+            });
+        }
+        if held.is_none() {
+            if let Some(error) = self.negative(&key) {
+                self.stats.negative_hits.fetch_add(1, Ordering::Relaxed);
+                return Err(error);
+            }
+            self.stats.misses.fetch_add(1, Ordering::Relaxed);
+        }
+        let result = self.flight(&key, target, selection, credentials).await;
+        let checked_at = SystemTime::now();
+        match result {
+            Ok((digest, tag)) => {
+                let entry = CacheEntry {
+                    key,
+                    digest: digest.clone(),
+                    tag: tag.clone(),
+                    resolved_at: checked_at,
+                    checked_at,
+                    error: None,
+                };
+                self.store(entry);
+                Ok(Answer {
+                    digest,
+                    tag,
+                    origin: Origin::Registry,
+                })
+            }
+            Err(error) => {
+                self.stats.registry_errors.fetch_add(1, Ordering::Relaxed);
+                match held {
+                    Some(entry) if age(entry.resolved_at, checked_at) <= self.config.max_staleness => {
+                        self.stats.stale_answers.fetch_add(1, Ordering::Relaxed);
+                        let answer = Answer {
+                            digest: entry.digest.clone(),
+                            tag: entry.tag.clone(),
+                            origin: Origin::Stale {
+                                error: error.to_string(),
+                                age: age(entry.resolved_at, checked_at),
+                            },
+                        };
+                        self.store(CacheEntry {
+                            checked_at,
+                            error: Some(error.to_string()),
+                            ..entry
+                        });
+                        Ok(answer)
+                    }
+                    _ => {
+                        self.remember_failure(key, error.clone());
+                        Err(error)
+                    }
+                }
+            }
+        }
+    }
+
+    fn negative(&self, key: &CacheKey) -> Option<CacheError> {
+        let mut negative = self.negative.lock().unwrap_or_else(|e| e.into_inner());
+        match negative.get(key) {
+            Some((at, error)) if at.elapsed() < self.config.negative_ttl => Some(error.clone()),
+            Some(_) => {
+                negative.remove(key);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn remember_failure(&self, key: CacheKey, error: CacheError) {
+        self.negative
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, (Instant::now(), error));
+    }
+
+    fn store(&self, entry: CacheEntry) {
+        self.negative
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&entry.key);
+        if let Some(sink) = &self.sink {
+            sink.persist(&entry);
+        }
+        self.entries
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(entry.key.clone(), entry);
+    }
+
+    /// Joins the flight for `key`, or starts it.
+    async fn flight<F>(
+        &self,
+        key: &CacheKey,
+        target: Reference,
+        selection: Option<VersionSelection>,
+        credentials: F,
+    ) -> Result<Resolved, CacheError>
+    where
+        F: FnOnce() -> BoxFuture<'static, Result<Credentials, CacheError>>,
+    {
+        let flight = {
+            let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
+            match flights.get(key) {
+                Some(flight) => flight.clone(),
+                None => {
+                    self.stats.registry_lookups.fetch_add(1, Ordering::Relaxed);
+                    let source = self.source.clone();
+                    let credentials = credentials();
+                    let flight = async move {
+                        let credentials = credentials.await?;
+                        resolve(source.as_ref(), &target, selection.as_ref(), &credentials).await
+                    }
+                    .boxed()
+                    .shared();
+                    flights.insert(key.clone(), flight.clone());
+                    flight
+                }
+            }
+        };
+        let result = flight.clone().await;
+        let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
+        // Only this flight: a later one for the same key may have started since it landed.
+        if flights.get(key).is_some_and(|f| Shared::ptr_eq(f, &flight)) {
+            flights.remove(key);
+        }
+        result
+    }
+}
+
+/// Asks the registry: the tag's digest, or the selected tag's.
+async fn resolve(
+    source: &dyn Source,
+    target: &Reference,
+    selection: Option<&VersionSelection>,
+    credentials: &Credentials,
+) -> Result<Resolved, CacheError> {
+    let Some(selection) = selection else {
+        return Ok((source.digest(target, credentials).await?, None));
+    };
+    let tags = source.tags(target, credentials).await?;
+    let tag = select_tag(&tags, selection)
+        .map_err(|source| CacheError::Select {
+            reference: target.name(),
+            source,
+        })?
+        .to_string();
+    let tagged = target.with_tag(&tag).map_err(|e| CacheError::SelectedTag {
+        reference: target.name(),
+        tag: tag.clone(),
+        detail: e.to_string(),
+    })?;
+    Ok((source.digest(&tagged, credentials).await?, Some(tag)))
+}
+
+fn age(since: SystemTime, now: SystemTime) -> Duration {
+    now.duration_since(since).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// A registry stand-in: digests per reference string, a switch to fail, a gate to hold lookups.
+    #[derive(Default)]
+    struct FakeSource {
+        digests: Mutex<HashMap<String, Digest>>,
+        tags: Vec<String>,
+        failing: std::sync::atomic::AtomicBool,
+        calls: AtomicUsize,
+        gate: Option<Arc<tokio::sync::Semaphore>>,
+    }
+
+    impl FakeSource {
+        fn with(refs: &[(&str, &str)]) -> Self {
+            let digests = refs.iter().map(|(r, d)| (r.to_string(), digest(d))).collect();
+            Self {
+                digests: Mutex::new(digests),
+                ..Default::default()
+            }
+        }
+    }
+
+    fn digest(seed: &str) -> Digest {
+        Digest::sha256_of(seed.as_bytes())
+    }
+
+    fn error(reference: &Reference) -> ResolveError {
+        ResolveError::Timeout {
+            registry: reference.registry().into(),
+            repository: reference.repository(),
+            after: Duration::from_secs(3),
+        }
+    }
+
+    impl Source for FakeSource {
+        fn digest<'a>(
+            &'a self,
+            reference: &'a Reference,
+            _: &'a Credentials,
+        ) -> BoxFuture<'a, Result<Digest, ResolveError>> {
+            async move {
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                if let Some(gate) = &self.gate {
+                    let _permit = gate.acquire().await;
+                }
+                if self.failing.load(Ordering::SeqCst) {
+                    return Err(error(reference));
+                }
+                self.digests
+                    .lock()
+                    .unwrap()
+                    .get(&reference.normalized())
+                    .cloned()
+                    .ok_or_else(|| error(reference))
+            }
+            .boxed()
+        }
+
+        fn tags<'a>(
+            &'a self,
+            _: &'a Reference,
+            _: &'a Credentials,
+        ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
+            futures::future::ready(Ok(self.tags.clone())).boxed()
+        }
+    }
+
+    fn anonymous() -> BoxFuture<'static, Result<Credentials, CacheError>> {
+        futures::future::ready(Ok(Credentials::anonymous())).boxed()
+    }
+
+    fn reference(s: &str) -> Reference {
+        Reference::parse(s).unwrap()
+    }
+
+    async fn lookup(cache: &DigestCache, r: &str, scope: Scope) -> Result<Answer, CacheError> {
+        let target = reference(r);
+        cache
+            .lookup(CacheKey::tag(&target, scope), target, None, anonymous)
+            .await
+    }
+
+    fn cache(source: FakeSource, config: CacheConfig) -> (Arc<FakeSource>, DigestCache) {
+        let source = Arc::new(source);
+        (source.clone(), DigestCache::new(source, config, None))
+    }
+
+    const APP: &str = "registry.example/team/app:1.0.0";
+
+    #[tokio::test]
+    async fn a_miss_asks_the_registry_once_then_answers_from_memory() {
+        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let first = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        assert_eq!(
+            (first.digest.clone(), first.origin),
+            (digest("v1"), Origin::Registry)
+        );
+        let second = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        assert_eq!((second.digest, second.origin), (digest("v1"), Origin::Cache));
+        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn concurrent_misses_share_one_registry_request() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let source = FakeSource {
+            gate: Some(gate.clone()),
+            ..FakeSource::with(&[(APP, "v1")])
+        };
+        let (source, cache) = cache(source, CacheConfig::default());
+        let cache = Arc::new(cache);
+        let lookups: Vec<_> = (0..1000)
+            .map(|_| {
+                let cache = cache.clone();
+                tokio::spawn(async move { lookup(&cache, APP, Scope::Anonymous).await })
+            })
+            .collect();
+        // Every lookup has joined the flight once the one registry call is waiting at the gate.
+        while source.calls.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(1000);
+        for lookup in lookups {
+            assert_eq!(lookup.await.unwrap().unwrap().digest, digest("v1"));
+        }
+        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(cache.stats.registry_lookups.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_failing_registry_gets_the_last_digest_within_the_staleness_bound() {
+        let config = CacheConfig {
+            max_age: Duration::ZERO,
+            max_staleness: Duration::from_secs(3600),
+            ..Default::default()
+        };
+        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), config);
+        lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        source.failing.store(true, Ordering::SeqCst);
+        let answer = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        assert_eq!(answer.digest, digest("v1"));
+        assert!(
+            matches!(answer.origin, Origin::Stale { ref error, .. } if error.contains("no response")),
+            "{answer:?}"
+        );
+        let entry = cache
+            .get(&CacheKey::tag(&reference(APP), Scope::Anonymous))
+            .unwrap();
+        assert!(entry.error.is_some(), "the failed check is recorded");
+    }
+
+    #[tokio::test]
+    async fn past_the_staleness_bound_the_error_is_returned() {
+        let config = CacheConfig {
+            max_age: Duration::ZERO,
+            max_staleness: Duration::ZERO,
+            ..Default::default()
+        };
+        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), config);
+        let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
+        let old = SystemTime::now() - Duration::from_secs(60);
+        cache.insert(CacheEntry {
+            key,
+            digest: digest("v0"),
+            tag: None,
+            resolved_at: old,
+            checked_at: old,
+            error: None,
+        });
+        source.failing.store(true, Ordering::SeqCst);
+        assert!(matches!(
+            lookup(&cache, APP, Scope::Anonymous).await,
+            Err(CacheError::Registry(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn failed_misses_are_remembered_briefly() {
+        let (source, cache) = cache(FakeSource::with(&[]), CacheConfig::default());
+        assert!(lookup(&cache, APP, Scope::Anonymous).await.is_err());
+        assert!(lookup(&cache, APP, Scope::Anonymous).await.is_err());
+        assert_eq!(
+            source.calls.load(Ordering::SeqCst),
+            1,
+            "the second failure came from the negative cache"
+        );
+
+        let (source, cache) = self::cache(
+            FakeSource::with(&[]),
+            CacheConfig {
+                negative_ttl: Duration::ZERO,
+                ..Default::default()
+            },
+        );
+        assert!(lookup(&cache, APP, Scope::Anonymous).await.is_err());
+        assert!(lookup(&cache, APP, Scope::Anonymous).await.is_err());
+        assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_credentialed_entry_serves_only_its_own_scope() {
+        let (source, cache) = cache(FakeSource::with(&[(APP, "private")]), CacheConfig::default());
+        let team_a = Scope::Secret {
+            namespace: "a".into(),
+            name: "creds".into(),
+        };
+        let team_b = Scope::Secret {
+            namespace: "b".into(),
+            name: "creds".into(),
+        };
+        lookup(&cache, APP, team_a.clone()).await.unwrap();
+        assert!(cache.get(&CacheKey::tag(&reference(APP), team_a)).is_some());
+        assert!(
+            cache
+                .get(&CacheKey::tag(&reference(APP), team_b.clone()))
+                .is_none()
+        );
+        assert!(
+            cache
+                .get(&CacheKey::tag(&reference(APP), Scope::Anonymous))
+                .is_none()
+        );
+        lookup(&cache, APP, team_b).await.unwrap();
+        assert_eq!(
+            source.calls.load(Ordering::SeqCst),
+            2,
+            "namespace b resolved for itself"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_anonymous_entry_serves_every_scope() {
+        let (source, cache) = cache(FakeSource::with(&[(APP, "public")]), CacheConfig::default());
+        lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        let scoped = Scope::Secret {
+            namespace: "a".into(),
+            name: "creds".into(),
+        };
+        assert_eq!(lookup(&cache, APP, scoped).await.unwrap().origin, Origin::Cache);
+        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn credentials_are_loaded_only_when_the_registry_is_asked() {
+        let (_, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        let target = reference(APP);
+        let loaded = Arc::new(AtomicUsize::new(0));
+        let counter = loaded.clone();
+        cache
+            .lookup(
+                CacheKey::tag(&target, Scope::Anonymous),
+                target,
+                None,
+                move || {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    anonymous()
+                },
+            )
+            .await
+            .unwrap();
+        assert_eq!(loaded.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_selection_resolves_the_highest_matching_tag() {
+        let source = FakeSource {
+            tags: vec!["0.9.0".into(), "1.0.0".into(), "1.1.0".into(), "2.0.0".into()],
+            ..FakeSource::with(&[("registry.example/team/app:1.1.0", "v11")])
+        };
+        let (_, cache) = cache(source, CacheConfig::default());
+        let selection: VersionSelection =
+            serde_json::from_value(serde_json::json!({"semver": {"constraints": ">=1.0.0 <2.0.0"}})).unwrap();
+        let repo = reference("registry.example/team/app");
+        let key = CacheKey::selection(&repo, &selection, Scope::Anonymous);
+        let answer = cache.lookup(key, repo, Some(selection), anonymous).await.unwrap();
+        assert_eq!(
+            (answer.digest, answer.tag.as_deref()),
+            (digest("v11"), Some("1.1.0"))
+        );
+    }
+
+    #[test]
+    fn a_loaded_entry_never_replaces_a_newer_one() {
+        let (_, cache) = cache(FakeSource::default(), CacheConfig::default());
+        let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
+        let now = SystemTime::now();
+        let entry = |d: &str, at: SystemTime| CacheEntry {
+            key: key.clone(),
+            digest: digest(d),
+            tag: None,
+            resolved_at: at,
+            checked_at: at,
+            error: None,
+        };
+        cache.insert(entry("new", now));
+        cache.insert(entry("old", now - Duration::from_secs(5)));
+        assert_eq!(cache.get(&key).unwrap().digest, digest("new"));
+    }
+}
