@@ -744,6 +744,14 @@ mod tests {
                 "ggcr needs at least 2 characters of repository",
                 |(_, repo, _, _)| repo.len() >= 2,
             )
+            // Without a registry, a first path component with a '.' *is* the registry (ggcr),
+            // so the string would not be the reference the generator meant.
+            .prop_filter("a dotted first component is a registry", |(registry, repo, _, _)| {
+                registry.is_some()
+                    || repo
+                        .split_once('/')
+                        .is_none_or(|(first, _)| !first.contains('.'))
+            })
             .prop_map(|(registry, repository, tag, digest)| {
                 let mut s = registry.map(|r| format!("{r}/")).unwrap_or_default();
                 s.push_str(&repository);
