@@ -197,23 +197,26 @@ impl Env {
     }
 
     async fn wait_for_registry(&mut self) -> Result<()> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()?;
-        let url = format!("http://{}/v2/", self.registry);
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            self.check_processes()?;
-            if let Ok(rsp) = http.get(&url).send().await
-                && rsp.status().is_success()
-            {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("registry at {url} not ready after {READY_TIMEOUT:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let registry = self.registry.clone();
+        wait_for_registry(&registry, || self.check_processes()).await
+    }
+
+    /// A second registry, separate from the shared one, that a test may stop and restart (an
+    /// upstream outage) without disturbing other tests. Its content survives a restart.
+    pub async fn spare_registry(&self) -> Result<SpareRegistry> {
+        let root = self.dir()?.join(unique_name("registry"));
+        std::fs::create_dir_all(&root)?;
+        let addr = format!("127.0.0.1:{}", free_port()?);
+        let config = root.join("registry.yml");
+        std::fs::write(&config, registry_config_yaml(&root.join("storage"), &addr))?;
+        let mut spare = SpareRegistry {
+            addr,
+            config,
+            log: root.join("registry.log"),
+            process: None,
+        };
+        spare.start().await?;
+        Ok(spare)
     }
 
     /// Polls `/readyz` (there is nothing to watch before the apiserver is up), then writes the
@@ -390,6 +393,61 @@ impl Drop for Env {
         {
             eprintln!("harness: kept {} (HOLDFAST_KEEP_ENV)", dir.keep().display());
         }
+    }
+}
+
+/// A registry a test can stop and start; see [`Env::spare_registry`].
+#[derive(Debug)]
+pub struct SpareRegistry {
+    pub addr: String,
+    config: PathBuf,
+    log: PathBuf,
+    process: Option<ServerProcess>,
+}
+
+impl SpareRegistry {
+    pub async fn start(&mut self) -> Result<()> {
+        let tools = Tools::locate()?;
+        let args = ["serve".to_string(), self.config.display().to_string()];
+        let mut process =
+            ServerProcess::spawn("docker-registry", &tools.registry, &args, &[], self.log.clone())?;
+        wait_for_registry(&self.addr, || process.check_running()).await?;
+        self.process = Some(process);
+        Ok(())
+    }
+
+    /// Stops it (its port then refuses connections); `start` brings it back with its content.
+    pub fn stop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.stop(Duration::from_secs(5));
+        }
+    }
+
+    /// How many requests in its access log contain `pattern` (e.g. `HEAD /v2/repo/manifests/1.0`).
+    pub fn requests_matching(&self, pattern: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .map(|log| log.lines().filter(|l| l.contains(pattern)).count())
+            .unwrap_or_default()
+    }
+}
+
+async fn wait_for_registry(addr: &str, mut check: impl FnMut() -> Result<()>) -> Result<()> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let url = format!("http://{addr}/v2/");
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        check()?;
+        if let Ok(rsp) = http.get(&url).send().await
+            && rsp.status().is_success()
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("registry at {url} not ready after {READY_TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -8,10 +8,16 @@ use holdfast_certs::{
     CaOptions, ServingOptions,
     kube_store::{KubeCertStore, StoreConfig},
 };
+use holdfast_registry::{
+    Resolver, ResolverConfig,
+    cache::{CacheConfig, DigestCache},
+    cluster_store::{self, ClusterSink},
+};
 use holdfast_webhook::{
     cluster::Cluster,
     handler::{DEFAULT_BODY_LIMIT, DEFAULT_DEADLINE},
-    rules::MUTATE_PATH,
+    pinning::Pinner,
+    rules::{MUTATE_PATH, RuleContext},
     server::{self, Running, Settings},
 };
 use k8s_openapi::{
@@ -38,6 +44,8 @@ pub const SCOPE_LABEL: &str = "holdfast.dev/e2e-scope";
 pub struct LocalWebhook {
     pub running: Option<Running>,
     pub store: Arc<KubeCertStore>,
+    /// The webhook's digest cache (its counters show registry traffic).
+    pub cache: Arc<DigestCache>,
     pub configuration: String,
     /// Namespaces labelled `SCOPE_LABEL=<scope>` are served by this webhook only.
     pub scope: String,
@@ -50,6 +58,21 @@ pub struct LocalWebhook {
 pub struct Registration {
     pub rules: Vec<RuleWithOperations>,
     pub ca_overlap: Duration,
+    pub cache: CacheConfig,
+    /// Plain-HTTP registries besides the environment's own (e.g. a spare registry).
+    pub insecure_registries: Vec<String>,
+}
+
+impl Registration {
+    /// The given rules, with a one-second CA overlap and the default cache.
+    pub fn rules(rules: Vec<RuleWithOperations>) -> Self {
+        Self {
+            rules,
+            ca_overlap: Duration::from_secs(1),
+            cache: CacheConfig::default(),
+            insecure_registries: Vec::new(),
+        }
+    }
 }
 
 pub fn rule(group: &str, version: &str, resources: &[&str], operations: &[&str]) -> RuleWithOperations {
@@ -130,7 +153,7 @@ impl LocalWebhook {
         let store = KubeCertStore::bootstrap(
             client.clone(),
             StoreConfig {
-                namespace: tls_namespace,
+                namespace: tls_namespace.clone(),
                 secret: "holdfast-webhook-tls".into(),
                 ca: CaOptions::default(),
                 serving: ServingOptions::for_service("holdfast-webhook", "holdfast-system")
@@ -145,10 +168,34 @@ impl LocalWebhook {
         .context("bootstrapping the certificate store")?;
         let store = Arc::new(store);
         let cancel = CancellationToken::new();
-        let cluster = Cluster::start(client, cancel.clone()).await?;
+        let cluster = Cluster::start(client.clone(), cancel.clone()).await?;
+        let resolver = Resolver::new(ResolverConfig {
+            insecure_registries: registration
+                .insecure_registries
+                .iter()
+                .cloned()
+                .chain([env.registry().to_string()])
+                .collect(),
+            ..Default::default()
+        })?;
+        let entries = cluster_store::api(client.clone(), &tls_namespace);
+        let sink = ClusterSink::start(entries.clone(), cancel.clone());
+        let cache = Arc::new(DigestCache::new(
+            Arc::new(resolver),
+            registration.cache,
+            Some(sink),
+        ));
+        let mut cache_synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
+        let context = RuleContext {
+            cluster: Arc::new(cluster.clone()),
+            pinner: Arc::new(Pinner::new(cache.clone(), Some(client))),
+        };
         let synced = {
             let cluster = cluster.clone();
-            async move { cluster.synced().await }
+            async move {
+                cluster.synced().await;
+                let _ = cache_synced.wait_for(|s| *s).await;
+            }
         };
         let settings = Settings {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
@@ -157,13 +204,21 @@ impl LocalWebhook {
             body_limit: DEFAULT_BODY_LIMIT,
             handshake_timeout: Duration::from_secs(5),
         };
-        let running = server::start(settings, Arc::new(cluster.clone()), synced, store.resolver()).await?;
-        // Serve only once the cluster view is complete, as readiness would gate it in a cluster.
-        cluster.synced().await;
+        let running = server::start(settings, context, synced, store.resolver()).await?;
+        // Serve only once the caches are complete, as readiness would gate it in a cluster.
+        let readiness = running.readiness.clone();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while !readiness.blockers().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .context("webhook never became ready")?;
         let addr = running.addr;
         Ok(Self {
             running: Some(running),
             store,
+            cache,
             configuration,
             scope,
             addr,

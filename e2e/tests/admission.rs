@@ -26,8 +26,13 @@ fn cfapp_and_image(name: &str) -> String {
 
 fn images_registration(ca_overlap: Duration) -> Registration {
     Registration {
-        rules: vec![rule("kpack.io", "v1alpha2", &["images"], &["CREATE", "UPDATE"])],
         ca_overlap,
+        ..Registration::rules(vec![rule(
+            "kpack.io",
+            "v1alpha2",
+            &["images"],
+            &["CREATE", "UPDATE"],
+        )])
     }
 }
 

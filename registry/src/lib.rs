@@ -10,6 +10,7 @@
 
 mod auth;
 pub mod cache;
+pub mod cluster_store;
 pub mod credentials;
 pub mod digest;
 mod host_gate;

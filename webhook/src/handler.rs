@@ -17,11 +17,10 @@ use kube::core::{DynamicObject, admission::AdmissionRequest};
 use serde_json::json;
 
 use crate::{
-    cluster::ClusterView,
     decision::{Outcome, Verdict},
     metrics::Metrics,
     review,
-    rules::{Family, MUTATE_PATH, Rule, VALIDATE_PATH},
+    rules::{Family, MUTATE_PATH, Rule, RuleContext, VALIDATE_PATH},
 };
 
 /// The API server sends at most two objects of at most 3 MiB each (object and oldObject).
@@ -30,7 +29,7 @@ pub const DEFAULT_BODY_LIMIT: usize = 7 * 1024 * 1024;
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(3);
 
 pub struct AdmissionState {
-    pub cluster: Arc<dyn ClusterView>,
+    pub context: RuleContext,
     pub metrics: Arc<Metrics>,
     pub deadline: Duration,
 }
@@ -100,7 +99,7 @@ async fn admit(family: Family, state: &AdmissionState, headers: &HeaderMap, body
 /// Runs a rule within the deadline. Past it, holdfast admits unchanged: the webhook must never
 /// be what blocks the cluster, and the controller catches up on what it let through.
 async fn decide(rule: Rule, request: &AdmissionRequest<DynamicObject>, state: &AdmissionState) -> Verdict {
-    let evaluation = rule.evaluate(request, state.cluster.as_ref());
+    let evaluation = rule.evaluate(request, &state.context);
     match tokio::time::timeout(state.deadline, evaluation).await {
         Ok(verdict) => verdict,
         Err(_) => {

@@ -9,9 +9,16 @@ use holdfast_certs::{
     kube_store::{KubeCertStore, StoreConfig},
     load_pair,
 };
+use holdfast_registry::{
+    Resolver,
+    cache::DigestCache,
+    cluster_store::{self, ClusterSink},
+};
 use holdfast_webhook::{
     cli::{Args, LogFormat},
     cluster::Cluster,
+    pinning::Pinner,
+    rules::RuleContext,
     server::{self, Settings},
 };
 use tokio::signal::unix::{SignalKind, signal};
@@ -31,12 +38,26 @@ async fn main() -> Result<()> {
         .context("connecting to the Kubernetes API")?;
 
     let certificate = certificate(&args, client.clone(), cancel.clone()).await?;
-    let cluster = Cluster::start(client, cancel.clone())
+    let cluster = Cluster::start(client.clone(), cancel.clone())
         .await
         .context("starting the cluster watches")?;
-    let synced = {
-        let cluster = cluster.clone();
-        async move { cluster.synced().await }
+    let resolver = Resolver::new(args.registry.resolver_config()).context("building the registry client")?;
+    let entries = cluster_store::api(client.clone(), &args.tls.namespace);
+    let sink = ClusterSink::start(entries.clone(), cancel.clone());
+    let cache = Arc::new(DigestCache::new(
+        Arc::new(resolver),
+        args.registry.cache_config(),
+        Some(sink),
+    ));
+    let mut cache_synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
+    let secrets = args.registry.read_secrets.then(|| client.clone());
+    let context = RuleContext {
+        cluster: Arc::new(cluster.clone()),
+        pinner: Arc::new(Pinner::new(cache, secrets)),
+    };
+    let synced = async move {
+        cluster.synced().await;
+        let _ = cache_synced.wait_for(|synced| *synced).await;
     };
     let settings = Settings {
         addr: args.addr,
@@ -45,7 +66,7 @@ async fn main() -> Result<()> {
         body_limit: args.body_limit_bytes,
         handshake_timeout: Duration::from_secs(5),
     };
-    let running = server::start(settings, Arc::new(cluster), synced, certificate).await?;
+    let running = server::start(settings, context, synced, certificate).await?;
 
     tokio::select! {
         _ = terminate.recv() => tracing::info!("SIGTERM: draining"),

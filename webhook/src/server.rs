@@ -10,9 +10,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     admin::{self, AdminState, Readiness},
-    cluster::ClusterView,
     handler::{self, AdmissionState},
     metrics::Metrics,
+    rules::RuleContext,
 };
 
 #[derive(Debug, Clone)]
@@ -54,7 +54,7 @@ pub struct Running {
 /// Binds both ports and serves. Readiness waits for `synced` (the cluster view's first lists).
 pub async fn start(
     settings: Settings,
-    cluster: Arc<dyn ClusterView>,
+    context: RuleContext,
     synced: impl Future<Output = ()> + Send + 'static,
     certificate: Arc<SwappableCert>,
 ) -> Result<Running, ServeError> {
@@ -91,7 +91,7 @@ pub async fn start(
 
     let app = handler::router(
         Arc::new(AdmissionState {
-            cluster,
+            context,
             metrics: metrics.clone(),
             deadline: settings.deadline,
         }),

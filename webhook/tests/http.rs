@@ -18,6 +18,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
+mod support;
+
+use holdfast_registry::Digest;
+use support::FixedRegistry;
+
+const APP_CONFIG: &str = "registry.example/team/app-config:1.0.0";
 const UID: &str = "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4";
 
 fn state() -> (Arc<AdmissionState>, Arc<Metrics>) {
@@ -32,8 +38,12 @@ fn state() -> (Arc<AdmissionState>, Arc<Metrics>) {
         owners: vec![("space".into(), "app-guid".into(), owner)],
     };
     let metrics = Arc::new(Metrics::default());
+    let registry = FixedRegistry {
+        digests: [(APP_CONFIG.to_string(), Digest::sha256_of(b"config v1"))].into(),
+        ..Default::default()
+    };
     let state = AdmissionState {
-        cluster: Arc::new(cluster),
+        context: support::context(cluster, registry),
         metrics: metrics.clone(),
         deadline: Duration::from_secs(3),
     };
@@ -222,4 +232,59 @@ async fn other_paths_and_methods_are_refused() {
         .await
         .unwrap();
     assert_eq!(rsp.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn an_app_fetch_tag_is_pinned_through_the_cache() {
+    let mut v = review("kappctrl.k14s.io", "apps", "App", "app");
+    v["request"]["object"]["spec"] = json!({"fetch": [
+        {"image": {"url": APP_CONFIG}},
+        {"git": {"url": "https://example.com/repo", "ref": "origin/main"}},
+    ]});
+    let (status, body, metrics) = post_json("/mutate", &v).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut object = v["request"]["object"].clone();
+    json_patch::patch(
+        &mut object,
+        &serde_json::from_value::<json_patch::Patch>(patch_of(&body["response"])).unwrap(),
+    )
+    .unwrap();
+    let pinned = format!(
+        "registry.example/team/app-config@{}",
+        Digest::sha256_of(b"config v1")
+    );
+    assert_eq!(object["spec"]["fetch"][0]["image"]["url"], pinned.as_str());
+    assert_eq!(
+        object["spec"]["fetch"][1]["git"]["url"],
+        "https://example.com/repo"
+    );
+    let original: Value = serde_json::from_str(
+        object["metadata"]["annotations"]["holdfast.dev/original-refs"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(original["/spec/fetch/0/image/url"]["ref"], APP_CONFIG);
+    assert!(
+        metrics
+            .encode()
+            .unwrap()
+            .contains(r#"rule="pin-fetch-refs",operation="CREATE",result="patched""#)
+    );
+}
+
+#[tokio::test]
+async fn an_unresolvable_tag_is_admitted_unpinned_with_a_warning() {
+    let mut v = review("kappctrl.k14s.io", "apps", "App", "app");
+    v["request"]["object"]["spec"] =
+        json!({"fetch": [{"image": {"url": "registry.example/team/missing:9.9.9"}}]});
+    let (status, body, _) = post_json("/mutate", &v).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["response"]["allowed"], true);
+    assert!(body["response"].get("patch").is_none());
+    let warning = body["response"]["warnings"][0].as_str().unwrap();
+    assert!(
+        warning.contains("spec.fetch[0].image.url") && warning.contains("left unpinned"),
+        "{warning}"
+    );
 }

@@ -22,6 +22,8 @@ use tokio::{
 };
 use tokio_rustls::TlsConnector;
 
+mod support;
+
 struct Fixture {
     running: Running,
     bundle: String,
@@ -46,7 +48,7 @@ async fn start() -> Fixture {
     };
     let running = server::start(
         settings,
-        Arc::new(StaticCluster::default()),
+        support::context(StaticCluster::default(), Default::default()),
         async move {
             let _ = synced.await;
         },

@@ -17,8 +17,14 @@ use anyhow::{Context, Result};
 use axum::{Router, routing::post};
 use axum_server::tls_rustls::RustlsConfig;
 use holdfast_certs::{CaOptions, CertificateAuthority, ServingOptions, SwappableCert, server_config};
+use holdfast_registry::{
+    Resolver, ResolverConfig,
+    cache::{CacheConfig, DigestCache},
+};
 use holdfast_webhook::{
     cluster::StaticCluster,
+    pinning::Pinner,
+    rules::RuleContext,
     server::{self, Settings},
 };
 use serde_json::json;
@@ -60,7 +66,17 @@ async fn run() -> Result<()> {
             body_limit: holdfast_webhook::handler::DEFAULT_BODY_LIMIT,
             handshake_timeout: Duration::from_secs(5),
         },
-        Arc::new(StaticCluster::default()),
+        RuleContext {
+            cluster: Arc::new(StaticCluster::default()),
+            pinner: Arc::new(Pinner::new(
+                Arc::new(DigestCache::new(
+                    Arc::new(Resolver::new(ResolverConfig::default())?),
+                    CacheConfig::default(),
+                    None,
+                )),
+                None,
+            )),
+        },
         async {},
         resolver.clone(),
     )

@@ -1,12 +1,21 @@
-//! The admission rules. Each is a pure function of the request and a read-only view of the
-//! cluster; this module only routes a request to its rule.
+//! The admission rules. Each is a pure function of the request and what it looked up through
+//! the [`RuleContext`] (a read-only view of the cluster, the digest cache); this module only routes a
+//! request to its rule.
 
 pub mod pin_refs;
 pub mod stamp_owners;
 
+use std::sync::Arc;
+
 use kube::core::{DynamicObject, admission::AdmissionRequest};
 
-use crate::{cluster::ClusterView, decision::Verdict};
+use crate::{cluster::ClusterView, decision::Verdict, pinning::Pinner};
+
+/// The I/O edges the rules consult.
+pub struct RuleContext {
+    pub cluster: Arc<dyn ClusterView>,
+    pub pinner: Arc<Pinner>,
+}
 
 /// The webhook paths, one per rule family: the manifests register exactly these.
 pub const MUTATE_PATH: &str = "/mutate";
@@ -23,12 +32,14 @@ pub enum Family {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rule {
     StampOwners,
+    PinFetchRefs(pin_refs::PinnedKind),
 }
 
 impl Rule {
     pub fn name(self) -> &'static str {
         match self {
             Rule::StampOwners => stamp_owners::NAME,
+            Rule::PinFetchRefs(_) => pin_refs::NAME,
         }
     }
 
@@ -43,18 +54,18 @@ impl Rule {
             request.sub_resource.as_deref(),
         ) {
             (Family::Mutating, "kpack.io", "images", None) => Some(Rule::StampOwners),
+            (Family::Mutating, group, resource, None) => {
+                pin_refs::PinnedKind::from_group_resource(group, resource).map(Rule::PinFetchRefs)
+            }
             _ => None,
         }
     }
 
-    /// Evaluates the rule: lookups through the cluster view, then the rule's pure decision.
-    pub async fn evaluate(
-        self,
-        request: &AdmissionRequest<DynamicObject>,
-        cluster: &dyn ClusterView,
-    ) -> Verdict {
+    /// Evaluates the rule: lookups through the context, then the rule's pure decision.
+    pub async fn evaluate(self, request: &AdmissionRequest<DynamicObject>, context: &RuleContext) -> Verdict {
         match self {
-            Rule::StampOwners => stamp_owners::evaluate(request, cluster).await,
+            Rule::StampOwners => stamp_owners::evaluate(request, context.cluster.as_ref()).await,
+            Rule::PinFetchRefs(kind) => context.pinner.evaluate(kind, request).await,
         }
     }
 }

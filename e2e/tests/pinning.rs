@@ -1,0 +1,218 @@
+//! Pinning on the real kube-apiserver with real registries: fetch specs applied with kubectl come
+//! back pinned to the digests the registry holds, one registry lookup per unique tag however many
+//! objects use it, and objects keep being pinned from the cache while the registry is down.
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::{Context, Result, ensure};
+use holdfast_e2e::{
+    Env, e2e_main, images,
+    objects::{api_for, parse_documents},
+    webhook::{LocalWebhook, Registration, rule},
+};
+use holdfast_registry::cache::CacheConfig;
+use kube::api::PostParams;
+use serde_json::Value;
+
+e2e_main!(
+    examples_are_pinned_to_the_pushed_digests,
+    one_registry_lookup_per_unique_tag,
+    a_registry_outage_pins_from_the_cache
+);
+
+fn pin_rules() -> Vec<k8s_openapi::api::admissionregistration::v1::RuleWithOperations> {
+    vec![
+        rule("kappctrl.k14s.io", "v1alpha1", &["apps"], &["CREATE", "UPDATE"]),
+        rule(
+            "packaging.carvel.dev",
+            "v1alpha1",
+            &["packagerepositories"],
+            &["CREATE", "UPDATE"],
+        ),
+        rule(
+            "data.packaging.carvel.dev",
+            "v1alpha1",
+            &["packages"],
+            &["CREATE", "UPDATE"],
+        ),
+    ]
+}
+
+/// An example with the registry filled in and its namespace left to `kubectl -n`.
+fn example(env: &Env, file: &str) -> Result<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(file);
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .replace("REGISTRY", env.registry())
+        .replace("  namespace: demo\n", ""))
+}
+
+fn app(name: &str, url: &str) -> String {
+    format!(
+        "apiVersion: kappctrl.k14s.io/v1alpha1\nkind: App\nmetadata: {{name: {name}}}\nspec:\n  serviceAccountName: default\n  fetch:\n  - image: {{url: {url}}}\n  template: [{{ytt: {{}}}}]\n  deploy: [{{kapp: {{}}}}]\n"
+    )
+}
+
+async fn examples_are_pinned_to_the_pushed_digests(env: Arc<Env>) -> Result<()> {
+    let reg = env.registry();
+    let config = images::Image::with_files(&[("config/app.yml", b"kind: ConfigMap\n")])?;
+    let config_digest = images::push(reg, "demo/app-config", "1.0.0", &config).await?;
+    let mut bundle_digests = std::collections::BTreeMap::new();
+    for version in ["0.9.0", "1.0.0", "1.1.0", "1.2.0-rc.1", "2.0.0"] {
+        let bundle = images::Image::bundle(&[("config/v.yml", version.as_bytes())], &[])?;
+        bundle_digests.insert(
+            version,
+            images::push(reg, "demo/app-bundle", version, &bundle).await?,
+        );
+    }
+    let repo = images::Image::bundle(&[("packages/p.yml", b"# packages\n")], &[])?;
+    let repo_digest = images::push(reg, "demo/repo-bundle", "1.0.0", &repo).await?;
+
+    let webhook = LocalWebhook::start(env.clone(), Registration::rules(pin_rules())).await?;
+    let ns = webhook.namespace("pin").await?;
+    for file in ["app-image.yaml", "packagerepository.yaml", "package.yaml"] {
+        env.kubectl_apply(&ns, &example(&env, file)?)?;
+    }
+
+    let app = env.kubectl_get("apps.kappctrl.k14s.io", "demo-app", &ns)?;
+    let fetch = &app["spec"]["fetch"];
+    ensure!(
+        fetch[0]["image"]["url"] == format!("{reg}/demo/app-config@{config_digest}"),
+        "image: {}",
+        fetch[0]
+    );
+    // >=1.0.0 <2.0.0 without prereleases selects 1.1.0; the tagSelection goes with the tag.
+    ensure!(
+        fetch[1]["imgpkgBundle"]["image"] == format!("{reg}/demo/app-bundle@{}", bundle_digests["1.1.0"]),
+        "bundle: {}",
+        fetch[1]
+    );
+    ensure!(
+        fetch[1]["imgpkgBundle"].get("tagSelection").is_none(),
+        "tagSelection left behind"
+    );
+    ensure!(
+        fetch[2]["git"]["url"] == "https://github.com/k14s/k8s-simple-app-example",
+        "git touched: {}",
+        fetch[2]
+    );
+    let original: Value = serde_json::from_str(
+        app["metadata"]["annotations"]["holdfast.dev/original-refs"]
+            .as_str()
+            .context("no original-refs")?,
+    )?;
+    ensure!(original["/spec/fetch/0/image/url"]["ref"] == format!("{reg}/demo/app-config:1.0.0"));
+    ensure!(original["/spec/fetch/1/imgpkgBundle/image"]["tag"] == "1.1.0");
+
+    let pkgr = env.kubectl_get("packagerepositories.packaging.carvel.dev", "demo-repo", &ns)?;
+    ensure!(
+        pkgr["spec"]["fetch"]["imgpkgBundle"]["image"] == format!("{reg}/demo/repo-bundle@{repo_digest}")
+    );
+    let package = env.kubectl_get(
+        "packages.data.packaging.carvel.dev",
+        "app.demo.holdfast.dev.1.0.0",
+        &ns,
+    )?;
+    let pinned = &package["spec"]["template"]["spec"]["fetch"][0]["imgpkgBundle"]["image"];
+    ensure!(
+        *pinned == format!("{reg}/demo/app-bundle@{}", bundle_digests["1.0.0"]),
+        "package: {pinned}"
+    );
+
+    // Applying the same manifests again changes nothing.
+    env.kubectl_apply(&ns, &example(&env, "app-image.yaml")?)?;
+    let again = env.kubectl_get("apps.kappctrl.k14s.io", "demo-app", &ns)?;
+    ensure!(
+        again["metadata"]["generation"] == app["metadata"]["generation"],
+        "re-apply changed the App"
+    );
+    ensure!(again["spec"] == app["spec"]);
+    webhook.stop().await
+}
+
+async fn one_registry_lookup_per_unique_tag(env: Arc<Env>) -> Result<()> {
+    let mut upstream = env.spare_registry().await?;
+    let image = images::Image::with_files(&[("config.yml", b"shared: true\n")])?;
+    let digest = images::push(&upstream.addr, "team/shared", "1.0.0", &image).await?;
+    let mut registration = Registration::rules(pin_rules());
+    registration.insecure_registries.push(upstream.addr.clone());
+    let webhook = LocalWebhook::start(env.clone(), registration).await?;
+    let ns = webhook.namespace("unique").await?;
+    let client = env.client().await?;
+    let url = format!("{}/team/shared:1.0.0", upstream.addr);
+
+    let creations = (0..20).map(|i| {
+        let (client, ns, yaml) = (client.clone(), ns.clone(), app(&format!("app-{i}"), &url));
+        async move {
+            let object = parse_documents(&yaml)?.remove(0);
+            let api = api_for(&client, &object, Some(&ns)).await?;
+            anyhow::Ok(api.create(&PostParams::default(), &object).await?)
+        }
+    });
+    for created in futures::future::try_join_all(creations).await? {
+        ensure!(
+            created.data["spec"]["fetch"][0]["image"]["url"]
+                == format!("{}/team/shared@{digest}", upstream.addr)
+        );
+    }
+    let lookups = webhook
+        .cache
+        .stats
+        .registry_lookups
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let heads = upstream.requests_matching("HEAD /v2/team/shared/manifests/1.0.0");
+    ensure!(lookups == 1, "{lookups} registry lookups for one tag");
+    ensure!(heads == 1, "the registry saw {heads} manifest HEADs for one tag");
+    eprintln!("20 Apps on one tag: {lookups} cache lookup to the registry, {heads} manifest HEAD");
+    upstream.stop();
+    webhook.stop().await
+}
+
+async fn a_registry_outage_pins_from_the_cache(env: Arc<Env>) -> Result<()> {
+    let mut upstream = env.spare_registry().await?;
+    let image = images::Image::with_files(&[("config.yml", b"outage: test\n")])?;
+    let digest = images::push(&upstream.addr, "team/config", "2.0.0", &image).await?;
+    // max_age 0: every admission asks the registry first, so the outage is really hit.
+    let mut registration = Registration::rules(pin_rules());
+    registration.cache = CacheConfig {
+        max_age: Duration::ZERO,
+        ..CacheConfig::default()
+    };
+    registration.insecure_registries.push(upstream.addr.clone());
+    let webhook = LocalWebhook::start(env.clone(), registration).await?;
+    let ns = webhook.namespace("outage").await?;
+    let url = format!("{}/team/config:2.0.0", upstream.addr);
+    let pinned = format!("{}/team/config@{digest}", upstream.addr);
+
+    env.kubectl_apply(&ns, &app("before", &url))?;
+    ensure!(
+        env.kubectl_get("apps.kappctrl.k14s.io", "before", &ns)?["spec"]["fetch"][0]["image"]["url"]
+            == pinned.as_str()
+    );
+
+    upstream.stop();
+    env.kubectl_apply(&ns, &app("during", &url))?;
+    let during = env.kubectl_get("apps.kappctrl.k14s.io", "during", &ns)?;
+    ensure!(
+        during["spec"]["fetch"][0]["image"]["url"] == pinned.as_str(),
+        "not pinned from the cache: {}",
+        during["spec"]
+    );
+    let stale = webhook
+        .cache
+        .stats
+        .stale_answers
+        .load(std::sync::atomic::Ordering::Relaxed);
+    ensure!(stale >= 1, "the answer did not come from the stale path");
+
+    // A tag never seen before cannot be pinned while the registry is down: admitted as written.
+    let unknown = format!("{}/team/config:3.0.0", upstream.addr);
+    env.kubectl_apply(&ns, &app("unknown", &unknown))?;
+    ensure!(
+        env.kubectl_get("apps.kappctrl.k14s.io", "unknown", &ns)?["spec"]["fetch"][0]["image"]["url"]
+            == unknown.as_str()
+    );
+    webhook.stop().await
+}

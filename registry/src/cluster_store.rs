@@ -1,0 +1,224 @@
+//! The digest cache persisted in the cluster: each entry is a `DigestCacheEntry` object in
+//! holdfast's namespace (CRD in `manifests/crds/`), written by server-side apply in the background
+//! and read back through a watch into every replica's [`DigestCache`].
+
+use std::{collections::HashMap, sync::Arc, time::SystemTime};
+
+use futures::StreamExt;
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+use time::{OffsetDateTime, format_description::well_known::Rfc3339};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    Digest,
+    cache::{CacheEntry, CacheKey, DigestCache, EntrySink, Scope},
+};
+
+pub const FIELD_MANAGER: &str = "holdfast";
+
+pub fn resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("holdfast.dev", "v1alpha1", "DigestCacheEntry"),
+        "digestcacheentries",
+    )
+}
+
+/// The object name for a key: stable, and short enough for any reference.
+pub fn object_name(key: &CacheKey) -> String {
+    let bytes = serde_json::to_vec(key).unwrap_or_default();
+    format!("d-{}", &hex::encode(Sha256::digest(bytes))[..40])
+}
+
+fn rfc3339(at: SystemTime) -> String {
+    OffsetDateTime::from(at).format(&Rfc3339).unwrap_or_default()
+}
+
+fn parse_time(value: &Value) -> Option<SystemTime> {
+    OffsetDateTime::parse(value.as_str()?, &Rfc3339)
+        .ok()
+        .map(SystemTime::from)
+}
+
+fn scope_text(scope: &Scope) -> String {
+    scope.to_string()
+}
+
+fn parse_scope(text: &str) -> Option<Scope> {
+    if text == "anonymous" {
+        return Some(Scope::Anonymous);
+    }
+    let (namespace, name) = text.strip_prefix("secret:")?.split_once('/')?;
+    Some(Scope::Secret {
+        namespace: namespace.into(),
+        name: name.into(),
+    })
+}
+
+/// The object holding `entry`.
+pub fn to_object(entry: &CacheEntry) -> Value {
+    let mut spec = json!({
+        "reference": entry.key.reference,
+        "scope": scope_text(&entry.key.scope),
+        "digest": entry.digest.as_str(),
+        "resolvedAt": rfc3339(entry.resolved_at),
+        "checkedAt": rfc3339(entry.checked_at),
+        "state": if entry.error.is_some() { "Stale" } else { "Fresh" },
+    });
+    for (field, value) in [
+        ("selection", &entry.key.selection),
+        ("tag", &entry.tag),
+        ("error", &entry.error),
+    ] {
+        if let Some(value) = value {
+            spec[field] = json!(value);
+        }
+    }
+    json!({
+        "apiVersion": "holdfast.dev/v1alpha1",
+        "kind": "DigestCacheEntry",
+        "metadata": {"name": object_name(&entry.key)},
+        "spec": spec,
+    })
+}
+
+/// The entry an object holds; `None` for an object holdfast did not write.
+pub fn from_object(object: &DynamicObject) -> Option<CacheEntry> {
+    let spec = object.data.get("spec")?;
+    let text = |field: &str| spec.get(field).and_then(Value::as_str).map(str::to_owned);
+    Some(CacheEntry {
+        key: CacheKey {
+            reference: text("reference")?,
+            selection: text("selection"),
+            scope: parse_scope(spec.get("scope")?.as_str()?)?,
+        },
+        digest: Digest::parse(spec.get("digest")?.as_str()?).ok()?,
+        tag: text("tag"),
+        resolved_at: parse_time(spec.get("resolvedAt")?)?,
+        checked_at: parse_time(spec.get("checkedAt")?)?,
+        error: text("error"),
+    })
+}
+
+/// Persists entries in the background: `persist` never waits for the API server, and a burst of
+/// changes to one key is written once.
+pub struct ClusterSink {
+    tx: mpsc::UnboundedSender<CacheEntry>,
+}
+
+impl ClusterSink {
+    pub fn start(api: Api<DynamicObject>, cancel: CancellationToken) -> Arc<Self> {
+        let (tx, mut rx) = mpsc::unbounded_channel::<CacheEntry>();
+        tokio::spawn(async move {
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            loop {
+                let first = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    next = rx.recv() => match next { Some(entry) => entry, None => return },
+                };
+                let mut batch: HashMap<CacheKey, CacheEntry> = HashMap::from([(first.key.clone(), first)]);
+                while let Ok(entry) = rx.try_recv() {
+                    batch.insert(entry.key.clone(), entry);
+                }
+                for entry in batch.into_values() {
+                    let name = object_name(&entry.key);
+                    if let Err(error) = api.patch(&name, &params, &Patch::Apply(to_object(&entry))).await {
+                        tracing::warn!(%error, reference = %entry.key.reference, "could not persist a digest cache entry");
+                    }
+                }
+            }
+        });
+        Arc::new(Self { tx })
+    }
+}
+
+impl EntrySink for ClusterSink {
+    fn persist(&self, entry: &CacheEntry) {
+        let _ = self.tx.send(entry.clone());
+    }
+}
+
+/// Loads every persisted entry into `cache` and follows changes (other replicas, the controller).
+/// The receiver turns `true` once the first full list is in.
+pub fn follow(
+    api: Api<DynamicObject>,
+    cache: Arc<DigestCache>,
+    cancel: CancellationToken,
+) -> watch::Receiver<bool> {
+    let (synced_tx, synced) = watch::channel(false);
+    tokio::spawn(async move {
+        let events = watcher(api, watcher::Config::default()).default_backoff();
+        let mut events = std::pin::pin!(events.take_until(cancel.cancelled_owned()));
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                    if let Some(entry) = from_object(&object) {
+                        cache.insert(entry);
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    let _ = synced_tx.send(true);
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, "watching digest cache entries; retrying with backoff"),
+            }
+        }
+    });
+    synced
+}
+
+/// The namespaced API for the entries (holdfast's namespace).
+pub fn api(client: Client, namespace: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client, namespace, &resource())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_through_objects() {
+        let now = SystemTime::now();
+        let entry = CacheEntry {
+            key: CacheKey {
+                reference: "registry.example/team/app".into(),
+                selection: Some(r#"{"semver":{"constraints":">=1.0.0"}}"#.into()),
+                scope: Scope::Secret {
+                    namespace: "apps".into(),
+                    name: "creds".into(),
+                },
+            },
+            digest: Digest::sha256_of(b"x"),
+            tag: Some("1.2.0".into()),
+            resolved_at: now - Duration::from_secs(30),
+            checked_at: now,
+            error: Some("timeout".into()),
+        };
+        let object: DynamicObject = serde_json::from_value(to_object(&entry)).unwrap();
+        let back = from_object(&object).unwrap();
+        assert_eq!(back.key, entry.key);
+        assert_eq!(
+            (back.digest, back.tag, back.error),
+            (entry.digest, entry.tag, entry.error)
+        );
+        // RFC 3339 keeps sub-second precision here; the API server stores the string as given.
+        assert_eq!(back.checked_at, entry.checked_at);
+        assert_eq!(object.data["spec"]["state"], "Stale");
+        assert!(object.metadata.name.unwrap().starts_with("d-"));
+    }
+
+    #[test]
+    fn foreign_objects_are_ignored() {
+        let object: DynamicObject =
+            serde_json::from_value(json!({"apiVersion": "holdfast.dev/v1alpha1", "kind": "DigestCacheEntry", "metadata": {"name": "x"}, "spec": {"reference": "r"}})).unwrap();
+        assert!(from_object(&object).is_none());
+    }
+}
