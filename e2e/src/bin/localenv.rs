@@ -10,7 +10,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use holdfast_e2e::{Env, images, objects, process::free_port, webhook::mutating_configuration};
+use holdfast_e2e::{
+    Env, images, objects,
+    process::free_port,
+    webhook::{mutating_configuration, rule},
+};
 use k8s_openapi::{
     api::{admissionregistration::v1::MutatingWebhookConfiguration, core::v1::Namespace},
     apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
@@ -228,12 +232,18 @@ async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
         }]),
         ..Default::default()
     };
-    let rules = vec![holdfast_e2e::webhook::rule(
-        "kpack.io",
-        "v1alpha2",
-        &["images"],
-        &["CREATE", "UPDATE"],
-    )];
+    let write = &["CREATE", "UPDATE"];
+    let rules = vec![
+        rule("kpack.io", "v1alpha2", &["images"], write),
+        rule("kappctrl.k14s.io", "v1alpha1", &["apps"], write),
+        rule(
+            "packaging.carvel.dev",
+            "v1alpha1",
+            &["packagerepositories"],
+            write,
+        ),
+        rule("data.packaging.carvel.dev", "v1alpha1", &["packages"], write),
+    ];
     // Ignore: mutation fails open, as in the manifests.
     let config = mutating_configuration(
         "holdfast",
@@ -257,6 +267,8 @@ async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
             format!("--namespace={NAMESPACE}"),
             "--tls-ip=127.0.0.1".into(),
             "--mutating-webhook-configurations=holdfast".into(),
+            // The local registry speaks plain HTTP.
+            format!("--insecure-registry={}", env.registry()),
         ],
         &[("KUBECONFIG", kubeconfig.as_path())],
     )?;
