@@ -8,6 +8,7 @@ use holdfast_certs::{
     CaOptions, ServingOptions,
     kube_store::{KubeCertStore, StoreConfig},
 };
+use holdfast_pins::Pinner;
 use holdfast_registry::{
     Resolver, ResolverConfig,
     cache::{CacheConfig, DigestCache},
@@ -16,7 +17,6 @@ use holdfast_registry::{
 use holdfast_webhook::{
     cluster::Cluster,
     handler::{DEFAULT_BODY_LIMIT, DEFAULT_DEADLINE},
-    pinning::Pinner,
     rules::{MUTATE_PATH, RuleContext},
     server::{self, Running, Settings},
 };

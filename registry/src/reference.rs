@@ -746,12 +746,12 @@ mod tests {
             )
             // Without a registry, a first path component with a '.' *is* the registry (ggcr),
             // so the string would not be the reference the generator meant.
-            .prop_filter("a dotted first component is a registry", |(registry, repo, _, _)| {
-                registry.is_some()
-                    || repo
-                        .split_once('/')
-                        .is_none_or(|(first, _)| !first.contains('.'))
-            })
+            .prop_filter(
+                "a dotted first component is a registry",
+                |(registry, repo, _, _)| {
+                    registry.is_some() || repo.split_once('/').is_none_or(|(first, _)| !first.contains('.'))
+                },
+            )
             .prop_map(|(registry, repository, tag, digest)| {
                 let mut s = registry.map(|r| format!("{r}/")).unwrap_or_default();
                 s.push_str(&repository);

@@ -10,7 +10,6 @@ pub mod cluster;
 pub mod decision;
 pub mod handler;
 pub mod metrics;
-pub mod pinning;
 pub mod review;
 pub mod rules;
 pub mod server;

@@ -9,6 +9,7 @@ use holdfast_certs::{
     kube_store::{KubeCertStore, StoreConfig},
     load_pair,
 };
+use holdfast_pins::Pinner;
 use holdfast_registry::{
     Resolver,
     cache::DigestCache,
@@ -17,7 +18,6 @@ use holdfast_registry::{
 use holdfast_webhook::{
     cli::{Args, LogFormat},
     cluster::Cluster,
-    pinning::Pinner,
     rules::RuleContext,
     server::{self, Settings},
 };

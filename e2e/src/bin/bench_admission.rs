@@ -17,13 +17,13 @@ use anyhow::{Context, Result};
 use axum::{Router, routing::post};
 use axum_server::tls_rustls::RustlsConfig;
 use holdfast_certs::{CaOptions, CertificateAuthority, ServingOptions, SwappableCert, server_config};
+use holdfast_pins::Pinner;
 use holdfast_registry::{
     Resolver, ResolverConfig,
     cache::{CacheConfig, DigestCache},
 };
 use holdfast_webhook::{
     cluster::StaticCluster,
-    pinning::Pinner,
     rules::RuleContext,
     server::{self, Settings},
 };

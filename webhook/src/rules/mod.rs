@@ -2,14 +2,16 @@
 //! the [`RuleContext`] (a read-only view of the cluster, the digest cache); this module only routes a
 //! request to its rule.
 
-pub mod pin_refs;
+pub mod pin_fetch_refs;
 pub mod stamp_owners;
 
 use std::sync::Arc;
 
 use kube::core::{DynamicObject, admission::AdmissionRequest};
 
-use crate::{cluster::ClusterView, decision::Verdict, pinning::Pinner};
+use holdfast_pins::{PinnedKind, Pinner};
+
+use crate::{cluster::ClusterView, decision::Verdict};
 
 /// The I/O edges the rules consult.
 pub struct RuleContext {
@@ -32,14 +34,14 @@ pub enum Family {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rule {
     StampOwners,
-    PinFetchRefs(pin_refs::PinnedKind),
+    PinFetchRefs(PinnedKind),
 }
 
 impl Rule {
     pub fn name(self) -> &'static str {
         match self {
             Rule::StampOwners => stamp_owners::NAME,
-            Rule::PinFetchRefs(_) => pin_refs::NAME,
+            Rule::PinFetchRefs(_) => pin_fetch_refs::NAME,
         }
     }
 
@@ -55,7 +57,7 @@ impl Rule {
         ) {
             (Family::Mutating, "kpack.io", "images", None) => Some(Rule::StampOwners),
             (Family::Mutating, group, resource, None) => {
-                pin_refs::PinnedKind::from_group_resource(group, resource).map(Rule::PinFetchRefs)
+                PinnedKind::from_group_resource(group, resource).map(Rule::PinFetchRefs)
             }
             _ => None,
         }
@@ -65,7 +67,7 @@ impl Rule {
     pub async fn evaluate(self, request: &AdmissionRequest<DynamicObject>, context: &RuleContext) -> Verdict {
         match self {
             Rule::StampOwners => stamp_owners::evaluate(request, context.cluster.as_ref()).await,
-            Rule::PinFetchRefs(kind) => context.pinner.evaluate(kind, request).await,
+            Rule::PinFetchRefs(kind) => pin_fetch_refs::evaluate(kind, request, &context.pinner).await,
         }
     }
 }

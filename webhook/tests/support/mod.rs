@@ -3,11 +3,12 @@
 use std::{collections::HashMap, sync::Arc};
 
 use futures::{FutureExt, future::BoxFuture};
+use holdfast_pins::Pinner;
 use holdfast_registry::{
     Credentials, Digest, Reference, ResolveError,
     cache::{CacheConfig, DigestCache, Source},
 };
-use holdfast_webhook::{cluster::ClusterView, pinning::Pinner, rules::RuleContext};
+use holdfast_webhook::{cluster::ClusterView, rules::RuleContext};
 
 /// A registry stand-in answering fixed digests by normalised reference; unknown tags time out.
 #[derive(Default)]

@@ -93,6 +93,7 @@
 mod original_refs;
 mod patch;
 mod policy;
+pub mod resolve;
 mod sites;
 #[cfg(test)]
 mod tests;
@@ -103,6 +104,7 @@ use serde_json::Value;
 pub use original_refs::{ORIGINAL_REFS_ANNOTATION, OriginalRef, OriginalRefs, OriginalRefsError};
 pub use patch::{PinOutcome, Resolution, pin_patch};
 pub use policy::{PIN_KEY, PinPolicy, UnknownPinPolicy};
+pub use resolve::Pinner;
 pub use sites::{FetchSite, PinnedKind, SiteKind, fetch_sites};
 
 /// The rule's name in metrics and logs.

@@ -11,7 +11,6 @@ use super::{
     original_refs::{ORIGINAL_REFS_ANNOTATION, OriginalRef, annotation, canonical, raw_entries},
     plan,
 };
-use crate::decision::{Decision, Verdict};
 
 /// What the caller found for one site.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,20 +27,6 @@ pub struct PinOutcome {
     /// Empty when nothing changes.
     pub ops: Vec<PatchOperation>,
     pub warnings: Vec<String>,
-}
-
-impl From<PinOutcome> for Verdict {
-    fn from(outcome: PinOutcome) -> Self {
-        let decision = if outcome.ops.is_empty() {
-            Decision::Allow
-        } else {
-            Decision::Patch(outcome.ops)
-        };
-        Verdict {
-            decision,
-            warnings: outcome.warnings,
-        }
-    }
 }
 
 /// The operations that pin `sites[index]` to each resolution's digest, remove the resolved

@@ -5,7 +5,6 @@ use json_patch::{PatchOperation, jsonptr::PointerBuf};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::decision::{Decision, Verdict};
 
 const ANNOTATION_PATH: &str = "/metadata/annotations/holdfast.dev~1original-refs";
 
@@ -541,7 +540,6 @@ fn already_pinned_references_get_no_operations() {
     assert_eq!(plan.steps, vec![Step::Keep, Step::Keep]);
     let outcome = run(PinnedKind::App, &object, None, &registry());
     assert_eq!(outcome, PinOutcome::default());
-    assert_eq!(Verdict::from(outcome), Verdict::allow());
 }
 
 #[test]
@@ -1000,9 +998,6 @@ fn unknown_policy_values_pin_with_the_default_and_warn() {
         ["/spec/fetch/0/image/url", "/metadata/annotations"]
     );
     assert_eq!(outcome.warnings.len(), 1);
-    let verdict = Verdict::from(outcome);
-    assert!(matches!(verdict.decision, Decision::Patch(ref ops) if ops.len() == 2));
-    assert_eq!(verdict.warnings.len(), 1);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-//! The I/O edge of the pin-fetch-refs rule: digests from the shared cache (the registry only on a
-//! miss), credentials from the object's `secretRef` only when the registry must be asked. The
-//! decisions are `rules::pin_refs`'s pure functions.
+//! The I/O edge of pinning, shared by the webhook and the controller: digests from the shared
+//! cache (the registry only on a miss), credentials from the object's `secretRef` only when the
+//! registry must be asked. The decisions are this crate's pure functions.
 
 use std::sync::Arc;
 
@@ -10,18 +10,10 @@ use holdfast_registry::{
     cache::{CacheError, CacheKey, DigestCache, Origin, Scope},
 };
 use k8s_openapi::api::core::v1::Secret;
-use kube::{
-    Api, Client,
-    core::{
-        DynamicObject,
-        admission::{AdmissionRequest, Operation},
-    },
-};
+use kube::{Api, Client};
+use serde_json::Value;
 
-use crate::{
-    decision::Verdict,
-    rules::pin_refs::{Need, ObjectPlan, PinnedKind, Resolution, Step, pin_patch},
-};
+use crate::{Need, ObjectPlan, PinOutcome, PinnedKind, Resolution, Step, pin_patch};
 
 pub struct Pinner {
     cache: Arc<DigestCache>,
@@ -39,19 +31,16 @@ impl Pinner {
         &self.cache
     }
 
-    pub async fn evaluate(&self, kind: PinnedKind, request: &AdmissionRequest<DynamicObject>) -> Verdict {
-        let (Operation::Create | Operation::Update) = request.operation else {
-            return Verdict::allow();
-        };
-        let Some(object) = request.object.as_ref().and_then(|o| serde_json::to_value(o).ok()) else {
-            return Verdict::allow();
-        };
-        let old = request
-            .old_object
-            .as_ref()
-            .and_then(|o| serde_json::to_value(o).ok());
-        let namespace = request.namespace.clone().unwrap_or_default();
-        let plan = ObjectPlan::new(kind, &object, old.as_ref());
+    /// The patch that pins `object` (in `namespace`; `old` is the stored object on an update),
+    /// with a warning for every reference it could not pin.
+    pub async fn pin(
+        &self,
+        kind: PinnedKind,
+        namespace: &str,
+        object: &Value,
+        old: Option<&Value>,
+    ) -> PinOutcome {
+        let plan = ObjectPlan::new(kind, object, old);
         let mut warnings = plan.warnings.clone();
         let mut resolutions = Vec::new();
         for (index, (site, step)) in plan.sites.iter().zip(&plan.steps).enumerate() {
@@ -61,7 +50,7 @@ impl Pinner {
                 Step::Resolve { need, fallback } => {
                     let scope = match &site.secret_ref {
                         Some(name) => Scope::Secret {
-                            namespace: namespace.clone(),
+                            namespace: namespace.to_string(),
                             name: name.clone(),
                         },
                         None => Scope::Anonymous,
@@ -94,10 +83,10 @@ impl Pinner {
                 }
             }
         }
-        let mut verdict = Verdict::from(pin_patch(&object, &plan.sites, &resolutions, plan.policy));
-        warnings.append(&mut verdict.warnings);
-        verdict.warnings = warnings;
-        verdict
+        let mut outcome = pin_patch(object, &plan.sites, &resolutions, plan.policy);
+        warnings.append(&mut outcome.warnings);
+        outcome.warnings = warnings;
+        outcome
     }
 
     async fn resolve(&self, need: &Need, scope: Scope) -> Result<(Resolution, Origin), CacheError> {

@@ -1,0 +1,65 @@
+//! Pin fetch refs, as an admission rule: the request's object through `holdfast_pins` (which
+//! finds the references, resolves them through the digest cache and builds the patch).
+
+use holdfast_pins::{PinOutcome, PinnedKind, Pinner};
+use kube::core::{
+    DynamicObject,
+    admission::{AdmissionRequest, Operation},
+};
+
+use crate::decision::{Decision, Verdict};
+
+pub use holdfast_pins::NAME;
+
+pub async fn evaluate(
+    kind: PinnedKind,
+    request: &AdmissionRequest<DynamicObject>,
+    pinner: &Pinner,
+) -> Verdict {
+    let (Operation::Create | Operation::Update) = request.operation else {
+        return Verdict::allow();
+    };
+    let Some(object) = request.object.as_ref().and_then(|o| serde_json::to_value(o).ok()) else {
+        return Verdict::allow();
+    };
+    let old = request
+        .old_object
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o).ok());
+    let namespace = request.namespace.as_deref().unwrap_or_default();
+    pinner.pin(kind, namespace, &object, old.as_ref()).await.into()
+}
+
+impl From<PinOutcome> for Verdict {
+    fn from(outcome: PinOutcome) -> Self {
+        let decision = if outcome.ops.is_empty() {
+            Decision::Allow
+        } else {
+            Decision::Patch(outcome.ops)
+        };
+        Verdict {
+            decision,
+            warnings: outcome.warnings,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use json_patch::{PatchOperation, RemoveOperation, jsonptr::PointerBuf};
+
+    #[test]
+    fn an_empty_outcome_allows_and_ops_patch_with_the_warnings() {
+        assert_eq!(Verdict::from(PinOutcome::default()), Verdict::allow());
+        let op = PatchOperation::Remove(RemoveOperation {
+            path: PointerBuf::from_tokens(["spec", "x"]),
+        });
+        let verdict = Verdict::from(PinOutcome {
+            ops: vec![op],
+            warnings: vec!["w".into()],
+        });
+        assert!(matches!(verdict.decision, Decision::Patch(ref ops) if ops.len() == 1));
+        assert_eq!(verdict.warnings, ["w"]);
+    }
+}
