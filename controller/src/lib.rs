@@ -1,1 +1,9 @@
-//! The reconcilers: pin refresher and catch-up, fast finalizer, leader election.
+//! holdfast's reconcilers.
+//!
+//! - [`pinning`]: pins App, PackageRepository and Package fetch references admitted unpinned
+//!   (webhook down, registry down) and moves `follow` pins when their tags move.
+//! - [`refresher`]: asks the registry once per unique tag (the digest cache's keys) on an
+//!   interval, then has every tracked object reconciled from the refreshed cache.
+
+pub mod pinning;
+pub mod refresher;

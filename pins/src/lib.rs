@@ -90,9 +90,11 @@
 //! re-deriving an App) gets the same digest if the resolver (or, for `freeze`, the record)
 //! gives the same digest, and then the annotation is left byte-for-byte as it was.
 
+pub mod args;
 mod original_refs;
 mod patch;
 mod policy;
+pub mod repin;
 pub mod resolve;
 mod sites;
 #[cfg(test)]

@@ -15,6 +15,22 @@ use serde_json::Value;
 
 use crate::{Need, ObjectPlan, PinOutcome, PinnedKind, Resolution, Step, pin_patch};
 
+/// What [`Pinner::reconcile`] found: the guarded JSON patch for the stored object, and why any
+/// reference stays unpinned.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PinUpdate {
+    pub ops: Vec<json_patch::PatchOperation>,
+    pub warnings: Vec<String>,
+}
+
+/// One refresh round: keys answered by the registry, of which moved, and keys that failed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RefreshReport {
+    pub checked: usize,
+    pub moved: usize,
+    pub failed: usize,
+}
+
 pub struct Pinner {
     cache: Arc<DigestCache>,
     /// Reads `secretRef` Secrets; `None` where holdfast may not read Secrets (then objects with a
@@ -29,6 +45,63 @@ impl Pinner {
 
     pub fn cache(&self) -> &Arc<DigestCache> {
         &self.cache
+    }
+
+    /// Asks the registry once for every key in the cache (one check per unique tag or tag
+    /// selection and credential scope, however many objects use it).
+    pub async fn refresh_all(&self) -> RefreshReport {
+        let mut report = RefreshReport::default();
+        let mut keys: Vec<_> = self
+            .cache
+            .entries()
+            .into_iter()
+            .map(|e| (e.key, e.digest))
+            .collect();
+        keys.sort();
+        keys.dedup_by(|a, b| a.0 == b.0);
+        for (key, before) in keys {
+            let secrets = self.secrets.clone();
+            let scope = key.scope.clone();
+            match self
+                .cache
+                .refresh(&key, move || load_credentials(secrets, scope))
+                .await
+            {
+                Ok(answer) if matches!(answer.origin, holdfast_registry::cache::Origin::Stale { .. }) => {
+                    report.failed += 1
+                }
+                Ok(answer) => {
+                    report.checked += 1;
+                    if answer.digest != before {
+                        tracing::info!(reference = %key.reference, from = %before, to = %answer.digest, "tag moved");
+                        report.moved += 1;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(reference = %key.reference, %error, "refresh failed");
+                    report.failed += 1;
+                }
+            }
+        }
+        report
+    }
+
+    /// The update that brings a stored object to its pins: references admitted unpinned get
+    /// pinned (catch-up), and `follow` pins move with their tags (from the cache, which the
+    /// refresher keeps current). Empty when the object is as it should be.
+    pub async fn reconcile(
+        &self,
+        kind: PinnedKind,
+        namespace: &str,
+        stored: &Value,
+    ) -> Result<PinUpdate, json_patch::PatchError> {
+        let mut desired = crate::repin::unpinned(stored);
+        let outcome = self.pin(kind, namespace, &desired, None).await;
+        json_patch::patch(&mut desired, &outcome.ops)?;
+        Ok(PinUpdate {
+            ops: crate::repin::update(stored, &desired),
+            warnings: outcome.warnings,
+        })
     }
 
     /// The patch that pins `object` (in `namespace`; `old` is the stored object on an update),

@@ -79,6 +79,20 @@ impl CacheKey {
         }
     }
 
+    /// What to ask the registry for this key: the reference, and the selection if any.
+    pub fn target(&self) -> Result<(Reference, Option<VersionSelection>), CacheError> {
+        let invalid = |detail: String| CacheError::InvalidKey {
+            reference: self.reference.clone(),
+            detail,
+        };
+        let target = Reference::parse(&self.reference).map_err(|e| invalid(e.to_string()))?;
+        let selection = match &self.selection {
+            Some(json) => Some(serde_json::from_str(json).map_err(|e| invalid(e.to_string()))?),
+            None => None,
+        };
+        Ok((target, selection))
+    }
+
     fn anonymous(&self) -> Self {
         Self {
             scope: Scope::Anonymous,
@@ -129,9 +143,11 @@ pub enum CacheError {
     #[error(transparent)]
     Registry(#[from] ResolveError),
     #[error("{reference}: {source}")]
-    Select { reference: String, source: SelectError },
+    Select { reference: String, source: Box<SelectError> },
     #[error("credentials: {0}")]
     Credentials(String),
+    #[error("cache key {reference:?} does not parse: {detail}")]
+    InvalidKey { reference: String, detail: String },
     #[error("{reference}: the selected tag {tag:?} is not a valid reference: {detail}")]
     SelectedTag {
         reference: String,
@@ -278,10 +294,37 @@ impl DigestCache {
     where
         F: FnOnce() -> BoxFuture<'static, Result<Credentials, CacheError>>,
     {
+        self.lookup_with(key, target, selection, credentials, self.config.max_age)
+            .await
+    }
+
+    /// Asks the registry again for a held key, whatever the entry's age (the controller's
+    /// refresher: one check per unique key). A failure keeps the entry (stale-if-error).
+    pub async fn refresh<F>(&self, key: &CacheKey, credentials: F) -> Result<Answer, CacheError>
+    where
+        F: FnOnce() -> BoxFuture<'static, Result<Credentials, CacheError>>,
+    {
+        let (target, selection) = key.target()?;
+        self.lookup_with(key.clone(), target, selection, credentials, Duration::ZERO)
+            .await
+    }
+
+    async fn lookup_with<F>(
+        &self,
+        key: CacheKey,
+        target: Reference,
+        selection: Option<VersionSelection>,
+        credentials: F,
+        max_age: Duration,
+    ) -> Result<Answer, CacheError>
+    where
+        F: FnOnce() -> BoxFuture<'static, Result<Credentials, CacheError>>,
+    {
         let now = SystemTime::now();
         let held = self.get(&key);
         if let Some(entry) = &held
-            && age(entry.resolved_at, now) <= self.config.max_age
+            && age(entry.resolved_at, now) <= max_age
+            && !max_age.is_zero()
         {
             self.stats.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Answer {
@@ -432,7 +475,7 @@ async fn resolve(
     let tag = select_tag(&tags, selection)
         .map_err(|source| CacheError::Select {
             reference: target.name(),
-            source,
+            source: Box::new(source),
         })?
         .to_string();
     let tagged = target.with_tag(&tag).map_err(|e| CacheError::SelectedTag {
@@ -734,6 +777,26 @@ mod tests {
             (answer.digest, answer.tag.as_deref()),
             (digest("v11"), Some("1.1.0"))
         );
+    }
+
+    #[tokio::test]
+    async fn a_refresh_asks_again_and_sees_a_moved_tag() {
+        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        source.digests.lock().unwrap().insert(APP.into(), digest("v2"));
+        let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
+        assert_eq!(
+            lookup(&cache, APP, Scope::Anonymous).await.unwrap().digest,
+            digest("v1"),
+            "fresh: from memory"
+        );
+        let refreshed = cache.refresh(&key, anonymous).await.unwrap();
+        assert_eq!(
+            (refreshed.digest, refreshed.origin),
+            (digest("v2"), Origin::Registry)
+        );
+        assert_eq!(cache.get(&key).unwrap().digest, digest("v2"));
+        assert_eq!(source.calls.load(Ordering::SeqCst), 2);
     }
 
     #[test]

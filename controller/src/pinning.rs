@@ -1,0 +1,107 @@
+//! The pinning reconciler, one controller per pinned kind: catch-up for references admitted
+//! unpinned, and moving `follow` pins after their tags moved. Objects being deleted are never
+//! touched: a spec change would only bump the generation of an object on its way out.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::{Stream, StreamExt};
+use holdfast_pins::{PinnedKind, Pinner};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
+    discovery,
+    runtime::{Controller, controller::Action, watcher},
+};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("building the update: {0}")]
+    Patch(#[from] json_patch::PatchError),
+    #[error("object has no namespace")]
+    NoNamespace,
+}
+
+struct Ctx {
+    client: Client,
+    resource: ApiResource,
+    kind: PinnedKind,
+    pinner: Arc<Pinner>,
+}
+
+/// Runs a controller for each pinned kind whose API is installed, until `cancel`. Every object
+/// is reconciled again after each refresh round (`rounds` changes).
+pub async fn run(
+    client: Client,
+    pinner: Arc<Pinner>,
+    rounds: watch::Receiver<u64>,
+    cancel: CancellationToken,
+) {
+    let mut controllers = Vec::new();
+    for kind in PinnedKind::ALL {
+        let gvk = GroupVersionKind::gvk(kind.group(), "v1alpha1", kind.kind());
+        let (resource, _) = match discovery::pinned_kind(&client, &gvk).await {
+            Ok(found) => found,
+            Err(error) => {
+                tracing::warn!(kind = kind.kind(), %error, "API not available; not reconciling this kind");
+                continue;
+            }
+        };
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        let ctx = Arc::new(Ctx {
+            client: client.clone(),
+            resource: resource.clone(),
+            kind,
+            pinner: pinner.clone(),
+        });
+        let controller = Controller::new_with(api, watcher::Config::default(), resource)
+            .reconcile_all_on(round_ends(rounds.clone()))
+            .graceful_shutdown_on(cancel.clone().cancelled_owned())
+            .run(reconcile, error_policy, ctx)
+            .for_each(|result| async move {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "pinning reconcile");
+                }
+            });
+        controllers.push(controller);
+    }
+    futures::future::join_all(controllers).await;
+}
+
+fn round_ends(rounds: watch::Receiver<u64>) -> impl Stream<Item = ()> + Send {
+    futures::stream::unfold(rounds, |mut rounds| async move {
+        rounds.changed().await.ok().map(|()| ((), rounds))
+    })
+}
+
+async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    if object.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let namespace = object.namespace().ok_or(Error::NoNamespace)?;
+    let stored = serde_json::to_value(object.as_ref()).unwrap_or_default();
+    let update = ctx.pinner.reconcile(ctx.kind, &namespace, &stored).await?;
+    for warning in &update.warnings {
+        tracing::debug!(kind = ctx.kind.kind(), %namespace, name = %object.name_any(), %warning, "unpinned reference");
+    }
+    if !update.ops.is_empty() {
+        let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.resource);
+        api.patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Json::<()>(json_patch::Patch(update.ops)),
+        )
+        .await?;
+        tracing::info!(kind = ctx.kind.kind(), %namespace, name = %object.name_any(), "pinned fetch references");
+    }
+    Ok(Action::await_change())
+}
+
+/// A failed update (the object changed under us, the API server is unavailable) is retried.
+fn error_policy(object: Arc<DynamicObject>, error: &Error, _: Arc<Ctx>) -> Action {
+    tracing::warn!(name = %object.name_any(), %error, "pinning failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
