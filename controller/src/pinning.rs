@@ -25,6 +25,9 @@ pub enum Error {
     NoNamespace,
 }
 
+/// How soon an object with a reference that could not be pinned is tried again.
+const UNPINNED_RETRY: Duration = Duration::from_secs(60);
+
 struct Ctx {
     client: Client,
     resource: ApiResource,
@@ -97,7 +100,13 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
         .await?;
         tracing::info!(kind = ctx.kind.kind(), %namespace, name = %object.name_any(), "pinned fetch references");
     }
-    Ok(Action::await_change())
+    // A reference that could not be pinned (registry down, tag not pushed yet) is tried again
+    // without waiting for the next refresh round.
+    Ok(if update.warnings.is_empty() {
+        Action::await_change()
+    } else {
+        Action::requeue(UNPINNED_RETRY)
+    })
 }
 
 /// A failed update (the object changed under us, the API server is unavailable) is retried.

@@ -200,7 +200,7 @@ struct LocalWebhook {
     admin: String,
 }
 
-/// Runs `holdfast-webhook` as a process of the environment, registered by URL in the
+/// Runs `holdfast-webhook` (and `holdfast-controller`) as processes of the environment, registered by URL in the
 /// MutatingWebhookConfiguration `holdfast`, with its self-managed certificate (caBundle injected).
 async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
     let client = env.client().await?;
@@ -268,6 +268,17 @@ async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
             "--tls-ip=127.0.0.1".into(),
             "--mutating-webhook-configurations=holdfast".into(),
             // The local registry speaks plain HTTP.
+            format!("--insecure-registry={}", env.registry()),
+        ],
+        &[("KUBECONFIG", kubeconfig.as_path())],
+    )?;
+    // The controller catches up on objects admitted unpinned and follows moved tags.
+    env.spawn_with_env(
+        "holdfast-controller",
+        &binary.with_file_name("holdfast-controller"),
+        &[
+            format!("--namespace={NAMESPACE}"),
+            "--refresh-seconds=30".into(),
             format!("--insecure-registry={}", env.registry()),
         ],
         &[("KUBECONFIG", kubeconfig.as_path())],
