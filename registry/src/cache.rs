@@ -143,7 +143,10 @@ pub enum CacheError {
     #[error(transparent)]
     Registry(#[from] ResolveError),
     #[error("{reference}: {source}")]
-    Select { reference: String, source: Box<SelectError> },
+    Select {
+        reference: String,
+        source: Box<SelectError>,
+    },
     #[error("credentials: {0}")]
     Credentials(String),
     #[error("cache key {reference:?} does not parse: {detail}")]
