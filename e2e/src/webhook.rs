@@ -17,13 +17,14 @@ use holdfast_registry::{
 use holdfast_webhook::{
     cluster::Cluster,
     handler::{DEFAULT_BODY_LIMIT, DEFAULT_DEADLINE},
-    rules::{MUTATE_PATH, RuleContext},
+    rules::{MUTATE_PATH, RuleContext, VALIDATE_PATH, policy::Policy},
     server::{self, Running, Settings},
 };
 use k8s_openapi::{
     api::{
         admissionregistration::v1::{
-            MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, WebhookClientConfig,
+            MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
+            ValidatingWebhookConfiguration, WebhookClientConfig,
         },
         core::v1::Namespace,
     },
@@ -61,6 +62,9 @@ pub struct Registration {
     pub cache: CacheConfig,
     /// Plain-HTTP registries besides the environment's own (e.g. a spare registry).
     pub insecure_registries: Vec<String>,
+    /// Rules of a ValidatingWebhookConfiguration (none: no validating webhook is registered).
+    pub validating_rules: Vec<RuleWithOperations>,
+    pub policy: Policy,
 }
 
 impl Registration {
@@ -71,6 +75,8 @@ impl Registration {
             ca_overlap: Duration::from_secs(1),
             cache: CacheConfig::default(),
             insecure_registries: Vec::new(),
+            validating_rules: Vec::new(),
+            policy: Policy::default(),
         }
     }
 }
@@ -118,6 +124,37 @@ pub fn mutating_configuration(
     }
 }
 
+/// A ValidatingWebhookConfiguration calling holdfast's `/validate` by URL (failurePolicy Fail, so
+/// a serving failure shows up in tests).
+pub fn validating_configuration(
+    name: &str,
+    url: String,
+    namespace_selector: LabelSelector,
+    rules: Vec<RuleWithOperations>,
+) -> ValidatingWebhookConfiguration {
+    let webhook = ValidatingWebhook {
+        name: "validate.holdfast.dev".into(),
+        admission_review_versions: vec!["v1".into()],
+        side_effects: "None".into(),
+        failure_policy: Some("Fail".into()),
+        timeout_seconds: Some(5),
+        client_config: WebhookClientConfig {
+            url: Some(url),
+            ..Default::default()
+        },
+        namespace_selector: Some(namespace_selector),
+        rules: Some(rules),
+        ..Default::default()
+    };
+    ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        webhooks: Some(vec![webhook]),
+    }
+}
+
 impl LocalWebhook {
     /// Registers a MutatingWebhookConfiguration pointing at a free loopback port (failurePolicy
     /// Fail, so any TLS or serving failure shows up as a failed request), lets the certificate
@@ -145,7 +182,17 @@ impl LocalWebhook {
             ..Default::default()
         };
         let url = format!("https://127.0.0.1:{port}{MUTATE_PATH}");
-        let config = mutating_configuration(&configuration, url, selector, registration.rules, "Fail");
+        let config =
+            mutating_configuration(&configuration, url, selector.clone(), registration.rules, "Fail");
+        let validating = !registration.validating_rules.is_empty();
+        if validating {
+            let url = format!("https://127.0.0.1:{port}{VALIDATE_PATH}");
+            let config =
+                validating_configuration(&configuration, url, selector, registration.validating_rules);
+            Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                .create(&PostParams::default(), &config)
+                .await?;
+        }
         Api::<MutatingWebhookConfiguration>::all(client.clone())
             .create(&PostParams::default(), &config)
             .await?;
@@ -161,7 +208,11 @@ impl LocalWebhook {
                 renew_at_fraction: holdfast_certs::DEFAULT_RENEW_AT_FRACTION,
                 ca_overlap: registration.ca_overlap,
                 mutating_webhook_configurations: vec![configuration.clone()],
-                validating_webhook_configurations: vec![],
+                validating_webhook_configurations: if validating {
+                    vec![configuration.clone()]
+                } else {
+                    vec![]
+                },
             },
         )
         .await
@@ -187,6 +238,7 @@ impl LocalWebhook {
         ));
         let mut cache_synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
         let context = RuleContext {
+            policy: registration.policy,
             cluster: Arc::new(cluster.clone()),
             pinner: Arc::new(Pinner::new(cache.clone(), Some(client))),
         };
@@ -234,9 +286,22 @@ impl LocalWebhook {
             .await
     }
 
-    /// Stops serving and removes the webhook configuration.
+    /// A namespace this webhook serves, with extra labels.
+    pub async fn namespace_labelled(&self, prefix: &str, labels: &[(&str, &str)]) -> Result<String> {
+        let mut all = vec![(SCOPE_LABEL, self.scope.as_str())];
+        all.extend_from_slice(labels);
+        self.env.namespace_with_labels(prefix, &all).await
+    }
+
+    /// Stops serving and removes the webhook configurations.
     pub async fn stop(mut self) -> Result<()> {
         let client = self.env.client().await?;
+        let validating: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        if validating.get_opt(&self.configuration).await?.is_some() {
+            validating
+                .delete(&self.configuration, &DeleteParams::default())
+                .await?;
+        }
         Api::<MutatingWebhookConfiguration>::all(client)
             .delete(&self.configuration, &DeleteParams::default())
             .await?;

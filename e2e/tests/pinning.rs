@@ -17,7 +17,8 @@ use serde_json::Value;
 e2e_main!(
     examples_are_pinned_to_the_pushed_digests,
     one_registry_lookup_per_unique_tag,
-    a_registry_outage_pins_from_the_cache
+    a_registry_outage_pins_from_the_cache,
+    policy_denies_what_could_not_be_pinned_and_foreign_registries
 );
 
 fn pin_rules() -> Vec<k8s_openapi::api::admissionregistration::v1::RuleWithOperations> {
@@ -214,5 +215,35 @@ async fn a_registry_outage_pins_from_the_cache(env: Arc<Env>) -> Result<()> {
         env.kubectl_get("apps.kappctrl.k14s.io", "unknown", &ns)?["spec"]["fetch"][0]["image"]["url"]
             == unknown.as_str()
     );
+    webhook.stop().await
+}
+
+async fn policy_denies_what_could_not_be_pinned_and_foreign_registries(env: Arc<Env>) -> Result<()> {
+    let reg = env.registry();
+    let image = images::Image::with_files(&[("config.yml", b"policy: test\n")])?;
+    let digest = images::push(reg, "policy/config", "1.0.0", &image).await?;
+    let mut registration = Registration::rules(pin_rules());
+    registration.validating_rules = pin_rules();
+    registration.policy = holdfast_webhook::rules::policy::Policy::from_yaml(&format!(
+        "allowedRegistries: [\"{reg}/policy\"]\nrequireDigestsLabel: holdfast.dev/require-digests\n"
+    ))?;
+    let webhook = LocalWebhook::start(env.clone(), registration).await?;
+    let ns = webhook.namespace_labelled("strict", &[("holdfast.dev/require-digests", "true")]).await?;
+
+    // A tag that resolves is pinned by the mutating webhook, then passes the policy.
+    env.kubectl_apply(&ns, &app("ok", &format!("{reg}/policy/config:1.0.0")))?;
+    let ok = env.kubectl_get("apps.kappctrl.k14s.io", "ok", &ns)?;
+    ensure!(ok["spec"]["fetch"][0]["image"]["url"] == format!("{reg}/policy/config@{digest}"));
+
+    // A tag that does not exist cannot be pinned: denied, with what to fix.
+    let denied = env.kubectl_apply(&ns, &app("missing", &format!("{reg}/policy/config:9.9.9")));
+    let message = denied.err().context("an unpinnable tag was admitted in a digest-only namespace")?.to_string();
+    ensure!(message.contains("could not be pinned") && message.contains("requires digests"), "{message}");
+
+    // A registry outside the allowlist is denied, even by digest.
+    let foreign = format!("ghcr.io/other/tool@sha256:{}", "0".repeat(64));
+    let denied = env.kubectl_apply(&ns, &app("foreign", &foreign));
+    let message = denied.err().context("a foreign registry was admitted")?.to_string();
+    ensure!(message.contains("is not allowed"), "{message}");
     webhook.stop().await
 }

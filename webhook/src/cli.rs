@@ -26,6 +26,11 @@ pub struct Args {
     #[arg(long, env = "HOLDFAST_DRAIN_SECONDS", default_value_t = 10)]
     pub drain_seconds: u64,
 
+    /// Policy file (YAML): allowedRegistries, requireDigestsLabel, mode (enforce|audit). Without
+    /// one, the validating policy admits everything.
+    #[arg(long, env = "HOLDFAST_POLICY_FILE")]
+    pub policy_file: Option<PathBuf>,
+
     #[command(flatten)]
     pub tls: TlsArgs,
 

@@ -17,6 +17,9 @@ pub trait ClusterView: Send + Sync {
     /// The app that owns a kpack Image of this name and namespace, if there is one.
     fn image_owner<'a>(&'a self, namespace: &'a str, image: &'a str)
     -> BoxFuture<'a, Option<OwnerReference>>;
+
+    /// The value of a namespace's label.
+    fn namespace_label(&self, namespace: &str, key: &str) -> Option<String>;
 }
 
 type MetaStore = reflector::Store<PartialObjectMeta<DynamicObject>>;
@@ -32,6 +35,7 @@ pub fn cfapp_gvk() -> GroupVersionKind {
 pub struct Cluster {
     client: Client,
     cfapps: Option<(ApiResource, MetaStore)>,
+    namespaces: (ApiResource, MetaStore),
     synced: watch::Receiver<bool>,
 }
 
@@ -39,7 +43,10 @@ impl Cluster {
     /// Starts the watches; they stop with `cancel`. Ready once [`Cluster::synced`] resolves.
     pub async fn start(client: Client, cancel: CancellationToken) -> Result<Self, kube::Error> {
         let cfapps = match discover(&client, &cfapp_gvk()).await? {
-            Some((resource, _)) => Some((resource.clone(), watch_metadata(client.clone(), resource, cancel))),
+            Some((resource, _)) => Some((
+                resource.clone(),
+                watch_metadata(client.clone(), resource, cancel.clone()),
+            )),
             None => {
                 tracing::warn!(
                     kind = "CFApp",
@@ -48,10 +55,19 @@ impl Cluster {
                 None
             }
         };
+        let namespace_resource = ApiResource::erase::<k8s_openapi::api::core::v1::Namespace>(&());
+        let namespaces = (
+            namespace_resource.clone(),
+            watch_metadata(client.clone(), namespace_resource, cancel.clone()),
+        );
         // One waiter on the stores, fanned out through a watch channel: a reflector store wakes
         // only the last of several concurrent `wait_until_ready` callers.
         let (tx, synced) = watch::channel(false);
-        let stores: Vec<MetaStore> = cfapps.iter().map(|(_, s)| s.clone()).collect();
+        let stores: Vec<MetaStore> = cfapps
+            .iter()
+            .map(|(_, s)| s.clone())
+            .chain([namespaces.1.clone()])
+            .collect();
         tokio::spawn(async move {
             for store in stores {
                 let _ = store.wait_until_ready().await;
@@ -61,6 +77,7 @@ impl Cluster {
         Ok(Self {
             client,
             cfapps,
+            namespaces,
             synced,
         })
     }
@@ -112,6 +129,12 @@ impl ClusterView for Cluster {
         }
         .boxed()
     }
+
+    fn namespace_label(&self, namespace: &str, key: &str) -> Option<String> {
+        let (resource, store) = &self.namespaces;
+        let found = store.get(&ObjectRef::new_with(namespace, resource.clone()))?;
+        found.metadata.labels.as_ref()?.get(key).cloned()
+    }
 }
 
 async fn discover(
@@ -150,6 +173,8 @@ fn watch_metadata(client: Client, resource: ApiResource, cancel: CancellationTok
 #[derive(Debug, Default, Clone)]
 pub struct StaticCluster {
     pub owners: Vec<(String, String, OwnerReference)>,
+    /// `(namespace, label key, value)`.
+    pub namespace_labels: Vec<(String, String, String)>,
 }
 
 impl ClusterView for StaticCluster {
@@ -163,5 +188,13 @@ impl ClusterView for StaticCluster {
             .iter()
             .find(|(ns, name, _)| ns == namespace && name == image);
         futures::future::ready(found.map(|(_, _, r)| r.clone())).boxed()
+    }
+
+    fn namespace_label(&self, namespace: &str, key: &str) -> Option<String> {
+        let found = self
+            .namespace_labels
+            .iter()
+            .find(|(ns, k, _)| ns == namespace && k == key);
+        found.map(|(_, _, v)| v.clone())
     }
 }

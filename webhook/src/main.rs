@@ -18,7 +18,7 @@ use holdfast_registry::{
 use holdfast_webhook::{
     cli::{Args, LogFormat},
     cluster::Cluster,
-    rules::RuleContext,
+    rules::{RuleContext, policy::Policy},
     server::{self, Settings},
 };
 use tokio::signal::unix::{SignalKind, signal};
@@ -51,7 +51,16 @@ async fn main() -> Result<()> {
     ));
     let mut cache_synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
     let secrets = args.registry.read_secrets.then(|| client.clone());
+    let policy = match &args.policy_file {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            Policy::from_yaml(&text).with_context(|| format!("parsing the policy file {}", path.display()))?
+        }
+        None => Policy::default(),
+    };
     let context = RuleContext {
+        policy,
         cluster: Arc::new(cluster.clone()),
         pinner: Arc::new(Pinner::new(cache, secrets)),
     };

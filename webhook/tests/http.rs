@@ -36,6 +36,7 @@ fn state() -> (Arc<AdmissionState>, Arc<Metrics>) {
     };
     let cluster = StaticCluster {
         owners: vec![("space".into(), "app-guid".into(), owner)],
+        ..Default::default()
     };
     let metrics = Arc::new(Metrics::default());
     let registry = FixedRegistry {

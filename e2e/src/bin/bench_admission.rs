@@ -67,6 +67,7 @@ async fn run() -> Result<()> {
             handshake_timeout: Duration::from_secs(5),
         },
         RuleContext {
+            policy: Default::default(),
             cluster: Arc::new(StaticCluster::default()),
             pinner: Arc::new(Pinner::new(
                 Arc::new(DigestCache::new(

@@ -3,6 +3,7 @@
 //! request to its rule.
 
 pub mod pin_fetch_refs;
+pub mod policy;
 pub mod stamp_owners;
 
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use crate::{cluster::ClusterView, decision::Verdict};
 pub struct RuleContext {
     pub cluster: Arc<dyn ClusterView>,
     pub pinner: Arc<Pinner>,
+    pub policy: policy::Policy,
 }
 
 /// The webhook paths, one per rule family: the manifests register exactly these.
@@ -35,6 +37,7 @@ pub enum Family {
 pub enum Rule {
     StampOwners,
     PinFetchRefs(PinnedKind),
+    Policy(PinnedKind),
 }
 
 impl Rule {
@@ -42,6 +45,7 @@ impl Rule {
         match self {
             Rule::StampOwners => stamp_owners::NAME,
             Rule::PinFetchRefs(_) => pin_fetch_refs::NAME,
+            Rule::Policy(_) => policy::NAME,
         }
     }
 
@@ -59,6 +63,9 @@ impl Rule {
             (Family::Mutating, group, resource, None) => {
                 PinnedKind::from_group_resource(group, resource).map(Rule::PinFetchRefs)
             }
+            (Family::Validating, group, resource, None) => {
+                PinnedKind::from_group_resource(group, resource).map(Rule::Policy)
+            }
             _ => None,
         }
     }
@@ -68,6 +75,7 @@ impl Rule {
         match self {
             Rule::StampOwners => stamp_owners::evaluate(request, context.cluster.as_ref()).await,
             Rule::PinFetchRefs(kind) => pin_fetch_refs::evaluate(kind, request, &context.pinner).await,
+            Rule::Policy(kind) => policy::evaluate(kind, request, &context.policy, context.cluster.as_ref()),
         }
     }
 }

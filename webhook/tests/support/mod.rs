@@ -47,6 +47,7 @@ impl Source for FixedRegistry {
 pub fn context(cluster: impl ClusterView + 'static, registry: FixedRegistry) -> RuleContext {
     let cache = DigestCache::new(Arc::new(registry), CacheConfig::default(), None);
     RuleContext {
+        policy: Default::default(),
         cluster: Arc::new(cluster),
         pinner: Arc::new(Pinner::new(Arc::new(cache), None)),
     }
