@@ -20,6 +20,39 @@ pub trait ClusterView: Send + Sync {
 
     /// The value of a namespace's label.
     fn namespace_label(&self, namespace: &str, key: &str) -> Option<String>;
+
+    /// Whether the named peer object is being deleted; `None` when it is not known (absent, or
+    /// its API is not installed).
+    fn terminating(&self, peer: Peer, namespace: &str, name: &str) -> Option<bool>;
+}
+
+/// The peers' kinds whose deletion state the terminating guard reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Peer {
+    CfApp,
+    BuildWorkload,
+    KpackImage,
+    KpackBuild,
+}
+
+impl Peer {
+    pub const ALL: [Peer; 4] = [
+        Peer::CfApp,
+        Peer::BuildWorkload,
+        Peer::KpackImage,
+        Peer::KpackBuild,
+    ];
+
+    pub fn gvk(self) -> GroupVersionKind {
+        match self {
+            Peer::CfApp => cfapp_gvk(),
+            Peer::BuildWorkload => {
+                GroupVersionKind::gvk("korifi.cloudfoundry.org", "v1alpha1", "BuildWorkload")
+            }
+            Peer::KpackImage => GroupVersionKind::gvk("kpack.io", "v1alpha2", "Image"),
+            Peer::KpackBuild => GroupVersionKind::gvk("kpack.io", "v1alpha2", "Build"),
+        }
+    }
 }
 
 type MetaStore = reflector::Store<PartialObjectMeta<DynamicObject>>;
@@ -34,7 +67,7 @@ pub fn cfapp_gvk() -> GroupVersionKind {
 #[derive(Clone)]
 pub struct Cluster {
     client: Client,
-    cfapps: Option<(ApiResource, MetaStore)>,
+    peers: std::collections::BTreeMap<Peer, (ApiResource, MetaStore)>,
     namespaces: (ApiResource, MetaStore),
     synced: watch::Receiver<bool>,
 }
@@ -42,19 +75,16 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the watches; they stop with `cancel`. Ready once [`Cluster::synced`] resolves.
     pub async fn start(client: Client, cancel: CancellationToken) -> Result<Self, kube::Error> {
-        let cfapps = match discover(&client, &cfapp_gvk()).await? {
-            Some((resource, _)) => Some((
-                resource.clone(),
-                watch_metadata(client.clone(), resource, cancel.clone()),
-            )),
-            None => {
-                tracing::warn!(
-                    kind = "CFApp",
-                    "korifi.cloudfoundry.org API not installed: stamp-owners finds no owners"
-                );
-                None
+        let mut peers = std::collections::BTreeMap::new();
+        for peer in Peer::ALL {
+            match discover(&client, &peer.gvk()).await? {
+                Some((resource, _)) => {
+                    let store = watch_metadata(client.clone(), resource.clone(), cancel.clone());
+                    peers.insert(peer, (resource, store));
+                }
+                None => tracing::warn!(kind = ?peer, "API not installed; rules find no such objects"),
             }
-        };
+        }
         let namespace_resource = ApiResource::erase::<k8s_openapi::api::core::v1::Namespace>(&());
         let namespaces = (
             namespace_resource.clone(),
@@ -63,8 +93,8 @@ impl Cluster {
         // One waiter on the stores, fanned out through a watch channel: a reflector store wakes
         // only the last of several concurrent `wait_until_ready` callers.
         let (tx, synced) = watch::channel(false);
-        let stores: Vec<MetaStore> = cfapps
-            .iter()
+        let stores: Vec<MetaStore> = peers
+            .values()
             .map(|(_, s)| s.clone())
             .chain([namespaces.1.clone()])
             .collect();
@@ -76,7 +106,7 @@ impl Cluster {
         });
         Ok(Self {
             client,
-            cfapps,
+            peers,
             namespaces,
             synced,
         })
@@ -113,7 +143,7 @@ impl ClusterView for Cluster {
         image: &'a str,
     ) -> BoxFuture<'a, Option<OwnerReference>> {
         async move {
-            let (resource, store) = self.cfapps.as_ref()?;
+            let (resource, store) = self.peers.get(&Peer::CfApp)?;
             let cached = store.get(&ObjectRef::new_with(image, resource.clone()).within(namespace));
             let metadata = match cached {
                 Some(app) => app.metadata.clone(),
@@ -128,6 +158,12 @@ impl ClusterView for Cluster {
             })
         }
         .boxed()
+    }
+
+    fn terminating(&self, peer: Peer, namespace: &str, name: &str) -> Option<bool> {
+        let (resource, store) = self.peers.get(&peer)?;
+        let found = store.get(&ObjectRef::new_with(name, resource.clone()).within(namespace))?;
+        Some(found.metadata.deletion_timestamp.is_some())
     }
 
     fn namespace_label(&self, namespace: &str, key: &str) -> Option<String> {
@@ -175,6 +211,8 @@ pub struct StaticCluster {
     pub owners: Vec<(String, String, OwnerReference)>,
     /// `(namespace, label key, value)`.
     pub namespace_labels: Vec<(String, String, String)>,
+    /// Peer objects being deleted: `(peer, namespace, name)`.
+    pub terminating: Vec<(Peer, String, String)>,
 }
 
 impl ClusterView for StaticCluster {
@@ -196,5 +234,13 @@ impl ClusterView for StaticCluster {
             .iter()
             .find(|(ns, k, _)| ns == namespace && k == key);
         found.map(|(_, _, v)| v.clone())
+    }
+
+    fn terminating(&self, peer: Peer, namespace: &str, name: &str) -> Option<bool> {
+        let hit = self
+            .terminating
+            .iter()
+            .any(|(p, ns, n)| *p == peer && ns == namespace && n == name);
+        hit.then_some(true)
     }
 }

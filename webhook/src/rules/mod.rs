@@ -5,6 +5,7 @@
 pub mod pin_fetch_refs;
 pub mod policy;
 pub mod stamp_owners;
+pub mod terminating_guard;
 
 use std::sync::Arc;
 
@@ -38,6 +39,7 @@ pub enum Rule {
     StampOwners,
     PinFetchRefs(PinnedKind),
     Policy(PinnedKind),
+    TerminatingGuard,
 }
 
 impl Rule {
@@ -46,6 +48,7 @@ impl Rule {
             Rule::StampOwners => stamp_owners::NAME,
             Rule::PinFetchRefs(_) => pin_fetch_refs::NAME,
             Rule::Policy(_) => policy::NAME,
+            Rule::TerminatingGuard => terminating_guard::NAME,
         }
     }
 
@@ -63,6 +66,8 @@ impl Rule {
             (Family::Mutating, group, resource, None) => {
                 PinnedKind::from_group_resource(group, resource).map(Rule::PinFetchRefs)
             }
+            (Family::Validating, "kpack.io", "builds" | "images", None)
+            | (Family::Validating, "", "pods", None) => Some(Rule::TerminatingGuard),
             (Family::Validating, group, resource, None) => {
                 PinnedKind::from_group_resource(group, resource).map(Rule::Policy)
             }
@@ -75,6 +80,7 @@ impl Rule {
         match self {
             Rule::StampOwners => stamp_owners::evaluate(request, context.cluster.as_ref()).await,
             Rule::PinFetchRefs(kind) => pin_fetch_refs::evaluate(kind, request, &context.pinner).await,
+            Rule::TerminatingGuard => terminating_guard::evaluate(request, context.cluster.as_ref()),
             Rule::Policy(kind) => policy::evaluate(kind, request, &context.policy, context.cluster.as_ref()),
         }
     }

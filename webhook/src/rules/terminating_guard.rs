@@ -1,0 +1,221 @@
+//! Terminating guard (validating): no new kpack Build, and no new build pod, for an owner that is
+//! being deleted — the loop that makes Korifi org deletion slow (korifi-kpack.md §1.4, §4): the
+//! BuildWorkload finalizer deletes Builds, kpack sees no last Build and builds again.
+//!
+//! Denied:
+//! - CREATE of a kpack `Build` whose Image (its controller, or label `image.kpack.io/image`), the
+//!   app that Image belongs to (Korifi: the CFApp of the Image's name), or the BuildWorkload it
+//!   serves (label `korifi.cloudfoundry.org/build-workload-name`) is terminating;
+//! - CREATE of a Pod labelled `kpack.io/build` whose Build is terminating;
+//! - an UPDATE that changes the spec of an Image being deleted.
+//!
+//! Never denied: DELETE, and updates of a terminating Image that leave its spec alone (finalizer
+//! removal, status, metadata), so nothing here can hold a deletion up. Lookups are in-memory.
+
+use kube::core::{
+    DynamicObject,
+    admission::{AdmissionRequest, Operation},
+};
+
+use crate::{
+    cluster::{ClusterView, Peer},
+    decision::{Decision, Verdict},
+};
+
+pub const NAME: &str = "terminating-guard";
+
+const IMAGE_LABEL: &str = "image.kpack.io/image";
+const BUILD_WORKLOAD_LABEL: &str = "korifi.cloudfoundry.org/build-workload-name";
+const BUILD_POD_LABEL: &str = "kpack.io/build";
+
+pub fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn ClusterView) -> Verdict {
+    let namespace = request.namespace.as_deref().unwrap_or_default();
+    let resource = (
+        request.resource.group.as_str(),
+        request.resource.resource.as_str(),
+    );
+    match (resource, &request.operation, request.object.as_ref()) {
+        (("kpack.io", "builds"), Operation::Create, Some(build)) => build_owners(build)
+            .into_iter()
+            .find(|(peer, name)| cluster.terminating(*peer, namespace, name) == Some(true))
+            .map_or_else(Verdict::allow, |(peer, owner)| deny("kpack Build", build, peer, namespace, &owner)),
+        (("", "pods"), Operation::Create, Some(pod)) => match label(pod, BUILD_POD_LABEL) {
+            Some(build) if cluster.terminating(Peer::KpackBuild, namespace, build) == Some(true) => {
+                deny("build pod", pod, Peer::KpackBuild, namespace, build)
+            }
+            _ => Verdict::allow(),
+        },
+        (("kpack.io", "images"), Operation::Update, Some(image)) => match request.old_object.as_ref() {
+            Some(old) if old.metadata.deletion_timestamp.is_some() && old.data.get("spec") != image.data.get("spec") => {
+                Decision::Deny(format!(
+                    "kpack Image {namespace}/{} is being deleted: its spec cannot change (holdfast terminating guard)",
+                    request.name
+                ))
+                .into()
+            }
+            _ => Verdict::allow(),
+        },
+        _ => Verdict::allow(),
+    }
+}
+
+/// The objects a Build is made for, in the order they are checked.
+fn build_owners(build: &DynamicObject) -> Vec<(Peer, String)> {
+    let controller_image = build
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true) && r.kind == "Image")
+        .map(|r| r.name.clone());
+    let image = controller_image.or_else(|| label(build, IMAGE_LABEL).map(str::to_owned));
+    let mut owners = Vec::new();
+    if let Some(image) = image {
+        owners.push((Peer::KpackImage, image.clone()));
+        owners.push((Peer::CfApp, image));
+    }
+    if let Some(workload) = label(build, BUILD_WORKLOAD_LABEL) {
+        owners.push((Peer::BuildWorkload, workload.to_owned()));
+    }
+    owners
+}
+
+fn label<'a>(object: &'a DynamicObject, key: &str) -> Option<&'a str> {
+    object.metadata.labels.as_ref()?.get(key).map(String::as_str)
+}
+
+fn deny(what: &str, object: &DynamicObject, peer: Peer, namespace: &str, owner: &str) -> Verdict {
+    let name = object
+        .metadata
+        .name
+        .as_deref()
+        .or(object.metadata.generate_name.as_deref())
+        .unwrap_or("");
+    let kind = match peer {
+        Peer::CfApp => "CFApp",
+        Peer::BuildWorkload => "BuildWorkload",
+        Peer::KpackImage => "kpack Image",
+        Peer::KpackBuild => "kpack Build",
+    };
+    Decision::Deny(format!(
+        "{what} {namespace}/{name} not created: its {kind} {namespace}/{owner} is being deleted (holdfast terminating guard)"
+    ))
+    .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::StaticCluster;
+    use serde_json::json;
+
+    fn request(
+        group: &str,
+        resource: &str,
+        operation: &str,
+        object: serde_json::Value,
+        old: serde_json::Value,
+    ) -> AdmissionRequest<DynamicObject> {
+        serde_json::from_value(json!({
+            "uid": "u", "kind": {"group": group, "version": "v1", "kind": "X"},
+            "resource": {"group": group, "version": "v1", "resource": resource},
+            "name": "n", "namespace": "space", "operation": operation,
+            "userInfo": {}, "object": object, "oldObject": old, "dryRun": false,
+        }))
+        .unwrap()
+    }
+
+    fn build() -> serde_json::Value {
+        json!({"apiVersion": "kpack.io/v1alpha2", "kind": "Build", "metadata": {
+            "name": "app-build-2", "namespace": "space",
+            "labels": {"image.kpack.io/image": "app", "korifi.cloudfoundry.org/build-workload-name": "bw-2"},
+            "ownerReferences": [{"apiVersion": "kpack.io/v1alpha2", "kind": "Image", "name": "app", "uid": "i", "controller": true}]}})
+    }
+
+    fn cluster(terminating: &[(Peer, &str)]) -> StaticCluster {
+        StaticCluster {
+            terminating: terminating
+                .iter()
+                .map(|(p, n)| (*p, "space".into(), n.to_string()))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_build_for_a_terminating_image_app_or_workload_is_denied() {
+        for (peer, name, kind) in [
+            (Peer::KpackImage, "app", "kpack Image"),
+            (Peer::CfApp, "app", "CFApp"),
+            (Peer::BuildWorkload, "bw-2", "BuildWorkload"),
+        ] {
+            let verdict = evaluate(
+                &request("kpack.io", "builds", "CREATE", build(), json!(null)),
+                &cluster(&[(peer, name)]),
+            );
+            let Decision::Deny(message) = verdict.decision else {
+                panic!("{kind}: not denied")
+            };
+            assert!(
+                message.contains(&format!("its {kind} space/{name} is being deleted")),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_build_for_live_owners_is_allowed() {
+        let verdict = evaluate(
+            &request("kpack.io", "builds", "CREATE", build(), json!(null)),
+            &cluster(&[(Peer::CfApp, "other")]),
+        );
+        assert_eq!(verdict, Verdict::allow());
+    }
+
+    #[test]
+    fn a_build_pod_of_a_terminating_build_is_denied() {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app-build-2-build-pod", "labels": {"kpack.io/build": "app-build-2"}}});
+        let verdict = evaluate(
+            &request("", "pods", "CREATE", pod.clone(), json!(null)),
+            &cluster(&[(Peer::KpackBuild, "app-build-2")]),
+        );
+        assert!(
+            matches!(verdict.decision, Decision::Deny(ref m) if m.contains("build pod")),
+            "{verdict:?}"
+        );
+        assert_eq!(
+            evaluate(&request("", "pods", "CREATE", pod, json!(null)), &cluster(&[])),
+            Verdict::allow()
+        );
+    }
+
+    #[test]
+    fn a_terminating_image_may_lose_finalizers_but_not_change_spec() {
+        let old = json!({"apiVersion": "kpack.io/v1alpha2", "kind": "Image", "metadata": {"name": "app", "deletionTimestamp": "2026-11-30T00:00:00Z", "finalizers": ["x"]}, "spec": {"tag": "a"}});
+        let mut finalizer_removed = old.clone();
+        finalizer_removed["metadata"]["finalizers"] = json!([]);
+        assert_eq!(
+            evaluate(
+                &request("kpack.io", "images", "UPDATE", finalizer_removed, old.clone()),
+                &cluster(&[])
+            ),
+            Verdict::allow()
+        );
+        let mut spec_changed = old.clone();
+        spec_changed["spec"]["tag"] = json!("b");
+        let verdict = evaluate(
+            &request("kpack.io", "images", "UPDATE", spec_changed, old),
+            &cluster(&[]),
+        );
+        assert!(matches!(verdict.decision, Decision::Deny(_)));
+    }
+
+    #[test]
+    fn deletes_are_never_denied() {
+        let verdict = evaluate(
+            &request("kpack.io", "builds", "DELETE", json!(null), build()),
+            &cluster(&[(Peer::KpackImage, "app")]),
+        );
+        assert_eq!(verdict, Verdict::allow());
+    }
+}
