@@ -228,7 +228,9 @@ async fn policy_denies_what_could_not_be_pinned_and_foreign_registries(env: Arc<
         "allowedRegistries: [\"{reg}/policy\"]\nrequireDigestsLabel: holdfast.dev/require-digests\n"
     ))?;
     let webhook = LocalWebhook::start(env.clone(), registration).await?;
-    let ns = webhook.namespace_labelled("strict", &[("holdfast.dev/require-digests", "true")]).await?;
+    let ns = webhook
+        .namespace_labelled("strict", &[("holdfast.dev/require-digests", "true")])
+        .await?;
 
     // A tag that resolves is pinned by the mutating webhook, then passes the policy.
     env.kubectl_apply(&ns, &app("ok", &format!("{reg}/policy/config:1.0.0")))?;
@@ -237,13 +239,22 @@ async fn policy_denies_what_could_not_be_pinned_and_foreign_registries(env: Arc<
 
     // A tag that does not exist cannot be pinned: denied, with what to fix.
     let denied = env.kubectl_apply(&ns, &app("missing", &format!("{reg}/policy/config:9.9.9")));
-    let message = denied.err().context("an unpinnable tag was admitted in a digest-only namespace")?.to_string();
-    ensure!(message.contains("could not be pinned") && message.contains("requires digests"), "{message}");
+    let message = denied
+        .err()
+        .context("an unpinnable tag was admitted in a digest-only namespace")?
+        .to_string();
+    ensure!(
+        message.contains("could not be pinned") && message.contains("requires digests"),
+        "{message}"
+    );
 
     // A registry outside the allowlist is denied, even by digest.
     let foreign = format!("ghcr.io/other/tool@sha256:{}", "0".repeat(64));
     let denied = env.kubectl_apply(&ns, &app("foreign", &foreign));
-    let message = denied.err().context("a foreign registry was admitted")?.to_string();
+    let message = denied
+        .err()
+        .context("a foreign registry was admitted")?
+        .to_string();
     ensure!(message.contains("is not allowed"), "{message}");
     webhook.stop().await
 }
