@@ -4,6 +4,9 @@
 //!   (webhook down, registry down) and moves `follow` pins when their tags move.
 //! - [`refresher`]: asks the registry once per unique tag (the digest cache's keys) on an
 //!   interval, then has every tracked object reconciled from the refreshed cache.
+//! - [`finalizer`]: the fast finalizer: deletes an app's kpack Image as soon as the app (or its
+//!   last BuildWorkload, or its namespace) is being deleted, and the pods of terminating Builds.
 
+pub mod finalizer;
 pub mod pinning;
 pub mod refresher;

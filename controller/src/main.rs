@@ -65,17 +65,18 @@ async fn main() -> Result<()> {
         })
     };
     let controllers = tokio::spawn(holdfast_controller::pinning::run(
-        client,
+        client.clone(),
         pinner,
         rounds,
         cancel.clone(),
     ));
+    let finalizer = tokio::spawn(holdfast_controller::finalizer::run(client, cancel.clone()));
 
     tokio::select! {
         _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
     }
     cancel.cancel();
-    let _ = tokio::join!(refresher, controllers);
+    let _ = tokio::join!(refresher, controllers, finalizer);
     Ok(())
 }

@@ -1,0 +1,215 @@
+//! The fast finalizer (korifi-kpack.md §1.4, §4): when an app is on its way out, remove what
+//! keeps kpack building for it, at once and event-driven.
+//!
+//! - A CFApp being deleted, the last BuildWorkload of an app being deleted, or a namespace being
+//!   deleted: delete the app's kpack Image (background propagation), so kpack has nothing left
+//!   to build for and the garbage collector takes its Builds and pods.
+//! - A kpack Build being deleted: delete its build pods with grace period 0.
+//!
+//! holdfast adds no finalizer and removes nobody's: if it is down, deletion still completes
+//! (only slower). Objects that are not being deleted are not touched.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::{StreamExt, future::BoxFuture};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::{
+    Api, Client, Resource, ResourceExt,
+    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PropagationPolicy},
+    discovery,
+    runtime::{Controller, controller::Action, watcher},
+};
+use tokio_util::sync::CancellationToken;
+
+pub const APP_GUID_LABEL: &str = "korifi.cloudfoundry.org/app-guid";
+pub const BUILD_POD_LABEL: &str = "kpack.io/build";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+struct Ctx {
+    client: Client,
+    image: ApiResource,
+    build_workload: Option<ApiResource>,
+}
+
+async fn found(client: &Client, group: &str, version: &str, kind: &str) -> Option<ApiResource> {
+    match discovery::pinned_kind(client, &GroupVersionKind::gvk(group, version, kind)).await {
+        Ok((resource, _)) => Some(resource),
+        Err(error) => {
+            tracing::warn!(kind, %error, "API not available; the fast finalizer skips it");
+            None
+        }
+    }
+}
+
+/// Runs the finalizer's controllers until `cancel`. Without kpack there is nothing to do.
+pub async fn run(client: Client, cancel: CancellationToken) {
+    let Some(image) = found(&client, "kpack.io", "v1alpha2", "Image").await else {
+        return;
+    };
+    let build = found(&client, "kpack.io", "v1alpha2", "Build").await;
+    let cfapp = found(&client, "korifi.cloudfoundry.org", "v1alpha1", "CFApp").await;
+    let build_workload = found(&client, "korifi.cloudfoundry.org", "v1alpha1", "BuildWorkload").await;
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        image,
+        build_workload: build_workload.clone(),
+    });
+
+    let mut loops: Vec<BoxFuture<'static, ()>> = Vec::new();
+    if let Some(resource) = cfapp {
+        loops.push(dynamic(&client, resource, &cancel, &ctx, app_deleting));
+    }
+    if let Some(resource) = build_workload {
+        loops.push(dynamic(&client, resource, &cancel, &ctx, build_workload_deleting));
+    }
+    if let Some(resource) = build {
+        loops.push(dynamic(&client, resource, &cancel, &ctx, build_deleting));
+    }
+    let namespaces = Controller::new(Api::<Namespace>::all(client.clone()), watcher::Config::default())
+        .graceful_shutdown_on(cancel.clone().cancelled_owned())
+        .run(namespace_deleting, error_policy, ctx.clone())
+        .for_each(|_| async {});
+    loops.push(Box::pin(namespaces));
+    futures::future::join_all(loops).await;
+}
+
+type Reconcile = fn(Arc<DynamicObject>, Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>>;
+
+fn dynamic(
+    client: &Client,
+    resource: ApiResource,
+    cancel: &CancellationToken,
+    ctx: &Arc<Ctx>,
+    reconcile: Reconcile,
+) -> BoxFuture<'static, ()> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    Box::pin(
+        Controller::new_with(api, watcher::Config::default(), resource)
+            .graceful_shutdown_on(cancel.clone().cancelled_owned())
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|_| async {}),
+    )
+}
+
+fn deleting<K: Resource>(object: &K) -> bool {
+    object.meta().deletion_timestamp.is_some()
+}
+
+/// Deletes the kpack Image `name` in `namespace` (background), unless it is gone or going.
+async fn delete_image(ctx: &Ctx, namespace: &str, name: &str, because: &str) -> Result<(), Error> {
+    let images: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &ctx.image);
+    match images.get_opt(name).await? {
+        Some(image) if !deleting(&image) => {
+            let params = DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Background),
+                ..Default::default()
+            };
+            match images.delete(name, &params).await {
+                Ok(_) => tracing::info!(%namespace, image = name, because, "deleted the kpack Image"),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn app_deleting(app: Arc<DynamicObject>, ctx: Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>> {
+    Box::pin(async move {
+        if let (true, Some(namespace)) = (deleting(app.as_ref()), app.namespace()) {
+            // Korifi: one Image per app, named after the app GUID (korifi-kpack.md §1.1).
+            delete_image(&ctx, &namespace, &app.name_any(), "its CFApp is being deleted").await?;
+        }
+        Ok(Action::await_change())
+    })
+}
+
+fn build_workload_deleting(
+    workload: Arc<DynamicObject>,
+    ctx: Arc<Ctx>,
+) -> BoxFuture<'static, Result<Action, Error>> {
+    Box::pin(async move {
+        let (true, Some(namespace), Some(app)) = (
+            deleting(workload.as_ref()),
+            workload.namespace(),
+            workload.labels().get(APP_GUID_LABEL).cloned(),
+        ) else {
+            return Ok(Action::await_change());
+        };
+        let Some(resource) = &ctx.build_workload else {
+            return Ok(Action::await_change());
+        };
+        let workloads: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, resource);
+        let others = workloads
+            .list(&ListParams::default().labels(&format!("{APP_GUID_LABEL}={app}")))
+            .await?;
+        // Only the app's last BuildWorkload: the Image is shared by all of them.
+        if others.items.iter().all(deleting) {
+            delete_image(
+                &ctx,
+                &namespace,
+                &app,
+                "the app's last BuildWorkload is being deleted",
+            )
+            .await?;
+        }
+        Ok(Action::await_change())
+    })
+}
+
+fn build_deleting(build: Arc<DynamicObject>, ctx: Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>> {
+    Box::pin(async move {
+        let (true, Some(namespace)) = (deleting(build.as_ref()), build.namespace()) else {
+            return Ok(Action::await_change());
+        };
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+        let selector = format!("{BUILD_POD_LABEL}={}", build.name_any());
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        };
+        for pod in pods.list(&ListParams::default().labels(&selector)).await?.items {
+            if !deleting(&pod) {
+                match pods.delete(&pod.name_any(), &now).await {
+                    Ok(_) => {
+                        tracing::info!(%namespace, pod = %pod.name_any(), "deleted the build pod of a terminating Build")
+                    }
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        Ok(Action::await_change())
+    })
+}
+
+async fn namespace_deleting(namespace: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    if deleting(namespace.as_ref()) {
+        let images: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &namespace.name_any(), &ctx.image);
+        for image in images.list(&ListParams::default()).await?.items {
+            delete_image(
+                &ctx,
+                &namespace.name_any(),
+                &image.name_any(),
+                "its namespace is being deleted",
+            )
+            .await?;
+        }
+    }
+    Ok(Action::await_change())
+}
+
+fn error_policy<K>(object: Arc<K>, error: &Error, _: Arc<Ctx>) -> Action
+where
+    K: Resource,
+{
+    tracing::warn!(name = %object.meta().name.clone().unwrap_or_default(), %error, "fast finalizer: retrying");
+    Action::requeue(Duration::from_secs(2))
+}
