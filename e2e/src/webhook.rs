@@ -124,19 +124,19 @@ pub fn mutating_configuration(
     }
 }
 
-/// A ValidatingWebhookConfiguration calling holdfast's `/validate` by URL (failurePolicy Fail, so
-/// a serving failure shows up in tests).
+/// A ValidatingWebhookConfiguration calling holdfast's `/validate` by URL.
 pub fn validating_configuration(
     name: &str,
     url: String,
     namespace_selector: LabelSelector,
     rules: Vec<RuleWithOperations>,
+    failure_policy: &str,
 ) -> ValidatingWebhookConfiguration {
     let webhook = ValidatingWebhook {
         name: "validate.holdfast.dev".into(),
         admission_review_versions: vec!["v1".into()],
         side_effects: "None".into(),
-        failure_policy: Some("Fail".into()),
+        failure_policy: Some(failure_policy.into()),
         timeout_seconds: Some(5),
         client_config: WebhookClientConfig {
             url: Some(url),
@@ -187,8 +187,13 @@ impl LocalWebhook {
         let validating = !registration.validating_rules.is_empty();
         if validating {
             let url = format!("https://127.0.0.1:{port}{VALIDATE_PATH}");
-            let config =
-                validating_configuration(&configuration, url, selector, registration.validating_rules);
+            let config = validating_configuration(
+                &configuration,
+                url,
+                selector,
+                registration.validating_rules,
+                "Fail",
+            );
             Api::<ValidatingWebhookConfiguration>::all(client.clone())
                 .create(&PostParams::default(), &config)
                 .await?;

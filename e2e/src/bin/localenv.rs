@@ -13,10 +13,13 @@ use anyhow::{Context, Result, bail};
 use holdfast_e2e::{
     Env, images, objects,
     process::free_port,
-    webhook::{mutating_configuration, rule},
+    webhook::{mutating_configuration, rule, validating_configuration},
 };
 use k8s_openapi::{
-    api::{admissionregistration::v1::MutatingWebhookConfiguration, core::v1::Namespace},
+    api::{
+        admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
+        core::v1::Namespace,
+    },
     apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
 };
 use kube::ResourceExt;
@@ -248,11 +251,30 @@ async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
     let config = mutating_configuration(
         "holdfast",
         format!("https://127.0.0.1:{port}/mutate"),
-        selector,
+        selector.clone(),
         rules,
         "Ignore",
     );
-    Api::<MutatingWebhookConfiguration>::all(client)
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &config)
+        .await?;
+    let validating_rules = vec![
+        rule("kappctrl.k14s.io", "v1alpha1", &["apps"], write),
+        rule(
+            "packaging.carvel.dev",
+            "v1alpha1",
+            &["packagerepositories"],
+            write,
+        ),
+        rule("data.packaging.carvel.dev", "v1alpha1", &["packages"], write),
+        rule("kpack.io", "v1alpha2", &["builds"], &["CREATE"]),
+        rule("kpack.io", "v1alpha2", &["images"], &["UPDATE"]),
+        rule("", "v1", &["pods"], &["CREATE"]),
+    ];
+    let url = format!("https://127.0.0.1:{port}/validate");
+    // Ignore: the terminating guard must never hold up a deletion if holdfast is down.
+    let config = validating_configuration("holdfast", url, selector, validating_rules, "Ignore");
+    Api::<ValidatingWebhookConfiguration>::all(client)
         .create(&PostParams::default(), &config)
         .await?;
 
@@ -267,6 +289,7 @@ async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
             format!("--namespace={NAMESPACE}"),
             "--tls-ip=127.0.0.1".into(),
             "--mutating-webhook-configurations=holdfast".into(),
+            "--validating-webhook-configurations=holdfast".into(),
             // The local registry speaks plain HTTP.
             format!("--insecure-registry={}", env.registry()),
         ],
