@@ -8,5 +8,6 @@
 //!   last BuildWorkload, or its namespace) is being deleted, and the pods of terminating Builds.
 
 pub mod finalizer;
+pub mod leader;
 pub mod pinning;
 pub mod refresher;

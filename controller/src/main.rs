@@ -4,6 +4,7 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, anyhow};
 use clap::Parser;
+use holdfast_controller::leader::Election;
 use holdfast_pins::{Pinner, args::RegistryArgs};
 use holdfast_registry::{
     Resolver,
@@ -22,6 +23,12 @@ struct Args {
     /// Seconds between refresh rounds (one registry check per unique tag per round).
     #[arg(long, env = "HOLDFAST_REFRESH_SECONDS", default_value_t = 300)]
     refresh_seconds: u64,
+    /// The Lease replicas compete for; only its holder reconciles.
+    #[arg(long, env = "HOLDFAST_LEASE_NAME", default_value = "holdfast-controller")]
+    lease_name: String,
+    /// This replica's identity in the Lease (the pod name).
+    #[arg(long, env = "POD_NAME", default_value = "holdfast-controller")]
+    identity: String,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -56,27 +63,37 @@ async fn main() -> Result<()> {
     let secrets = args.registry.read_secrets.then(|| client.clone());
     let pinner = Arc::new(Pinner::new(cache, secrets));
 
-    let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
-    let refresher = {
-        let (pinner, cancel) = (pinner.clone(), cancel.clone());
-        let interval = Duration::from_secs(args.refresh_seconds);
-        tokio::spawn(async move {
-            holdfast_controller::refresher::run(&pinner, interval, rounds_tx, cancel).await
-        })
+    let interval = Duration::from_secs(args.refresh_seconds);
+    // Everything that writes runs only on the leader.
+    let work = move |leading: CancellationToken| async move {
+        let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
+        let refresher = {
+            let (pinner, leading) = (pinner.clone(), leading.clone());
+            async move { holdfast_controller::refresher::run(&pinner, interval, rounds_tx, leading).await }
+        };
+        let pinning = holdfast_controller::pinning::run(client.clone(), pinner, rounds, leading.clone());
+        let finalizer = holdfast_controller::finalizer::run(client, leading);
+        tokio::join!(refresher, pinning, finalizer);
     };
-    let controllers = tokio::spawn(holdfast_controller::pinning::run(
-        client.clone(),
-        pinner,
-        rounds,
-        cancel.clone(),
-    ));
-    let finalizer = tokio::spawn(holdfast_controller::finalizer::run(client, cancel.clone()));
-
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-    }
-    cancel.cancel();
-    let _ = tokio::join!(refresher, controllers, finalizer);
+    let election = Election {
+        namespace: args.namespace.clone(),
+        lease: args.lease_name.clone(),
+        identity: args.identity.clone(),
+        duration: Duration::from_secs(15),
+        renew_every: Duration::from_secs(5),
+    };
+    let election_client = kube::Client::try_default().await?;
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
+        }
+        stop.cancel();
+    });
+    election
+        .lead(election_client, cancel, work)
+        .await
+        .context("leader election")?;
     Ok(())
 }

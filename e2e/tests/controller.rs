@@ -24,7 +24,10 @@ use kube::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-e2e_main!(catch_up_and_follow_a_moved_tag);
+e2e_main!(
+    catch_up_and_follow_a_moved_tag,
+    one_replica_leads_and_a_standby_takes_over
+);
 
 fn app(name: &str, url: &str, extra_metadata: &str) -> String {
     format!(
@@ -158,5 +161,58 @@ async fn catch_up_and_follow_a_moved_tag(env: Arc<Env>) -> Result<()> {
     cancel.cancel();
     let _ = controller.await;
     upstream.stop();
+    Ok(())
+}
+
+async fn one_replica_leads_and_a_standby_takes_over(env: Arc<Env>) -> Result<()> {
+    use holdfast_controller::leader::Election;
+    use std::time::Duration;
+
+    let ns = env.namespace("lease").await?;
+    let election = |identity: &str| Election {
+        namespace: ns.clone(),
+        lease: "holdfast-controller".into(),
+        identity: identity.into(),
+        duration: Duration::from_secs(15),
+        renew_every: Duration::from_millis(200),
+    };
+    let (a_cancel, b_cancel) = (CancellationToken::new(), CancellationToken::new());
+    let (a_leads, mut a_led) = tokio::sync::watch::channel(false);
+    let (b_leads, mut b_led) = tokio::sync::watch::channel(false);
+    let a = {
+        let (election, client, cancel) = (election("replica-a"), env.client().await?, a_cancel.clone());
+        tokio::spawn(async move {
+            election
+                .lead(client, cancel, move |leading| async move {
+                    a_leads.send_replace(true);
+                    leading.cancelled().await;
+                })
+                .await
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(30), a_led.wait_for(|l| *l)).await??;
+    let b = {
+        let (election, client, cancel) = (election("replica-b"), env.client().await?, b_cancel.clone());
+        tokio::spawn(async move {
+            election
+                .lead(client, cancel, move |leading| async move {
+                    b_leads.send_replace(true);
+                    leading.cancelled().await;
+                })
+                .await
+        })
+    };
+    // While A renews, B stays a candidate through several of its retries.
+    let early = tokio::time::timeout(Duration::from_secs(2), b_led.wait_for(|l| *l))
+        .await
+        .is_err();
+    ensure!(early, "the standby led while the leader held the lease");
+
+    // A stops and hands the lease back: B leads well before the 15 s expiry.
+    a_cancel.cancel();
+    a.await??;
+    tokio::time::timeout(Duration::from_secs(10), b_led.wait_for(|l| *l)).await??;
+    b_cancel.cancel();
+    b.await??;
     Ok(())
 }
