@@ -1,0 +1,209 @@
+//! The Korifi/kpack side on the real kube-apiserver: the terminating guard refuses new Builds and
+//! build pods for owners being deleted (and only those), and the fast finalizer deletes an app's
+//! Image as soon as the app is being deleted.
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::{Context, Result, ensure};
+use holdfast_e2e::{
+    Env, e2e_main,
+    objects::{api_for, parse_documents},
+    wait,
+    webhook::{LocalWebhook, Registration, rule},
+};
+use kube::{
+    ResourceExt,
+    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+e2e_main!(
+    the_guard_refuses_builds_and_pods_for_terminating_owners,
+    the_fast_finalizer_deletes_the_image_with_the_app
+);
+
+fn guard_rules() -> Vec<k8s_openapi::api::admissionregistration::v1::RuleWithOperations> {
+    vec![
+        rule("kpack.io", "v1alpha2", &["builds"], &["CREATE"]),
+        rule("kpack.io", "v1alpha2", &["images"], &["UPDATE"]),
+        rule("", "v1", &["pods"], &["CREATE"]),
+    ]
+}
+
+const HOLD: &str = "e2e.holdfast.dev/hold";
+
+fn cfapp(name: &str) -> String {
+    format!(
+        "apiVersion: korifi.cloudfoundry.org/v1alpha1\nkind: CFApp\nmetadata: {{name: {name}, finalizers: [{HOLD}]}}\nspec:\n  displayName: {name}\n  desiredState: STOPPED\n  lifecycle: {{type: buildpack, data: {{buildpacks: [], stack: cflinuxfs3}}}}\n"
+    )
+}
+
+fn image(name: &str) -> String {
+    format!(
+        "apiVersion: kpack.io/v1alpha2\nkind: Image\nmetadata: {{name: {name}, finalizers: [{HOLD}]}}\nspec: {{tag: registry.example/{name}-droplets}}\n"
+    )
+}
+
+fn build(name: &str, image: &DynamicObject) -> Result<String> {
+    Ok(format!(
+        "apiVersion: kpack.io/v1alpha2\nkind: Build\nmetadata:\n  name: {name}\n  labels: {{image.kpack.io/image: {image_name}}}\n  finalizers: [{HOLD}]\n  ownerReferences: [{{apiVersion: kpack.io/v1alpha2, kind: Image, name: {image_name}, uid: {uid}, controller: true}}]\nspec: {{tags: [registry.example/x]}}\n",
+        image_name = image.name_any(),
+        uid = image.uid().context("no uid")?,
+    ))
+}
+
+fn pod(name: &str, build: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{kpack.io/build: {build}}}}}\nspec: {{restartPolicy: Never, containers: [{{name: build, image: registry.example/kpack/build-init}}]}}\n"
+    )
+}
+
+async fn create(env: &Env, ns: &str, yaml: &str) -> Result<DynamicObject> {
+    let client = env.client().await?;
+    let object = parse_documents(yaml)?.remove(0);
+    let api = api_for(&client, &object, Some(ns)).await?;
+    Ok(api.create(&PostParams::default(), &object).await?)
+}
+
+async fn release(env: &Env, ns: &str, object: &DynamicObject) -> Result<()> {
+    let client = env.client().await?;
+    let api = api_for(&client, object, Some(ns)).await?;
+    let unhold = json!({"metadata": {"finalizers": null}});
+    match api
+        .patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&unhold),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Deletes the object and waits until the webhook's watch sees it terminating (finalizers hold it).
+async fn start_deleting(env: &Env, ns: &str, object: &DynamicObject) -> Result<()> {
+    let client = env.client().await?;
+    let api = api_for(&client, object, Some(ns)).await?;
+    api.delete(&object.name_any(), &DeleteParams::default()).await?;
+    wait::until(&api, &object.name_any(), |o: Option<&DynamicObject>| {
+        o.is_some_and(|o| o.metadata.deletion_timestamp.is_some())
+    })
+    .await?;
+    Ok(())
+}
+
+/// The webhook learns of a deletion through its own watch, a moment after the API server: wait
+/// (with server-side dry runs, which go through admission and store nothing) until it refuses.
+async fn until_refused(env: &Env, ns: &str, yaml: &str) -> Result<()> {
+    let client = env.client().await?;
+    let object = parse_documents(yaml)?.remove(0);
+    let api = api_for(&client, &object, Some(ns)).await?;
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while api.create(&dry_run, &object).await.is_ok() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the guard never refused {}",
+            object.name_any()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn denied(result: Result<DynamicObject>) -> Result<String> {
+    match result {
+        Err(e) => Ok(format!("{e:#}")),
+        Ok(o) => anyhow::bail!("{} was admitted", o.name_any()),
+    }
+}
+
+async fn the_guard_refuses_builds_and_pods_for_terminating_owners(env: Arc<Env>) -> Result<()> {
+    let mut registration = Registration::rules(vec![rule(
+        "kpack.io",
+        "v1alpha2",
+        &["images"],
+        &["CREATE", "UPDATE"],
+    )]);
+    registration.validating_rules = guard_rules();
+    let webhook = LocalWebhook::start(env.clone(), registration).await?;
+    let ns = webhook.namespace("guard").await?;
+
+    let app = create(&env, &ns, &cfapp("app-a")).await?;
+    let img = create(&env, &ns, &image("app-a")).await?;
+    let live_build = create(&env, &ns, &build("app-a-build-1", &img)?).await?;
+    let live_pod = create(&env, &ns, &pod("app-a-build-1-build-pod", "app-a-build-1")).await?;
+
+    // The app is deleted: no new Build for its Image.
+    start_deleting(&env, &ns, &app).await?;
+    until_refused(&env, &ns, &build("app-a-build-2", &img)?).await?;
+    let message = denied(create(&env, &ns, &build("app-a-build-2", &img)?).await)?;
+    ensure!(
+        message.contains(&format!("its CFApp {ns}/app-a is being deleted")),
+        "{message}"
+    );
+
+    // The Build is deleted: no new pod for it.
+    start_deleting(&env, &ns, &live_build).await?;
+    until_refused(&env, &ns, &pod("app-a-build-1-build-pod-2", "app-a-build-1")).await?;
+    let message = denied(create(&env, &ns, &pod("app-a-build-1-build-pod-2", "app-a-build-1")).await)?;
+    ensure!(
+        message.contains("build pod") && message.contains("kpack Build"),
+        "{message}"
+    );
+
+    // The Image is deleted: its spec is frozen, its finalizers can still go.
+    start_deleting(&env, &ns, &img).await?;
+    let images = api_for(&env.client().await?, &img, Some(&ns)).await?;
+    let change = json!({"spec": {"tag": "registry.example/other"}});
+    let message = denied(
+        images
+            .patch("app-a", &PatchParams::default(), &Patch::Merge(&change))
+            .await
+            .map_err(Into::into),
+    )?;
+    ensure!(message.contains("spec cannot change"), "{message}");
+
+    // Builds for a live app in the same namespace are not affected.
+    let other = create(&env, &ns, &image("app-b")).await?;
+    let ok = create(&env, &ns, &build("app-b-build-1", &other)?).await?;
+
+    for object in [&app, &img, &live_build, &other, &ok] {
+        release(&env, &ns, object).await?;
+    }
+    let _ = live_pod;
+    webhook.stop().await
+}
+
+async fn the_fast_finalizer_deletes_the_image_with_the_app(env: Arc<Env>) -> Result<()> {
+    let client = env.client().await?;
+    let cancel = CancellationToken::new();
+    let finalizer = tokio::spawn(holdfast_controller::finalizer::run(
+        client.clone(),
+        cancel.clone(),
+    ));
+    let ns = env.namespace("finalize").await?;
+    let app = create(&env, &ns, &cfapp("app-f")).await?;
+    let plain_image = image("app-f").replace(&format!(", finalizers: [{HOLD}]"), "");
+    let img = create(&env, &ns, &plain_image).await?;
+
+    let started = tokio::time::Instant::now();
+    start_deleting(&env, &ns, &app).await?;
+    let images = api_for(&client, &img, Some(&ns)).await?;
+    wait::deleted(&images, "app-f", &img.uid().context("no uid")?).await?;
+    eprintln!(
+        "the app's Image was gone {:?} after the CFApp started deleting",
+        started.elapsed()
+    );
+    release(&env, &ns, &app).await?;
+    cancel.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), finalizer).await;
+    Ok(())
+}
