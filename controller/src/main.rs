@@ -29,6 +29,11 @@ struct Args {
     /// This replica's identity in the Lease (the pod name).
     #[arg(long, env = "POD_NAME", default_value = "holdfast-controller")]
     identity: String,
+    /// Read the Secret an object's `secretRef` names (on a cache miss or refresh only) to resolve
+    /// private references. Only the controller does: it reads objects from the API server,
+    /// while the webhook's callers are not authenticated (SECURITY.md).
+    #[arg(long, env = "HOLDFAST_READ_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
+    read_secrets: bool,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -60,10 +65,11 @@ async fn main() -> Result<()> {
     ));
     let mut synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
     let _ = synced.wait_for(|s| *s).await;
-    let secrets = args.registry.read_secrets.then(|| client.clone());
+    let secrets = args.read_secrets.then(|| client.clone());
     let pinner = Arc::new(Pinner::new(cache, secrets));
 
     let interval = Duration::from_secs(args.refresh_seconds);
+    let namespace = args.namespace.clone();
     // Everything that writes runs only on the leader.
     let work = move |leading: CancellationToken| async move {
         let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
@@ -71,7 +77,8 @@ async fn main() -> Result<()> {
             let (pinner, leading) = (pinner.clone(), leading.clone());
             async move { holdfast_controller::refresher::run(&pinner, interval, rounds_tx, leading).await }
         };
-        let pinning = holdfast_controller::pinning::run(client.clone(), pinner, rounds, leading.clone());
+        let pinning =
+            holdfast_controller::pinning::run(client.clone(), namespace, pinner, rounds, leading.clone());
         let finalizer = holdfast_controller::finalizer::run(client, leading);
         tokio::join!(refresher, pinning, finalizer);
     };

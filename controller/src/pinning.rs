@@ -6,6 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use holdfast_pins::{PinnedKind, Pinner};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client, ResourceExt,
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
@@ -28,7 +29,11 @@ pub enum Error {
 /// How soon an object with a reference that could not be pinned is tried again.
 const UNPINNED_RETRY: Duration = Duration::from_secs(60);
 
+/// Namespaces labelled so are left alone, as the webhook configurations' namespaceSelector does.
+pub const IGNORE_LABEL: &str = "holdfast.dev/ignore";
+
 struct Ctx {
+    own_namespace: String,
     client: Client,
     resource: ApiResource,
     kind: PinnedKind,
@@ -39,6 +44,7 @@ struct Ctx {
 /// is reconciled again after each refresh round (`rounds` changes).
 pub async fn run(
     client: Client,
+    own_namespace: String,
     pinner: Arc<Pinner>,
     rounds: watch::Receiver<u64>,
     cancel: CancellationToken,
@@ -55,6 +61,7 @@ pub async fn run(
         };
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
         let ctx = Arc::new(Ctx {
+            own_namespace: own_namespace.clone(),
             client: client.clone(),
             resource: resource.clone(),
             kind,
@@ -80,11 +87,27 @@ fn round_ends(rounds: watch::Receiver<u64>) -> impl Stream<Item = ()> + Send {
     })
 }
 
+impl Ctx {
+    /// The namespaces the webhooks never see: kube-system, holdfast's own, and opted-out ones.
+    async fn excluded(&self, namespace: &str) -> Result<bool, Error> {
+        if namespace == "kube-system" || namespace == self.own_namespace {
+            return Ok(true);
+        }
+        let meta = Api::<Namespace>::all(self.client.clone())
+            .get_metadata(namespace)
+            .await?;
+        Ok(meta.labels().get(IGNORE_LABEL).is_some_and(|v| v == "true"))
+    }
+}
+
 async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     if object.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
     let namespace = object.namespace().ok_or(Error::NoNamespace)?;
+    if ctx.excluded(&namespace).await? {
+        return Ok(Action::await_change());
+    }
     let stored = serde_json::to_value(object.as_ref()).unwrap_or_default();
     let update = ctx.pinner.reconcile(ctx.kind, &namespace, &stored).await?;
     for warning in &update.warnings {

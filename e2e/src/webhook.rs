@@ -245,7 +245,7 @@ impl LocalWebhook {
         let context = RuleContext {
             policy: registration.policy,
             cluster: Arc::new(cluster.clone()),
-            pinner: Arc::new(Pinner::new(cache.clone(), Some(client))),
+            pinner: Arc::new(Pinner::new(cache.clone(), None)),
         };
         let synced = {
             let cluster = cluster.clone();

@@ -78,6 +78,7 @@ async fn catch_up_and_follow_a_moved_tag(env: Arc<Env>) -> Result<()> {
     let (rounds_tx, rounds) = tokio::sync::watch::channel(0u64);
     let controller = tokio::spawn(holdfast_controller::pinning::run(
         client.clone(),
+        system.clone(),
         pinner.clone(),
         rounds,
         cancel.clone(),

@@ -23,9 +23,6 @@ pub struct RegistryArgs {
     /// How long a failed lookup of an uncached reference is remembered.
     #[arg(long, env = "HOLDFAST_CACHE_NEGATIVE_TTL_SECONDS", default_value_t = 10)]
     pub cache_negative_ttl_seconds: u64,
-    /// Read `secretRef` Secrets to resolve private references (needs `get` on secrets).
-    #[arg(long, env = "HOLDFAST_READ_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
-    pub read_secrets: bool,
 }
 
 impl RegistryArgs {

@@ -72,8 +72,8 @@ pub struct TlsArgs {
         default_value = "holdfast"
     )]
     pub mutating_webhook_configurations: Vec<String>,
-    /// ValidatingWebhookConfigurations whose caBundle holdfast keeps current (none until the
-    /// validating rules ship).
+    /// ValidatingWebhookConfigurations whose caBundle holdfast keeps current (the manifests name
+    /// `holdfast`).
     #[arg(
         long,
         env = "HOLDFAST_VALIDATING_WEBHOOK_CONFIGURATIONS",

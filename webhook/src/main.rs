@@ -50,7 +50,6 @@ async fn main() -> Result<()> {
         Some(sink),
     ));
     let mut cache_synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
-    let secrets = args.registry.read_secrets.then(|| client.clone());
     let policy = match &args.policy_file {
         Some(path) => {
             let text =
@@ -59,10 +58,13 @@ async fn main() -> Result<()> {
         }
         None => Policy::default(),
     };
+    // The webhook never reads Secrets: anyone who reaches its port can send it a review naming
+    // any namespace's secretRef. Private references are pinned from cache entries the
+    // controller resolved, or by the controller's catch-up (it reads objects from the API server).
     let context = RuleContext {
         policy,
         cluster: Arc::new(cluster.clone()),
-        pinner: Arc::new(Pinner::new(cache, secrets)),
+        pinner: Arc::new(Pinner::new(cache, None)),
     };
     let synced = async move {
         cluster.synced().await;

@@ -76,6 +76,14 @@ pub fn evaluate(
     let Some(object) = request.object.as_ref().and_then(|o| serde_json::to_value(o).ok()) else {
         return Verdict::allow();
     };
+    // An object on its way out (kapp-controller removing its finalizer) is never held up.
+    if request
+        .object
+        .as_ref()
+        .is_some_and(|o| o.metadata.deletion_timestamp.is_some())
+    {
+        return Verdict::allow();
+    }
     let namespace = request.namespace.as_deref().unwrap_or_default();
     let requires_digests = cluster
         .namespace_label(namespace, &policy.require_digests_label)
