@@ -38,3 +38,12 @@ test: deps lint
 ## bench-admission: holdfast vs a bare axum+rustls handler over TLS; last line ratio=… p99_ms=… rss_mib=…
 bench-admission:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-admission
+
+## image: build the container image of both binaries (Dockerfile) as $(IMAGE); needs a Docker engine with BuildKit
+IMAGE ?= holdfast:dev
+.PHONY: image
+image:
+	@command -v docker >/dev/null 2>&1 || { echo "make image: 'docker' is not on PATH. Install Docker (with BuildKit) to build the image; nothing else in this repository needs it." >&2; exit 1; }
+	@docker info >/dev/null 2>&1 || { echo "make image: the docker CLI cannot reach a Docker engine (is the daemon running, and may you use its socket?). This machine may have no engine at all: build on one that has." >&2; exit 1; }
+	DOCKER_BUILDKIT=1 docker build --tag $(IMAGE) .
+	@echo "built $(IMAGE); on kind: kind load docker-image $(IMAGE) && kubectl apply -k manifests/overlays/kind"

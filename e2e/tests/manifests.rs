@@ -1,0 +1,1562 @@
+//! The manifests as a security reviewer reads them, checked as data: what SECURITY.md promises
+//! about `manifests/` is asserted on the YAML itself, and SECURITY.md's RBAC and webhook tables
+//! are compared with the manifests row for row, so the document, the YAML and the code cannot
+//! drift apart.
+//!
+//! - The base is read by following its kustomizations' `resources:` (no tool needed).
+//! - With `kubectl` on the PATH, the base, every overlay, every component on its own and all
+//!   components together are rendered with `kubectl kustomize` and checked as rendered.
+//! - Every check is also run on mutated copies (a wildcard verb, a missing namespaceSelector, …)
+//!   to show that it catches what it is meant to catch.
+//!
+//! No control plane: plain `#[test]` functions.
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use holdfast_webhook::rules::{
+    Family, MUTATE_PATH, Rule, VALIDATE_PATH, pin_fetch_refs, policy, stamp_owners, terminating_guard,
+};
+use kube::core::{DynamicObject, admission::AdmissionRequest};
+use serde::Deserialize;
+use serde_json::json;
+use serde_yaml::Value;
+
+/// holdfast's namespace: every webhook must exclude it (and `kube-system`).
+const HOLDFAST_NAMESPACE: &str = "holdfast-system";
+/// The opt-out label every webhook's namespaceSelector honours.
+const IGNORE_LABEL: &str = "holdfast.dev/ignore";
+/// The automatic namespace name label (Kubernetes >= 1.21).
+const NAME_LABEL: &str = "kubernetes.io/metadata.name";
+const MAX_TIMEOUT_SECONDS: i64 = 10;
+
+/// `(path, group, version, resource, operations, rule)`.
+type Served = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+    &'static str,
+);
+
+/// What the webhook's code serves — `Rule::route` maps each of these to the named rule — and
+/// therefore exactly what the webhook configurations must register, no more and no less.
+const SERVED: &[Served] = &[
+    (
+        MUTATE_PATH,
+        "kappctrl.k14s.io",
+        "v1alpha1",
+        "apps",
+        &["CREATE", "UPDATE"],
+        pin_fetch_refs::NAME,
+    ),
+    (
+        MUTATE_PATH,
+        "packaging.carvel.dev",
+        "v1alpha1",
+        "packagerepositories",
+        &["CREATE", "UPDATE"],
+        pin_fetch_refs::NAME,
+    ),
+    (
+        MUTATE_PATH,
+        "data.packaging.carvel.dev",
+        "v1alpha1",
+        "packages",
+        &["CREATE", "UPDATE"],
+        pin_fetch_refs::NAME,
+    ),
+    (
+        MUTATE_PATH,
+        "kpack.io",
+        "v1alpha2",
+        "images",
+        &["CREATE", "UPDATE"],
+        stamp_owners::NAME,
+    ),
+    (
+        VALIDATE_PATH,
+        "kappctrl.k14s.io",
+        "v1alpha1",
+        "apps",
+        &["CREATE", "UPDATE"],
+        policy::NAME,
+    ),
+    (
+        VALIDATE_PATH,
+        "packaging.carvel.dev",
+        "v1alpha1",
+        "packagerepositories",
+        &["CREATE", "UPDATE"],
+        policy::NAME,
+    ),
+    (
+        VALIDATE_PATH,
+        "data.packaging.carvel.dev",
+        "v1alpha1",
+        "packages",
+        &["CREATE", "UPDATE"],
+        policy::NAME,
+    ),
+    (
+        VALIDATE_PATH,
+        "kpack.io",
+        "v1alpha2",
+        "builds",
+        &["CREATE"],
+        terminating_guard::NAME,
+    ),
+    (
+        VALIDATE_PATH,
+        "kpack.io",
+        "v1alpha2",
+        "images",
+        &["UPDATE"],
+        terminating_guard::NAME,
+    ),
+    (
+        VALIDATE_PATH,
+        "",
+        "v1",
+        "pods",
+        &["CREATE"],
+        terminating_guard::NAME,
+    ),
+];
+
+// ---------------------------------------------------------------------------------------------
+// Loading
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn manifests() -> PathBuf {
+    repo().join("manifests")
+}
+
+fn parse_documents(text: &str) -> Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for document in serde_yaml::Deserializer::from_str(text) {
+        let value = Value::deserialize(document)?;
+        if !value.is_null() {
+            out.push(value);
+        }
+    }
+    Ok(out)
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn kustomization_file(dir: &Path) -> Option<PathBuf> {
+    ["kustomization.yaml", "kustomization.yml", "Kustomization"]
+        .iter()
+        .map(|name| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The objects a kustomization lists under `resources:`, following directories recursively.
+/// Generators, patches and components are kustomize's business (see [`render`]).
+fn load_kustomization(dir: &Path) -> Result<Vec<Value>> {
+    let file = kustomization_file(dir).with_context(|| format!("no kustomization in {}", dir.display()))?;
+    let kustomization = serde_yaml::from_str::<Value>(&read(&file)?)?;
+    let mut objects = Vec::new();
+    for resource in strings(kustomization.get("resources")) {
+        let path = dir.join(&resource);
+        if path.is_dir() {
+            objects.extend(load_kustomization(&path)?);
+        } else {
+            let docs =
+                parse_documents(&read(&path)?).with_context(|| format!("parsing {}", path.display()))?;
+            objects.extend(docs);
+        }
+    }
+    Ok(objects)
+}
+
+/// The base as written (manifests/ → base/ → ../crds and the files).
+fn base() -> Result<Vec<Value>> {
+    let objects = load_kustomization(&manifests())?;
+    ensure!(
+        objects.len() > 20,
+        "the base holds only {} objects",
+        objects.len()
+    );
+    Ok(objects)
+}
+
+fn kubectl() -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("kubectl"))
+        .find(|p| p.is_file())
+}
+
+/// `kubectl kustomize DIR`, parsed.
+fn render(kubectl: &Path, dir: &Path) -> Result<Vec<Value>> {
+    let output = Command::new(kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .with_context(|| format!("running kubectl kustomize {}", dir.display()))?;
+    if !output.status.success() {
+        bail!(
+            "kubectl kustomize {} failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    parse_documents(&String::from_utf8(output.stdout)?)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+fn subdirectories(dir: &Path) -> Result<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+// ---------------------------------------------------------------------------------------------
+// YAML access
+
+fn at<'a>(value: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.')
+        .try_fold(value, |v, key| match key.parse::<usize>() {
+            Ok(i) => v.get(i),
+            Err(_) => v.get(key),
+        })
+}
+
+fn at_mut<'a>(value: &'a mut Value, path: &str) -> Result<&'a mut Value> {
+    let mut current = value;
+    for key in path.split('.') {
+        let next = match key.parse::<usize>() {
+            Ok(i) => current.get_mut(i),
+            Err(_) => current.get_mut(key),
+        };
+        current = next.with_context(|| format!("no {key:?} on the way to {path}"))?;
+    }
+    Ok(current)
+}
+
+fn text<'a>(value: &'a Value, path: &str) -> &'a str {
+    at(value, path).and_then(Value::as_str).unwrap_or_default()
+}
+
+fn strings(value: Option<&Value>) -> Vec<String> {
+    value
+        .and_then(Value::as_sequence)
+        .map(|items| {
+            items
+                .iter()
+                .map(|v| v.as_str().map(str::to_owned).unwrap_or_else(|| format!("{v:?}")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn items<'a>(value: &'a Value, path: &str) -> Vec<&'a Value> {
+    at(value, path)
+        .and_then(Value::as_sequence)
+        .map(|s| s.iter().collect())
+        .unwrap_or_default()
+}
+
+fn kind(object: &Value) -> &str {
+    text(object, "kind")
+}
+
+fn id(object: &Value) -> String {
+    match at(object, "metadata.namespace").and_then(Value::as_str) {
+        Some(ns) => format!("{} {ns}/{}", kind(object), text(object, "metadata.name")),
+        None => format!("{} {}", kind(object), text(object, "metadata.name")),
+    }
+}
+
+fn of_kind<'a>(objects: &'a [Value], wanted: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|o| kind(o) == wanted).collect()
+}
+
+fn find<'a>(objects: &'a [Value], wanted: &str, name: &str) -> Result<&'a Value> {
+    objects
+        .iter()
+        .find(|o| kind(o) == wanted && text(o, "metadata.name") == name)
+        .with_context(|| format!("no {wanted} {name}"))
+}
+
+fn find_mut<'a>(objects: &'a mut [Value], wanted: &str, name: &str) -> Result<&'a mut Value> {
+    objects
+        .iter_mut()
+        .find(|o| kind(o) == wanted && text(o, "metadata.name") == name)
+        .with_context(|| format!("no {wanted} {name}"))
+}
+
+const WEBHOOK_CONFIGURATIONS: [&str; 2] = ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"];
+
+/// `(configuration, webhook)` for every webhook of every configuration.
+fn webhooks(objects: &[Value]) -> Vec<(&Value, &Value)> {
+    objects
+        .iter()
+        .filter(|o| WEBHOOK_CONFIGURATIONS.contains(&kind(o)))
+        .flat_map(|c| items(c, "webhooks").into_iter().map(move |w| (c, w)))
+        .collect()
+}
+
+fn is_mutating(configuration: &Value) -> bool {
+    kind(configuration) == "MutatingWebhookConfiguration"
+}
+
+/// A terminating-guard webhook: one whose rules name kpack Builds/Images or Pods on /validate.
+fn is_terminating_guard(configuration: &Value, webhook: &Value) -> bool {
+    !is_mutating(configuration)
+        && items(webhook, "rules").iter().any(|rule| {
+            let groups = strings(rule.get("apiGroups"));
+            let resources = strings(rule.get("resources"));
+            groups.iter().any(|g| g == "kpack.io" || g.is_empty())
+                && resources
+                    .iter()
+                    .any(|r| ["builds", "images", "pods"].contains(&r.as_str()))
+        })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks: each returns what is wrong, empty when all is well.
+
+/// No `*` in any Role or ClusterRole; no aggregation, no non-resource URLs; every rule has verbs.
+fn check_no_wildcards(objects: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for role in objects
+        .iter()
+        .filter(|o| ["Role", "ClusterRole"].contains(&kind(o)))
+    {
+        if role.get("aggregationRule").is_some() {
+            problems.push(format!("{}: aggregationRule (rules not listed)", id(role)));
+        }
+        for (i, rule) in items(role, "rules").iter().enumerate() {
+            for field in [
+                "apiGroups",
+                "resources",
+                "verbs",
+                "resourceNames",
+                "nonResourceURLs",
+            ] {
+                for value in strings(rule.get(field)) {
+                    if value.contains('*') {
+                        problems.push(format!(
+                            "{}: rules[{i}].{field} has the wildcard {value:?}",
+                            id(role)
+                        ));
+                    }
+                }
+            }
+            if rule.get("nonResourceURLs").is_some() {
+                problems.push(format!("{}: rules[{i}] grants nonResourceURLs", id(role)));
+            }
+            if strings(rule.get("verbs")).is_empty() || strings(rule.get("resources")).is_empty() {
+                problems.push(format!("{}: rules[{i}] lists no verbs or no resources", id(role)));
+            }
+        }
+    }
+    problems
+}
+
+/// Every webhook: excludes kube-system, holdfast's namespace and the opt-out label; sideEffects
+/// None; explicit timeoutSeconds <= 10; admissionReviewVersions [v1]; mutating and terminating
+/// guard fail open; mutating reinvoked IfNeeded; served by holdfast's Service on its path; no
+/// committed caBundle; rules without wildcards or subresources.
+fn check_webhooks(objects: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let all = webhooks(objects);
+    if all.is_empty() {
+        problems.push("no webhooks".into());
+    }
+    for (configuration, webhook) in all {
+        let name = format!("{} / {}", id(configuration), text(webhook, "name"));
+        let mut problem = |p: String| problems.push(format!("{name}: {p}"));
+
+        let expressions = items(webhook, "namespaceSelector.matchExpressions");
+        if webhook.get("namespaceSelector").is_none() {
+            problem("no namespaceSelector".into());
+        }
+        let excludes = |key: &str, values: &[&str]| {
+            expressions.iter().any(|e| {
+                text(e, "key") == key
+                    && text(e, "operator") == "NotIn"
+                    && values
+                        .iter()
+                        .all(|v| strings(e.get("values")).iter().any(|x| x == v))
+            })
+        };
+        if !excludes(NAME_LABEL, &["kube-system", HOLDFAST_NAMESPACE]) {
+            problem(format!(
+                "namespaceSelector does not exclude kube-system and {HOLDFAST_NAMESPACE} by {NAME_LABEL}"
+            ));
+        }
+        if !excludes(IGNORE_LABEL, &["true"]) {
+            problem(format!("namespaceSelector does not honour {IGNORE_LABEL}=true"));
+        }
+        if text(webhook, "sideEffects") != "None" {
+            problem(format!(
+                "sideEffects {:?}, not None",
+                text(webhook, "sideEffects")
+            ));
+        }
+        match at(webhook, "timeoutSeconds").and_then(Value::as_i64) {
+            Some(t) if (1..=MAX_TIMEOUT_SECONDS).contains(&t) => {}
+            other => problem(format!(
+                "timeoutSeconds {other:?}, want 1..={MAX_TIMEOUT_SECONDS}"
+            )),
+        }
+        if strings(webhook.get("admissionReviewVersions")) != ["v1"] {
+            problem("admissionReviewVersions is not [v1]".into());
+        }
+        let failure = text(webhook, "failurePolicy");
+        if is_mutating(configuration) || is_terminating_guard(configuration, webhook) {
+            if failure != "Ignore" {
+                problem(format!("failurePolicy {failure:?}: must fail open (Ignore)"));
+            }
+        } else if !["Ignore", "Fail"].contains(&failure) {
+            problem(format!("failurePolicy {failure:?} not set explicitly"));
+        }
+        if is_mutating(configuration) && text(webhook, "reinvocationPolicy") != "IfNeeded" {
+            problem("reinvocationPolicy is not IfNeeded".into());
+        }
+        let path = if is_mutating(configuration) {
+            MUTATE_PATH
+        } else {
+            VALIDATE_PATH
+        };
+        if at(webhook, "clientConfig.url").is_some() {
+            problem("clientConfig.url: must call holdfast's Service".into());
+        }
+        if text(webhook, "clientConfig.service.namespace") != HOLDFAST_NAMESPACE
+            || text(webhook, "clientConfig.service.path") != path
+        {
+            problem(format!(
+                "clientConfig.service is not {HOLDFAST_NAMESPACE} {path} (holdfast serves {path} there)"
+            ));
+        }
+        if at(webhook, "clientConfig.caBundle").is_some() {
+            problem("a committed caBundle (holdfast or cert-manager injects it)".into());
+        }
+        for (i, rule) in items(webhook, "rules").iter().enumerate() {
+            for field in ["apiGroups", "apiVersions", "resources", "operations"] {
+                let values = strings(rule.get(field));
+                if values.is_empty() || values.iter().any(|v| v.contains('*')) {
+                    problem(format!("rules[{i}].{field} is empty or has a wildcard"));
+                }
+            }
+            if strings(rule.get("resources")).iter().any(|r| r.contains('/')) {
+                problem(format!("rules[{i}] names a subresource"));
+            }
+            if text(rule, "scope") != "Namespaced" {
+                problem(format!("rules[{i}].scope is not Namespaced"));
+            }
+        }
+    }
+    problems
+}
+
+/// The rules of the webhook configurations are exactly [`SERVED`], and the code routes each to
+/// the rule the table names.
+fn check_served(objects: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut registered = BTreeSet::new();
+    for (configuration, webhook) in webhooks(objects) {
+        let path = text(webhook, "clientConfig.service.path").to_owned();
+        for rule in items(webhook, "rules") {
+            for group in strings(rule.get("apiGroups")) {
+                for version in strings(rule.get("apiVersions")) {
+                    for resource in strings(rule.get("resources")) {
+                        for operation in strings(rule.get("operations")) {
+                            registered.insert((
+                                path.clone(),
+                                group.clone(),
+                                version.clone(),
+                                resource.clone(),
+                                operation,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        if (path_family(text(webhook, "clientConfig.service.path")) == Some(Family::Mutating))
+            != is_mutating(configuration)
+        {
+            problems.push(format!(
+                "{}: path and configuration kind disagree",
+                text(webhook, "name")
+            ));
+        }
+    }
+    let mut served = BTreeSet::new();
+    for (path, group, version, resource, operations, rule) in SERVED {
+        for operation in *operations {
+            served.insert((
+                path.to_string(),
+                group.to_string(),
+                version.to_string(),
+                resource.to_string(),
+                operation.to_string(),
+            ));
+            match route(path, group, version, resource, operation) {
+                Ok(Some(name)) if name == *rule => {}
+                other => problems.push(format!(
+                    "the code routes {path} {group}/{version} {resource} {operation} to {other:?}, not {rule}"
+                )),
+            }
+        }
+    }
+    for extra in registered.difference(&served) {
+        problems.push(format!("registered but not served by the code: {extra:?}"));
+    }
+    for missing in served.difference(&registered) {
+        problems.push(format!("served by the code but not registered: {missing:?}"));
+    }
+    problems
+}
+
+fn path_family(path: &str) -> Option<Family> {
+    match path {
+        MUTATE_PATH => Some(Family::Mutating),
+        VALIDATE_PATH => Some(Family::Validating),
+        _ => None,
+    }
+}
+
+/// The rule `holdfast_webhook` routes a request to.
+fn route(
+    path: &str,
+    group: &str,
+    version: &str,
+    resource: &str,
+    operation: &str,
+) -> Result<Option<&'static str>> {
+    let family = path_family(path).with_context(|| format!("unknown path {path}"))?;
+    let api_version = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    let request: AdmissionRequest<DynamicObject> = serde_json::from_value(json!({
+        "uid": "u", "kind": {"group": group, "version": version, "kind": "X"},
+        "resource": {"group": group, "version": version, "resource": resource},
+        "name": "n", "namespace": "ns", "operation": operation, "userInfo": {},
+        "object": {"apiVersion": api_version, "kind": "X", "metadata": {"name": "n", "namespace": "ns"}},
+        "oldObject": null, "dryRun": false,
+    }))?;
+    Ok(Rule::route(family, &request).map(Rule::name))
+}
+
+/// Every container runs `restricted`, with requests and limits; no host access.
+fn check_containers(objects: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut pods = 0;
+    for object in objects {
+        let spec_path = match kind(object) {
+            "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job" => "spec.template.spec",
+            "CronJob" => "spec.jobTemplate.spec.template.spec",
+            "Pod" => "spec",
+            _ => continue,
+        };
+        pods += 1;
+        let Some(spec) = at(object, spec_path) else {
+            problems.push(format!("{}: no pod spec", id(object)));
+            continue;
+        };
+        for host in ["hostNetwork", "hostPID", "hostIPC"] {
+            if at(spec, host).and_then(Value::as_bool) == Some(true) {
+                problems.push(format!("{}: {host}", id(object)));
+            }
+        }
+        if items(spec, "volumes").iter().any(|v| v.get("hostPath").is_some()) {
+            problems.push(format!("{}: hostPath volume", id(object)));
+        }
+        let containers: Vec<&Value> = ["containers", "initContainers", "ephemeralContainers"]
+            .iter()
+            .flat_map(|field| items(spec, field))
+            .collect();
+        if containers.is_empty() {
+            problems.push(format!("{}: no containers", id(object)));
+        }
+        for container in containers {
+            let name = format!("{} container {}", id(object), text(container, "name"));
+            let own = |path: &str| at(container, &format!("securityContext.{path}"));
+            let effective = |path: &str| own(path).or_else(|| at(spec, &format!("securityContext.{path}")));
+            let mut want = |ok: bool, what: &str| {
+                if !ok {
+                    problems.push(format!("{name}: {what}"));
+                }
+            };
+            want(
+                effective("runAsNonRoot").and_then(Value::as_bool) == Some(true),
+                "runAsNonRoot is not true",
+            );
+            want(
+                effective("runAsUser").and_then(Value::as_i64) != Some(0),
+                "runs as UID 0",
+            );
+            want(
+                own("readOnlyRootFilesystem").and_then(Value::as_bool) == Some(true),
+                "readOnlyRootFilesystem is not true",
+            );
+            want(
+                own("allowPrivilegeEscalation").and_then(Value::as_bool) == Some(false),
+                "allowPrivilegeEscalation is not false",
+            );
+            want(
+                own("privileged").and_then(Value::as_bool) != Some(true),
+                "privileged",
+            );
+            want(
+                strings(own("capabilities.drop")).iter().any(|c| c == "ALL"),
+                "capabilities do not drop ALL",
+            );
+            want(strings(own("capabilities.add")).is_empty(), "adds capabilities");
+            want(
+                effective("seccompProfile.type").and_then(Value::as_str) == Some("RuntimeDefault"),
+                "seccompProfile is not RuntimeDefault",
+            );
+            for quantity in ["requests.cpu", "requests.memory", "limits.cpu", "limits.memory"] {
+                want(
+                    at(container, &format!("resources.{quantity}")).is_some(),
+                    &format!("no resources.{quantity}"),
+                );
+            }
+        }
+    }
+    if pods == 0 {
+        problems.push("no workloads".into());
+    }
+    problems
+}
+
+/// The webhook runs >= 2 replicas spread by anti-affinity with a PodDisruptionBudget; the
+/// controller runs one replica (Recreate) unless something grants it Leases for leader election.
+fn check_availability(objects: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Ok(webhook) = find(objects, "Deployment", "holdfast-webhook") else {
+        return vec!["no Deployment holdfast-webhook".into()];
+    };
+    if at(webhook, "spec.replicas").and_then(Value::as_i64).unwrap_or(1) < 2 {
+        problems.push("holdfast-webhook runs fewer than 2 replicas".into());
+    }
+    if at(webhook, "spec.template.spec.affinity.podAntiAffinity").is_none() {
+        problems.push("holdfast-webhook has no podAntiAffinity".into());
+    }
+    let labels = at(webhook, "spec.template.metadata.labels");
+    let protected = of_kind(objects, "PodDisruptionBudget").iter().any(|pdb| {
+        at(pdb, "spec.minAvailable").and_then(Value::as_i64).unwrap_or(0) >= 1
+            && at(pdb, "spec.selector.matchLabels")
+                .and_then(Value::as_mapping)
+                .is_some_and(|selector| {
+                    selector
+                        .iter()
+                        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+                })
+    });
+    if !protected {
+        problems.push("no PodDisruptionBudget with minAvailable >= 1 selects holdfast-webhook".into());
+    }
+    let leases = objects
+        .iter()
+        .filter(|o| ["Role", "ClusterRole"].contains(&kind(o)))
+        .flat_map(|r| items(r, "rules"))
+        .any(|rule| strings(rule.get("resources")).iter().any(|r| r == "leases"));
+    match find(objects, "Deployment", "holdfast-controller") {
+        Ok(controller) => {
+            let replicas = at(controller, "spec.replicas")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            if !leases && (replicas != 1 || text(controller, "spec.strategy.type") != "Recreate") {
+                problems.push(
+                    "holdfast-controller has no leader election: it must run 1 replica with strategy Recreate"
+                        .into(),
+                );
+            }
+        }
+        Err(e) => problems.push(e.to_string()),
+    }
+    problems
+}
+
+/// Ingress is denied by default in holdfast's namespace; the admin port admits only selected
+/// scrapers.
+fn check_network(objects: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let policies: Vec<&Value> = of_kind(objects, "NetworkPolicy")
+        .into_iter()
+        .filter(|p| text(p, "metadata.namespace") == HOLDFAST_NAMESPACE)
+        .collect();
+    let default_deny = policies.iter().any(|p| {
+        at(p, "spec.podSelector")
+            .and_then(Value::as_mapping)
+            .is_some_and(|m| m.is_empty())
+            && strings(at(p, "spec.policyTypes")).iter().any(|t| t == "Ingress")
+            && items(p, "spec.ingress").is_empty()
+    });
+    if !default_deny {
+        problems.push(format!(
+            "no default-deny ingress NetworkPolicy in {HOLDFAST_NAMESPACE}"
+        ));
+    }
+    for policy in &policies {
+        for (i, rule) in items(policy, "spec.ingress").iter().enumerate() {
+            let admin = items(rule, "ports")
+                .iter()
+                .any(|p| text(p, "port") == "admin" || at(p, "port").and_then(Value::as_i64) == Some(8080));
+            if admin && items(rule, "from").is_empty() {
+                problems.push(format!(
+                    "{}: ingress[{i}] opens the admin port to everyone",
+                    id(policy)
+                ));
+            }
+        }
+    }
+    problems
+}
+
+/// Everything SECURITY.md promises of any rendering of the manifests.
+fn check_all(objects: &[Value]) -> Vec<String> {
+    [
+        check_no_wildcards(objects),
+        check_webhooks(objects),
+        check_served(objects),
+        check_containers(objects),
+        check_availability(objects),
+        check_network(objects),
+    ]
+    .concat()
+}
+
+fn assert_clean(what: &str, problems: &[String]) {
+    assert!(problems.is_empty(), "{what}:\n  {}", problems.join("\n  "));
+}
+
+// ---------------------------------------------------------------------------------------------
+// SECURITY.md
+
+fn security_md() -> Result<String> {
+    read(&repo().join("SECURITY.md"))
+}
+
+/// The rows of the Markdown table whose header line starts with `header`, as trimmed cells.
+fn table(markdown: &str, header: &str) -> Result<Vec<Vec<String>>> {
+    let mut lines = markdown.lines().skip_while(|l| !l.starts_with(header));
+    lines
+        .next()
+        .with_context(|| format!("SECURITY.md has no table {header:?}"))?;
+    lines.next(); // the |---| line
+    Ok(lines
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            l.trim()
+                .trim_matches('|')
+                .split('|')
+                .map(|cell| cell.trim().to_owned())
+                .collect()
+        })
+        .collect())
+}
+
+fn plain(cell: &str) -> String {
+    cell.replace('`', "").trim().to_owned()
+}
+
+fn cell_list(cell: &str) -> BTreeSet<String> {
+    plain(cell)
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty() && s != "—")
+        .collect()
+}
+
+/// `(role, group, resources, resourceNames, verbs)`, role as "ClusterRole name".
+type RbacRow = (
+    String,
+    String,
+    BTreeSet<String>,
+    BTreeSet<String>,
+    BTreeSet<String>,
+);
+
+fn rbac_from_doc(markdown: &str) -> Result<BTreeSet<RbacRow>> {
+    let mut rows = BTreeSet::new();
+    for cells in table(markdown, "| Role | API group | Resources | Names | Verbs |")? {
+        ensure!(cells.len() >= 5, "short RBAC row {cells:?}");
+        let role = plain(&cells[0])
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
+        let group = match plain(&cells[1]).as_str() {
+            "core" => String::new(),
+            group => group.to_owned(),
+        };
+        let row = (
+            role,
+            group,
+            cell_list(&cells[2]),
+            cell_list(&cells[3]),
+            cell_list(&cells[4]),
+        );
+        ensure!(rows.insert(row.clone()), "duplicate RBAC row {row:?}");
+    }
+    Ok(rows)
+}
+
+fn rbac_from_manifests(objects: &[Value]) -> BTreeSet<RbacRow> {
+    let set = |v: Option<&Value>| strings(v).into_iter().collect::<BTreeSet<_>>();
+    let mut rows = BTreeSet::new();
+    for role in objects
+        .iter()
+        .filter(|o| ["Role", "ClusterRole"].contains(&kind(o)))
+    {
+        for rule in items(role, "rules") {
+            for group in strings(rule.get("apiGroups")) {
+                rows.insert((
+                    format!("{} {}", kind(role), text(role, "metadata.name")),
+                    group,
+                    set(rule.get("resources")),
+                    set(rule.get("resourceNames")),
+                    set(rule.get("verbs")),
+                ));
+            }
+        }
+    }
+    rows
+}
+
+fn compare_rbac(doc: &BTreeSet<RbacRow>, manifests: &BTreeSet<RbacRow>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for row in manifests.difference(doc) {
+        problems.push(format!(
+            "in the manifests but not in SECURITY.md's RBAC table: {row:?}"
+        ));
+    }
+    for row in doc.difference(manifests) {
+        problems.push(format!(
+            "in SECURITY.md's RBAC table but not in the manifests: {row:?}"
+        ));
+    }
+    problems
+}
+
+/// `(webhook, Mutating|Validating, path, failurePolicy)`.
+type WebhookRow = (String, String, String, String);
+
+fn webhooks_from_doc(markdown: &str) -> Result<BTreeSet<WebhookRow>> {
+    let mut rows = BTreeSet::new();
+    for cells in table(markdown, "| Webhook | Configuration | Path |")? {
+        ensure!(cells.len() >= 5, "short webhook row {cells:?}");
+        rows.insert((
+            plain(&cells[0]),
+            plain(&cells[1]),
+            plain(&cells[2]),
+            plain(&cells[4]),
+        ));
+    }
+    Ok(rows)
+}
+
+fn webhooks_from_manifests(objects: &[Value]) -> BTreeSet<WebhookRow> {
+    webhooks(objects)
+        .into_iter()
+        .map(|(configuration, webhook)| {
+            (
+                text(webhook, "name").to_owned(),
+                if is_mutating(configuration) {
+                    "Mutating"
+                } else {
+                    "Validating"
+                }
+                .to_owned(),
+                text(webhook, "clientConfig.service.path").to_owned(),
+                text(webhook, "failurePolicy").to_owned(),
+            )
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests: the manifests as written
+
+#[test]
+fn the_base_keeps_every_promise() -> Result<()> {
+    assert_clean("manifests/ (as written)", &check_all(&base()?));
+    Ok(())
+}
+
+#[test]
+fn the_rbac_table_in_security_md_is_the_rbac_of_the_manifests() -> Result<()> {
+    let doc = rbac_from_doc(&security_md()?)?;
+    let manifests = rbac_from_manifests(&base()?);
+    ensure!(manifests.len() > 10, "only {} RBAC rules found", manifests.len());
+    assert_clean("SECURITY.md vs manifests (RBAC)", &compare_rbac(&doc, &manifests));
+    Ok(())
+}
+
+#[test]
+fn the_webhook_table_in_security_md_is_the_webhooks_of_the_manifests() -> Result<()> {
+    let doc = webhooks_from_doc(&security_md()?)?;
+    let manifests = webhooks_from_manifests(&base()?);
+    assert_eq!(
+        doc, manifests,
+        "SECURITY.md's webhook table (left) vs the manifests (right)"
+    );
+    Ok(())
+}
+
+#[test]
+fn bindings_grant_holdfast_roles_to_holdfast_service_accounts_only() -> Result<()> {
+    let objects = base()?;
+    let mut problems = Vec::new();
+    for binding in objects
+        .iter()
+        .filter(|o| ["RoleBinding", "ClusterRoleBinding"].contains(&kind(o)))
+    {
+        let role_kind = text(binding, "roleRef.kind");
+        let role = text(binding, "roleRef.name");
+        if find(&objects, role_kind, role).is_err() {
+            problems.push(format!(
+                "{}: binds {role_kind} {role}, which is not holdfast's",
+                id(binding)
+            ));
+        }
+        for subject in items(binding, "subjects") {
+            let account = (
+                text(subject, "kind"),
+                text(subject, "namespace"),
+                text(subject, "name"),
+            );
+            let ours = account.0 == "ServiceAccount"
+                && account.1 == HOLDFAST_NAMESPACE
+                && find(&objects, "ServiceAccount", account.2).is_ok();
+            if !ours {
+                problems.push(format!("{}: binds {account:?}", id(binding)));
+            }
+        }
+    }
+    for role in objects
+        .iter()
+        .filter(|o| ["Role", "ClusterRole"].contains(&kind(o)))
+    {
+        let bound = objects.iter().any(|b| {
+            text(b, "roleRef.kind") == kind(role) && text(b, "roleRef.name") == text(role, "metadata.name")
+        });
+        if !bound {
+            problems.push(format!("{}: not bound to anything", id(role)));
+        }
+        if kind(role) == "Role" && text(role, "metadata.namespace") != HOLDFAST_NAMESPACE {
+            problems.push(format!("{}: a Role outside {HOLDFAST_NAMESPACE}", id(role)));
+        }
+    }
+    assert_clean("bindings", &problems);
+    Ok(())
+}
+
+/// The webhook Deployment's flags are documented (README.md, "Configuration") and agree with
+/// the objects they name: ports, Service, configurations (and their RBAC resourceNames), the TLS
+/// Secret, the policy file.
+#[test]
+fn the_webhook_deployment_agrees_with_the_readme_and_the_other_objects() -> Result<()> {
+    let objects = base()?;
+    let readme = read(&repo().join("README.md"))?;
+    let deployment = find(&objects, "Deployment", "holdfast-webhook")?;
+    ensure!(text(deployment, "metadata.namespace") == HOLDFAST_NAMESPACE);
+    let container = at(deployment, "spec.template.spec.containers.0").context("no container")?;
+    let mut flags: Vec<(String, String)> = Vec::new();
+    for arg in strings(container.get("args")) {
+        let (flag, value) = arg
+            .split_once('=')
+            .with_context(|| format!("write flags as --flag=value: {arg}"))?;
+        ensure!(
+            readme.contains(&format!("`{flag}`")),
+            "{flag} is not documented in README.md"
+        );
+        flags.push((flag.to_owned(), value.to_owned()));
+    }
+    let flag = |name: &str| -> Vec<String> {
+        flags
+            .iter()
+            .filter(|(f, _)| f == name)
+            .flat_map(|(_, v)| v.split(',').map(str::to_owned))
+            .collect()
+    };
+    let one = |name: &str| -> Result<String> {
+        match flag(name).as_slice() {
+            [value] => Ok(value.clone()),
+            other => bail!("{name}: {other:?}"),
+        }
+    };
+    let port = |name: &str| {
+        items(container, "ports")
+            .into_iter()
+            .find(|p| text(p, "name") == name)
+            .and_then(|p| at(p, "containerPort").and_then(Value::as_i64))
+            .map(|p| p.to_string())
+    };
+    let flag_port = |name: &str| one(name).map(|a| a.rsplit(':').next().unwrap_or_default().to_owned());
+    assert_eq!(port("https"), Some(flag_port("--addr")?), "--addr vs port https");
+    assert_eq!(
+        port("admin"),
+        Some(flag_port("--admin-addr")?),
+        "--admin-addr vs port admin"
+    );
+    // --namespace is POD_NAMESPACE: the pod's own namespace.
+    let namespace_env = items(container, "env")
+        .into_iter()
+        .find(|e| text(e, "name") == "POD_NAMESPACE")
+        .context("no POD_NAMESPACE")?;
+    assert_eq!(
+        text(namespace_env, "valueFrom.fieldRef.fieldPath"),
+        "metadata.namespace"
+    );
+
+    // The Service the webhooks call selects these pods and routes its port to the TLS port.
+    let service_name = one("--service-name")?;
+    let service = find(&objects, "Service", &service_name)?;
+    let pod_labels = at(deployment, "spec.template.metadata.labels").context("no pod labels")?;
+    let selects = at(service, "spec.selector")
+        .and_then(Value::as_mapping)
+        .is_some_and(|s| s.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+    ensure!(selects, "Service {service_name} does not select the webhook pods");
+    for (_, webhook) in webhooks(&objects) {
+        assert_eq!(text(webhook, "clientConfig.service.name"), service_name);
+        let port = at(webhook, "clientConfig.service.port")
+            .and_then(Value::as_i64)
+            .unwrap_or(443);
+        let routed = items(service, "spec.ports")
+            .iter()
+            .any(|p| at(p, "port").and_then(Value::as_i64) == Some(port) && text(p, "targetPort") == "https");
+        ensure!(routed, "Service port {port} does not lead to the TLS port");
+    }
+
+    // The configurations holdfast injects into are exactly the ones installed, and RBAC names them.
+    let names = |k: &str| -> BTreeSet<String> {
+        of_kind(&objects, k)
+            .iter()
+            .map(|o| text(o, "metadata.name").to_owned())
+            .collect()
+    };
+    let set = |v: Vec<String>| v.into_iter().collect::<BTreeSet<_>>();
+    assert_eq!(
+        set(flag("--mutating-webhook-configurations")),
+        names("MutatingWebhookConfiguration")
+    );
+    assert_eq!(
+        set(flag("--validating-webhook-configurations")),
+        names("ValidatingWebhookConfiguration")
+    );
+    let certs = find(&objects, "ClusterRole", "holdfast-webhook-certs")?;
+    let allowed: BTreeSet<String> = items(certs, "rules")
+        .iter()
+        .flat_map(|r| strings(r.get("resourceNames")))
+        .collect();
+    let configured: BTreeSet<String> = names("MutatingWebhookConfiguration")
+        .union(&names("ValidatingWebhookConfiguration"))
+        .cloned()
+        .collect();
+    assert_eq!(allowed, configured, "resourceNames vs the configurations");
+
+    // The certificate Secret exists and ships empty (holdfast may not create it), and it is the
+    // one RBAC names.
+    let tls_secret = one("--tls-secret")?;
+    let secret = find(&objects, "Secret", &tls_secret)?;
+    ensure!(secret.get("data").is_none(), "the TLS Secret must ship empty");
+    let role = find(&objects, "Role", "holdfast-webhook-certs")?;
+    assert_eq!(
+        items(role, "rules")
+            .iter()
+            .flat_map(|r| strings(r.get("resourceNames")))
+            .collect::<Vec<_>>(),
+        [tls_secret]
+    );
+
+    // The policy file is on a mounted volume and parses with the webhook's own parser.
+    let policy = one("--policy-file")?;
+    let mounted = items(container, "volumeMounts")
+        .iter()
+        .any(|m| policy.starts_with(&format!("{}/", text(m, "mountPath"))));
+    ensure!(mounted, "{policy} is not on a mounted volume");
+    let policy_text = read(&manifests().join("base/webhook/policy.yaml"))?;
+    holdfast_webhook::rules::policy::Policy::from_yaml(&policy_text)?;
+    Ok(())
+}
+
+/// The e2e harness installs every `*.yaml` in manifests/crds as a CRD, and holdfast's code
+/// addresses the digest cache by a fixed group, version and plural.
+#[test]
+fn the_crds_directory_holds_only_crds_and_the_cache_crd_matches_the_code() -> Result<()> {
+    let dir = manifests().join("crds");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|x| x == "yaml") {
+            for doc in parse_documents(&read(&path)?)? {
+                ensure!(
+                    kind(&doc) == "CustomResourceDefinition",
+                    "{} holds a {} (the harness loads *.yaml here as CRDs)",
+                    path.display(),
+                    kind(&doc)
+                );
+                found.push(doc);
+            }
+        }
+    }
+    let resource = holdfast_registry::cluster_store::resource();
+    let crd = found
+        .iter()
+        .find(|c| text(c, "spec.names.kind") == resource.kind)
+        .context("no DigestCacheEntry CRD")?;
+    assert_eq!(text(crd, "spec.group"), resource.group);
+    assert_eq!(text(crd, "spec.names.plural"), resource.plural);
+    assert_eq!(text(crd, "spec.scope"), "Namespaced");
+    ensure!(
+        items(crd, "spec.versions")
+            .iter()
+            .any(|v| text(v, "name") == resource.version
+                && at(v, "storage").and_then(Value::as_bool) == Some(true)),
+        "no stored {} version",
+        resource.version
+    );
+    // Whatever renders the base installs it.
+    ensure!(
+        find(
+            &base()?,
+            "CustomResourceDefinition",
+            &format!("{}.{}", resource.plural, resource.group)
+        )
+        .is_ok()
+    );
+    Ok(())
+}
+
+#[test]
+fn holdfasts_namespace_enforces_the_restricted_pod_security_profile() -> Result<()> {
+    let objects = base()?;
+    let namespace = find(&objects, "Namespace", HOLDFAST_NAMESPACE)?;
+    let labels = at(namespace, "metadata.labels").context("no labels")?;
+    assert_eq!(
+        labels
+            .get("pod-security.kubernetes.io/enforce")
+            .and_then(Value::as_str),
+        Some("restricted")
+    );
+    for object in &objects {
+        if let Some(ns) = at(object, "metadata.namespace").and_then(Value::as_str) {
+            assert_eq!(
+                ns,
+                HOLDFAST_NAMESPACE,
+                "{} is outside holdfast's namespace",
+                id(object)
+            );
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests: the manifests as kustomize renders them (needs kubectl)
+
+#[test]
+fn every_rendering_keeps_every_promise() -> Result<()> {
+    let Some(kubectl) = kubectl() else {
+        eprintln!("kubectl is not on PATH: the renderings are not checked");
+        return Ok(());
+    };
+    // `kubectl apply -k manifests/` must work.
+    let base = render(&kubectl, &manifests())?;
+    assert_clean("kubectl kustomize manifests/", &check_all(&base));
+    // The policy ConfigMap is generated (name with a content hash) and mounted by that name.
+    let generated = of_kind(&base, "ConfigMap")
+        .iter()
+        .map(|c| text(c, "metadata.name").to_owned())
+        .find(|n| n.starts_with("holdfast-policy-"))
+        .context("no generated holdfast-policy ConfigMap")?;
+    let webhook = find(&base, "Deployment", "holdfast-webhook")?;
+    ensure!(
+        items(webhook, "spec.template.spec.volumes")
+            .iter()
+            .any(|v| text(v, "configMap.name") == generated),
+        "the webhook does not mount {generated}"
+    );
+
+    for overlay in subdirectories(&manifests().join("overlays"))? {
+        let objects = render(&kubectl, &manifests().join("overlays").join(&overlay))?;
+        assert_clean(&format!("overlays/{overlay}"), &check_all(&objects));
+    }
+
+    // Components need a kustomization that uses them: a copy of manifests/ in a temporary
+    // directory (kustomize allows no absolute paths), with every component alone and all together.
+    let components = subdirectories(&manifests().join("components"))?;
+    ensure!(!components.is_empty(), "no components");
+    let scratch = tempfile::tempdir()?;
+    copy_dir(&manifests(), &scratch.path().join("manifests"))?;
+    let mut selections: Vec<Vec<String>> = components.iter().map(|c| vec![c.clone()]).collect();
+    selections.push(components.clone());
+    for selection in selections {
+        let listed: String = selection
+            .iter()
+            .map(|c| format!("  - manifests/components/{c}\n"))
+            .collect();
+        std::fs::write(
+            scratch.path().join("kustomization.yaml"),
+            format!(
+                "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - manifests/base\ncomponents:\n{listed}"
+            ),
+        )?;
+        let objects = render(&kubectl, scratch.path())?;
+        assert_clean(&format!("base + components {selection:?}"), &check_all(&objects));
+    }
+    Ok(())
+}
+
+#[test]
+fn the_kind_overlay_runs_the_image_make_image_builds() -> Result<()> {
+    let Some(kubectl) = kubectl() else {
+        eprintln!("kubectl is not on PATH: the kind overlay is not checked");
+        return Ok(());
+    };
+    let makefile = read(&repo().join("Makefile"))?;
+    let image = makefile
+        .lines()
+        .find_map(|l| l.strip_prefix("IMAGE ?="))
+        .map(str::trim)
+        .context("no `IMAGE ?=` in the Makefile")?;
+    let objects = render(&kubectl, &manifests().join("overlays/kind"))?;
+    for deployment in of_kind(&objects, "Deployment") {
+        for container in items(deployment, "spec.template.spec.containers") {
+            assert_eq!(text(container, "image"), image, "{}", id(deployment));
+            assert_eq!(
+                text(container, "imagePullPolicy"),
+                "IfNotPresent",
+                "{}",
+                id(deployment)
+            );
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests: every check catches what it is for (mutated copies of the base)
+
+fn expect_caught(what: &str, problems: Vec<String>, needle: &str) {
+    assert!(
+        problems.iter().any(|p| p.contains(needle)),
+        "{what}: expected a problem mentioning {needle:?}, got {problems:?}"
+    );
+}
+
+#[test]
+fn a_wildcard_in_any_role_field_is_caught() -> Result<()> {
+    for (field, role_kind, role) in [
+        ("verbs", "ClusterRole", "holdfast-controller"),
+        ("resources", "ClusterRole", "holdfast-webhook"),
+        ("apiGroups", "Role", "holdfast-webhook"),
+        ("resourceNames", "ClusterRole", "holdfast-webhook-certs"),
+    ] {
+        let mut objects = base()?;
+        let rule = at_mut(find_mut(&mut objects, role_kind, role)?, "rules.0")?;
+        let list = rule
+            .get_mut(field)
+            .and_then(Value::as_sequence_mut)
+            .with_context(|| format!("{role} rules[0] has no {field}"))?;
+        list.push(Value::from("*"));
+        expect_caught(
+            &format!("`*` in {role}.{field}"),
+            check_no_wildcards(&objects),
+            "wildcard",
+        );
+    }
+    // A rule added with everything, as `kubectl create clusterrole --verb='*'` would write it.
+    let mut objects = base()?;
+    let rules = at_mut(
+        find_mut(&mut objects, "ClusterRole", "holdfast-controller")?,
+        "rules",
+    )?;
+    let everything: Value = serde_yaml::from_str("{apiGroups: ['*'], resources: ['*'], verbs: ['*']}")?;
+    rules.as_sequence_mut().context("rules")?.push(everything);
+    expect_caught("a rule of wildcards", check_no_wildcards(&objects), "wildcard");
+    Ok(())
+}
+
+#[test]
+fn a_webhook_without_its_namespace_exclusions_is_caught() -> Result<()> {
+    // No namespaceSelector at all.
+    let mut objects = base()?;
+    let webhook = at_mut(
+        find_mut(&mut objects, "MutatingWebhookConfiguration", "holdfast")?,
+        "webhooks.0",
+    )?;
+    webhook
+        .as_mapping_mut()
+        .context("webhook")?
+        .remove("namespaceSelector");
+    expect_caught(
+        "no namespaceSelector",
+        check_webhooks(&objects),
+        "no namespaceSelector",
+    );
+
+    // kube-system no longer excluded.
+    let mut objects = base()?;
+    let values = at_mut(
+        find_mut(&mut objects, "ValidatingWebhookConfiguration", "holdfast")?,
+        "webhooks.2.namespaceSelector.matchExpressions.0.values",
+    )?;
+    values
+        .as_sequence_mut()
+        .context("values")?
+        .retain(|v| v.as_str() != Some("kube-system"));
+    expect_caught(
+        "kube-system not excluded",
+        check_webhooks(&objects),
+        "kube-system",
+    );
+
+    // The opt-out label dropped.
+    let mut objects = base()?;
+    let expressions = at_mut(
+        find_mut(&mut objects, "ValidatingWebhookConfiguration", "holdfast")?,
+        "webhooks.0.namespaceSelector.matchExpressions",
+    )?;
+    expressions
+        .as_sequence_mut()
+        .context("matchExpressions")?
+        .retain(|e| e.get("key").and_then(Value::as_str) != Some(IGNORE_LABEL));
+    expect_caught("no opt-out label", check_webhooks(&objects), IGNORE_LABEL);
+    Ok(())
+}
+
+#[test]
+fn unsafe_webhook_settings_are_caught() -> Result<()> {
+    let cases: [(&str, &str, &str, &str, &str); 7] = [
+        (
+            "MutatingWebhookConfiguration",
+            "webhooks.0.sideEffects",
+            "Some",
+            "sideEffects",
+            "sideEffects",
+        ),
+        (
+            "MutatingWebhookConfiguration",
+            "webhooks.1.timeoutSeconds",
+            "30",
+            "timeout 30",
+            "timeoutSeconds",
+        ),
+        (
+            "MutatingWebhookConfiguration",
+            "webhooks.0.failurePolicy",
+            "Fail",
+            "mutation fails closed",
+            "fail open",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "webhooks.1.failurePolicy",
+            "Fail",
+            "guard fails closed",
+            "fail open",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "webhooks.2.failurePolicy",
+            "Fail",
+            "pod guard fails closed",
+            "fail open",
+        ),
+        (
+            "MutatingWebhookConfiguration",
+            "webhooks.0.reinvocationPolicy",
+            "Never",
+            "no reinvocation",
+            "IfNeeded",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "webhooks.0.clientConfig.service.path",
+            "/mutate",
+            "wrong path",
+            "clientConfig",
+        ),
+    ];
+    for (configuration, path, value, what, needle) in cases {
+        let mut objects = base()?;
+        *at_mut(find_mut(&mut objects, configuration, "holdfast")?, path)? = serde_yaml::from_str(value)?;
+        expect_caught(what, check_webhooks(&objects), needle);
+    }
+    // admissionReviewVersions with v1beta1 too.
+    let mut objects = base()?;
+    *at_mut(
+        find_mut(&mut objects, "MutatingWebhookConfiguration", "holdfast")?,
+        "webhooks.0.admissionReviewVersions",
+    )? = serde_yaml::from_str("[v1, v1beta1]")?;
+    expect_caught(
+        "v1beta1 reviews",
+        check_webhooks(&objects),
+        "admissionReviewVersions",
+    );
+    Ok(())
+}
+
+#[test]
+fn rules_the_code_does_not_serve_and_served_rules_left_out_are_caught() -> Result<()> {
+    // A rule for Deployments: holdfast has no rule for them.
+    let mut objects = base()?;
+    let rules = at_mut(
+        find_mut(&mut objects, "MutatingWebhookConfiguration", "holdfast")?,
+        "webhooks.1.rules",
+    )?;
+    let deployments: Value = serde_yaml::from_str(
+        "{apiGroups: [apps], apiVersions: [v1], resources: [deployments], operations: [CREATE], scope: Namespaced}",
+    )?;
+    rules.as_sequence_mut().context("rules")?.push(deployments);
+    expect_caught(
+        "deployments registered",
+        check_served(&objects),
+        "not served by the code",
+    );
+
+    // The build-pod webhook removed.
+    let mut objects = base()?;
+    let list = at_mut(
+        find_mut(&mut objects, "ValidatingWebhookConfiguration", "holdfast")?,
+        "webhooks",
+    )?;
+    list.as_sequence_mut().context("webhooks")?.truncate(2);
+    expect_caught("pods not registered", check_served(&objects), "not registered");
+
+    // DELETE added to the terminating guard.
+    let mut objects = base()?;
+    let operations = at_mut(
+        find_mut(&mut objects, "ValidatingWebhookConfiguration", "holdfast")?,
+        "webhooks.1.rules.0.operations",
+    )?;
+    operations
+        .as_sequence_mut()
+        .context("operations")?
+        .push(Value::from("DELETE"));
+    expect_caught("DELETE registered", check_served(&objects), "DELETE");
+    Ok(())
+}
+
+#[test]
+fn containers_that_are_not_restricted_are_caught() -> Result<()> {
+    let cases: [(&str, &str, &str); 7] = [
+        (
+            "securityContext.readOnlyRootFilesystem",
+            "false",
+            "readOnlyRootFilesystem",
+        ),
+        (
+            "securityContext.allowPrivilegeEscalation",
+            "true",
+            "allowPrivilegeEscalation",
+        ),
+        ("securityContext.capabilities", "{drop: [NET_RAW]}", "drop ALL"),
+        ("securityContext.runAsNonRoot", "false", "runAsNonRoot"),
+        (
+            "securityContext.seccompProfile",
+            "{type: Unconfined}",
+            "seccompProfile",
+        ),
+        ("resources", "{requests: {cpu: 10m, memory: 10Mi}}", "limits.cpu"),
+        ("securityContext.privileged", "true", "privileged"),
+    ];
+    for (path, value, needle) in cases {
+        let mut objects = base()?;
+        let container = at_mut(
+            find_mut(&mut objects, "Deployment", "holdfast-controller")?,
+            "spec.template.spec.containers.0",
+        )?;
+        let (parent, key) = path.rsplit_once('.').unwrap_or(("", path));
+        let target = if parent.is_empty() {
+            container
+        } else {
+            at_mut(container, parent)?
+        };
+        target
+            .as_mapping_mut()
+            .context("not a mapping")?
+            .insert(Value::from(key), serde_yaml::from_str(value)?);
+        expect_caught(path, check_containers(&objects), needle);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_drifted_rbac_table_is_caught() -> Result<()> {
+    let doc = rbac_from_doc(&security_md()?)?;
+    let mut objects = base()?;
+    let verbs = at_mut(
+        find_mut(&mut objects, "ClusterRole", "holdfast-controller")?,
+        "rules.0.verbs",
+    )?;
+    verbs
+        .as_sequence_mut()
+        .context("verbs")?
+        .push(Value::from("update"));
+    expect_caught(
+        "an undocumented verb",
+        compare_rbac(&doc, &rbac_from_manifests(&objects)),
+        "not in SECURITY.md",
+    );
+    Ok(())
+}
+
+#[test]
+fn a_second_controller_replica_without_leader_election_is_caught() -> Result<()> {
+    let mut objects = base()?;
+    *at_mut(
+        find_mut(&mut objects, "Deployment", "holdfast-controller")?,
+        "spec.replicas",
+    )? = Value::from(2);
+    expect_caught("two controllers", check_availability(&objects), "leader election");
+    let mut objects = base()?;
+    *at_mut(
+        find_mut(&mut objects, "Deployment", "holdfast-webhook")?,
+        "spec.replicas",
+    )? = Value::from(1);
+    expect_caught("one webhook", check_availability(&objects), "fewer than 2");
+    Ok(())
+}
+
+#[test]
+fn an_open_admin_port_is_caught() -> Result<()> {
+    let mut objects = base()?;
+    let rule = at_mut(
+        find_mut(&mut objects, "NetworkPolicy", "holdfast-webhook")?,
+        "spec.ingress.1",
+    )?;
+    rule.as_mapping_mut().context("rule")?.remove("from");
+    expect_caught("admin port open", check_network(&objects), "admin port");
+    Ok(())
+}
