@@ -23,20 +23,31 @@ pub struct Test {
 /// Declares the test binary's `main` from a list of `async fn(Arc<Env>) -> anyhow::Result<()>`.
 #[macro_export]
 macro_rules! e2e_main {
+    (serial: $($test:ident),+ $(,)?) => {
+        fn main() -> std::process::ExitCode {
+            $crate::suite::run_with(vec![$(
+                $crate::suite::Test { name: stringify!($test), run: |env| Box::pin($test(env)) }
+            ),+], true)
+        }
+    };
     ($($test:ident),+ $(,)?) => {
         fn main() -> std::process::ExitCode {
-            $crate::suite::run(vec![$(
+            $crate::suite::run_with(vec![$(
                 $crate::suite::Test { name: stringify!($test), run: |env| Box::pin($test(env)) }
-            ),+])
+            ),+], false)
         }
     };
 }
 
 type SharedEnv = Arc<OnceCell<Result<Arc<Env>, String>>>;
 
-pub fn run(tests: Vec<Test>) -> ExitCode {
+/// Runs the tests; `serial` for suites whose tests act cluster-wide and must not overlap.
+pub fn run_with(tests: Vec<Test>, serial: bool) -> ExitCode {
     crate::init();
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    if serial {
+        args.test_threads = Some(1);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => Arc::new(rt),
         Err(e) => {
