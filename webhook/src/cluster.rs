@@ -2,7 +2,7 @@
 //! watches, so a lookup on the admission path is a map read and never an API call.
 
 use futures::{FutureExt, StreamExt, future::BoxFuture};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta},
@@ -24,6 +24,9 @@ pub trait ClusterView: Send + Sync {
     /// Whether the named peer object is being deleted; `None` when it is not known (absent, or
     /// its API is not installed).
     fn terminating(&self, peer: Peer, namespace: &str, name: &str) -> Option<bool>;
+
+    /// The metadata of a peer object (labels, ownerReferences), if known.
+    fn metadata(&self, peer: Peer, namespace: &str, name: &str) -> Option<ObjectMeta>;
 }
 
 /// The peers' kinds whose deletion state the terminating guard reads.
@@ -161,9 +164,13 @@ impl ClusterView for Cluster {
     }
 
     fn terminating(&self, peer: Peer, namespace: &str, name: &str) -> Option<bool> {
+        Some(self.metadata(peer, namespace, name)?.deletion_timestamp.is_some())
+    }
+
+    fn metadata(&self, peer: Peer, namespace: &str, name: &str) -> Option<ObjectMeta> {
         let (resource, store) = self.peers.get(&peer)?;
         let found = store.get(&ObjectRef::new_with(name, resource.clone()).within(namespace))?;
-        Some(found.metadata.deletion_timestamp.is_some())
+        Some(found.metadata.clone())
     }
 
     fn namespace_label(&self, namespace: &str, key: &str) -> Option<String> {
@@ -213,6 +220,8 @@ pub struct StaticCluster {
     pub namespace_labels: Vec<(String, String, String)>,
     /// Peer objects being deleted: `(peer, namespace, name)`.
     pub terminating: Vec<(Peer, String, String)>,
+    /// Peer objects' metadata: `(peer, namespace, metadata with its name)`.
+    pub objects: Vec<(Peer, String, ObjectMeta)>,
 }
 
 impl ClusterView for StaticCluster {
@@ -242,5 +251,13 @@ impl ClusterView for StaticCluster {
             .iter()
             .any(|(p, ns, n)| *p == peer && ns == namespace && n == name);
         hit.then_some(true)
+    }
+
+    fn metadata(&self, peer: Peer, namespace: &str, name: &str) -> Option<ObjectMeta> {
+        let found = self
+            .objects
+            .iter()
+            .find(|(p, ns, meta)| *p == peer && ns == namespace && meta.name.as_deref() == Some(name));
+        found.map(|(_, _, meta)| meta.clone())
     }
 }

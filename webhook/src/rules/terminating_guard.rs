@@ -12,6 +12,7 @@
 //! Never denied: DELETE, and updates of a terminating Image that leave its spec alone (finalizer
 //! removal, status, metadata), so nothing here can hold a deletion up. Lookups are in-memory.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{
     DynamicObject,
     admission::{AdmissionRequest, Operation},
@@ -35,7 +36,7 @@ pub fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn Cluster
         request.resource.resource.as_str(),
     );
     match (resource, &request.operation, request.object.as_ref()) {
-        (("kpack.io", "builds"), Operation::Create, Some(build)) => build_owners(build)
+        (("kpack.io", "builds"), Operation::Create, Some(build)) => build_owners(&build.metadata)
             .into_iter()
             .find(|(peer, name)| cluster.terminating(*peer, namespace, name) == Some(true))
             .map_or_else(Verdict::allow, |(peer, owner)| deny("kpack Build", build, peer, namespace, &owner)),
@@ -43,7 +44,16 @@ pub fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn Cluster
             Some(build) if cluster.terminating(Peer::KpackBuild, namespace, build) == Some(true) => {
                 deny("build pod", pod, Peer::KpackBuild, namespace, build)
             }
-            _ => Verdict::allow(),
+            // A pod for a live Build whose Image, app or BuildWorkload is going: the Build was
+            // created just before the deletion started, its pod just after.
+            Some(build) => cluster
+                .metadata(Peer::KpackBuild, namespace, build)
+                .map(|meta| build_owners(&meta))
+                .unwrap_or_default()
+                .into_iter()
+                .find(|(peer, name)| cluster.terminating(*peer, namespace, name) == Some(true))
+                .map_or_else(Verdict::allow, |(peer, owner)| deny("build pod", pod, peer, namespace, &owner)),
+            None => Verdict::allow(),
         },
         (("kpack.io", "images"), Operation::Update, Some(image)) => match request.old_object.as_ref() {
             Some(old) if old.metadata.deletion_timestamp.is_some() && old.data.get("spec") != image.data.get("spec") => {
@@ -60,22 +70,22 @@ pub fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn Cluster
 }
 
 /// The objects a Build is made for, in the order they are checked.
-fn build_owners(build: &DynamicObject) -> Vec<(Peer, String)> {
+fn build_owners(build: &ObjectMeta) -> Vec<(Peer, String)> {
     let controller_image = build
-        .metadata
         .owner_references
         .iter()
         .flatten()
         .find(|r| r.controller == Some(true) && r.kind == "Image")
         .map(|r| r.name.clone());
-    let image = controller_image.or_else(|| label(build, IMAGE_LABEL).map(str::to_owned));
+    let labels = build.labels.as_ref();
+    let image = controller_image.or_else(|| labels.and_then(|l| l.get(IMAGE_LABEL)).cloned());
     let mut owners = Vec::new();
     if let Some(image) = image {
         owners.push((Peer::KpackImage, image.clone()));
         owners.push((Peer::CfApp, image));
     }
-    if let Some(workload) = label(build, BUILD_WORKLOAD_LABEL) {
-        owners.push((Peer::BuildWorkload, workload.to_owned()));
+    if let Some(workload) = labels.and_then(|l| l.get(BUILD_WORKLOAD_LABEL)) {
+        owners.push((Peer::BuildWorkload, workload.clone()));
     }
     owners
 }
