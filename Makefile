@@ -3,7 +3,7 @@ SHELL := /bin/bash
 STATE := .holdfast
 CARGO ?= cargo
 
-.PHONY: deps build up down demo test lint fmt bench-admission
+.PHONY: deps build up down demo test lint fmt bench-admission bench-deletion
 
 ## deps: install etcd, the registry, skopeo, Go; build and cache kube-apiserver/controller-manager 1.20.2
 deps:
@@ -38,6 +38,11 @@ test: deps lint
 ## bench-admission: holdfast vs a bare axum+rustls handler over TLS; last line ratio=… p99_ms=… rss_mib=…
 bench-admission:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-admission
+
+## bench-deletion: Korifi org deletion time and Builds/pods created after the delete, N apps (BENCH_DELETION_APPS,
+## default 1,10,50) x kpack v0.16/v0.17 emulation x without/with holdfast; last line speedup_n10_v016=… created_after_delete_with=…
+bench-deletion:
+	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-deletion
 
 ## image: build the container image of both binaries (Dockerfile) as $(IMAGE); needs a Docker engine with BuildKit
 IMAGE ?= holdfast:dev

@@ -30,9 +30,10 @@ use holdfast_e2e::{
     Env, e2e_main,
     emulators::{
         Scope,
-        korifi::{self, KorifiConfig, KorifiCounts, KorifiEmulator},
-        kpack::{self, Created, KpackCounts, KpackEmulator, KpackVersion},
+        korifi::KorifiCounts,
+        kpack::{self, Created, KpackCounts, KpackVersion},
         resources,
+        scenario::Peers,
     },
 };
 use kube::{
@@ -60,8 +61,6 @@ e2e_main!(serial:
 const APPS: usize = 3;
 /// Upper bound for any deletion to finish (well above Korifi's 60 s space timeout).
 const DELETION_LIMIT: Duration = Duration::from_secs(240);
-/// Upper bound for staging (Korifi and kpack creating Image, Build and build pod).
-const STAGING_LIMIT: Duration = Duration::from_secs(60);
 /// How long to watch for kpack still building once Korifi is done with the deleted apps.
 const LOOP_WINDOW: Duration = Duration::from_secs(15);
 /// Korifi's default `spaceFinalizerAppDeletionTimeout` (ref §3).
@@ -164,86 +163,6 @@ async fn dump(client: &Client, namespace: &str) {
                 o.labels(),
             );
         }
-    }
-}
-
-/// Both emulators, scoped to a fresh root namespace and the org/space namespaces Korifi makes.
-struct Peers {
-    client: Client,
-    root: String,
-    korifi: KorifiEmulator,
-    kpack: KpackEmulator,
-    _cancel: CancellationToken,
-}
-
-impl Peers {
-    async fn start(env: &Env, version: KpackVersion, space_timeout: Duration) -> Result<Self> {
-        Self::start_in(env, version, space_timeout, Scope::unique()).await
-    }
-
-    async fn start_in(
-        env: &Env,
-        version: KpackVersion,
-        space_timeout: Duration,
-        scope: Scope,
-    ) -> Result<Self> {
-        let client = env.client().await?;
-        let (key, value) = scope.label().context("scoped")?;
-        let root = env.namespace_with_labels("cf", &[(key, value)]).await?;
-        let cancel = CancellationToken::new();
-        let mut config = KorifiConfig::new(scope.clone());
-        config.space_app_deletion_timeout = space_timeout;
-        let korifi = KorifiEmulator::start(client.clone(), config, &cancel).await?;
-        let kpack = KpackEmulator::start(client.clone(), version, scope, &cancel).await?;
-        Ok(Self {
-            client,
-            root,
-            korifi,
-            kpack,
-            _cancel: cancel,
-        })
-    }
-
-    /// An org with one space, `n` apps pushed to it, each staged to the point where kpack's first
-    /// Build runs in its pod and the Korifi finalizers that act on deletion are in place.
-    async fn org_with_apps(&self, n: usize) -> Result<(String, String, Vec<String>)> {
-        let org = self.korifi.create_org(&self.root, "org").await?;
-        let space = self.korifi.create_space(&org, "space").await?;
-        let mut apps = Vec::new();
-        for i in 0..n {
-            let app = self.korifi.create_app(&space, &format!("app-{i}")).await?;
-            let build = self.korifi.create_build(&space, &app).await?;
-            apps.push((app, build));
-        }
-        let workloads = api(&self.client, &resources::build_workload(), &space);
-        let builds = api(&self.client, &resources::build(), &space);
-        let pods = api(&self.client, &resources::pod(), &space);
-        for (app, build) in &apps {
-            until(&workloads, build, STAGING_LIMIT, |w| {
-                w.is_some_and(|w| {
-                    w.labels().contains_key(korifi::IMAGE_GENERATION_LABEL)
-                        && w.finalizers()
-                            .iter()
-                            .any(|f| f == korifi::BUILD_WORKLOAD_FINALIZER)
-                })
-            })
-            .await?;
-            let first = format!("{app}-build-1");
-            until(&builds, &first, STAGING_LIMIT, |b| {
-                b.is_some_and(|b| b.finalizers().iter().any(|f| f == korifi::KPACK_BUILD_FINALIZER))
-            })
-            .await?;
-            until(&pods, &format!("{first}-build-pod"), STAGING_LIMIT, |p| {
-                p.is_some()
-            })
-            .await?;
-        }
-        Ok((org, space, apps.into_iter().map(|(app, _)| app).collect()))
-    }
-
-    async fn stop(self) {
-        self.kpack.stop().await;
-        self.korifi.stop().await;
     }
 }
 

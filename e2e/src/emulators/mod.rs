@@ -20,6 +20,7 @@
 pub mod korifi;
 pub mod kpack;
 pub mod runtime;
+pub mod scenario;
 
 use std::{
     collections::BTreeMap,

@@ -1,0 +1,258 @@
+//! `make bench-deletion`: Korifi org deletion on the local control plane (etcd, kube-apiserver,
+//! kube-controller-manager with its garbage collector), driven by the kpack and Korifi EMULATORS
+//! (`holdfast_e2e::emulators`, test fixtures — not the real peers). For N apps (env
+//! `BENCH_DELETION_APPS`, default `1,10,50`), kpack v0.16 and v0.17 emulation, without and with
+//! holdfast (an in-process webhook with the Image owner-stamping rule and the terminating guard,
+//! plus the controller's fast finalizer), it stages an org with N apps, deletes the CFOrg and
+//! measures (a) the time from the delete until the CFOrg and its org and space namespaces are
+//! gone and (b) the Builds and build pods kpack created after the delete started.
+//!
+//! Cells run one after another: the fast finalizer acts cluster-wide. The last line is
+//! `speedup_n10_v016=<without/with seconds at N=10, v0.16> created_after_delete_with=<builds+pods
+//! created after the delete, summed over every with-holdfast cell>`.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use holdfast_e2e::{
+    Env,
+    emulators::{
+        Scope,
+        kpack::{Created, KpackVersion},
+        resources,
+        scenario::Peers,
+    },
+    webhook::{LocalWebhook, Registration, rule},
+};
+use kube::{
+    Api, ResourceExt,
+    api::DynamicObject,
+    runtime::wait::{await_condition, conditions},
+};
+use tokio_util::sync::CancellationToken;
+
+/// Korifi's default `spaceFinalizerAppDeletionTimeout` (ref §3).
+const SPACE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Upper bound for one org deletion.
+const DELETION_LIMIT: Duration = Duration::from_secs(600);
+
+struct Cell {
+    apps: usize,
+    version: KpackVersion,
+    holdfast: bool,
+    staging: Duration,
+    deletion: Duration,
+    builds: usize,
+    pods: usize,
+}
+
+impl Cell {
+    fn created(&self) -> usize {
+        self.builds + self.pods
+    }
+}
+
+fn version_name(version: KpackVersion) -> &'static str {
+    match version {
+        KpackVersion::V0_16 => "v0.16",
+        KpackVersion::V0_17 => "v0.17",
+    }
+}
+
+fn app_counts() -> Result<Vec<usize>> {
+    let list = std::env::var("BENCH_DELETION_APPS").unwrap_or_else(|_| "1,10,50".into());
+    let counts = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<usize>()
+                .ok()
+                .filter(|n| *n > 0)
+                .with_context(|| format!("BENCH_DELETION_APPS: {s:?} is not a positive number"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if counts.is_empty() {
+        bail!("BENCH_DELETION_APPS is empty");
+    }
+    Ok(counts)
+}
+
+/// Waits, on a watch, until `name` is gone (at once if it already is).
+async fn until_gone(api: &Api<DynamicObject>, name: &str, limit: Duration) -> Result<()> {
+    let Some(object) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    let uid = object.uid().context("no uid")?;
+    tokio::time::timeout(
+        limit,
+        await_condition(api.clone(), name, conditions::is_deleted(&uid)),
+    )
+    .await
+    .with_context(|| format!("timed out after {limit:?} waiting for {name} to be deleted"))??;
+    Ok(())
+}
+
+/// One org deletion: stage `apps` apps, delete the CFOrg, wait for it and its namespaces to go.
+async fn deletion(env: &Env, apps: usize, version: KpackVersion, scope: Scope) -> Result<Cell> {
+    let peers = Peers::start_in(env, version, SPACE_TIMEOUT, scope).await?;
+    let staged = Instant::now();
+    let (org, space, names) = peers.org_with_apps(apps).await?;
+    let staging = staged.elapsed();
+
+    let started = Instant::now();
+    peers.korifi.delete_org(&peers.root, &org).await?;
+    let orgs = Api::namespaced_with(peers.client.clone(), &peers.root, &resources::cf_org());
+    until_gone(&orgs, &org, DELETION_LIMIT).await?;
+    let namespaces = Api::all_with(peers.client.clone(), &resources::namespace());
+    for ns in [&org, &space] {
+        until_gone(&namespaces, ns, DELETION_LIMIT).await?;
+    }
+    let deletion = started.elapsed();
+
+    let after: Vec<_> = peers
+        .kpack
+        .creations_since(started)
+        .into_iter()
+        .filter(|c| names.contains(&c.image))
+        .collect();
+    let cell = Cell {
+        apps,
+        version,
+        holdfast: false,
+        staging,
+        deletion,
+        builds: after.iter().filter(|c| c.kind == Created::Build).count(),
+        pods: after.iter().filter(|c| c.kind == Created::Pod).count(),
+    };
+    peers.stop().await;
+    Ok(cell)
+}
+
+/// The same deletion with holdfast: its webhook (owner stamping on Images, the terminating guard
+/// on Builds, Images and build pods) serving the cell's namespaces and its fast finalizer running.
+async fn with_holdfast(env: &Arc<Env>, apps: usize, version: KpackVersion) -> Result<Cell> {
+    let mut registration = Registration::rules(vec![rule(
+        "kpack.io",
+        "v1alpha2",
+        &["images"],
+        &["CREATE", "UPDATE"],
+    )]);
+    registration.validating_rules = vec![
+        rule("kpack.io", "v1alpha2", &["builds"], &["CREATE"]),
+        rule("kpack.io", "v1alpha2", &["images"], &["UPDATE"]),
+        rule("", "v1", &["pods"], &["CREATE"]),
+    ];
+    let webhook = LocalWebhook::start(env.clone(), registration).await?;
+    let cancel = CancellationToken::new();
+    let finalizer = tokio::spawn(holdfast_controller::finalizer::run(
+        env.client().await?,
+        cancel.clone(),
+    ));
+    let cell = deletion(env, apps, version, Scope::e2e(&webhook.scope)).await;
+    cancel.cancel();
+    let _ = finalizer.await;
+    webhook.stop().await?;
+    let mut cell = cell?;
+    cell.holdfast = true;
+    Ok(cell)
+}
+
+fn ratio(without: f64, with: f64) -> String {
+    if with > 0.0 {
+        format!("{:.1}", without / with)
+    } else {
+        "inf".into()
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    holdfast_e2e::init();
+    let counts = app_counts()?;
+    let env = Arc::new(Env::start().await?);
+    eprintln!(
+        "bench-deletion: control plane and registry ready in {:.1} s; apps {counts:?}",
+        env.boot_time().as_secs_f64()
+    );
+    let mut rows = Vec::new();
+    let mut result = Ok(());
+    'cells: for &apps in &counts {
+        for version in [KpackVersion::V0_16, KpackVersion::V0_17] {
+            let mut pair = Vec::new();
+            for holdfast in [false, true] {
+                let began = Instant::now();
+                let cell = if holdfast {
+                    with_holdfast(&env, apps, version).await
+                } else {
+                    deletion(&env, apps, version, Scope::unique()).await
+                };
+                match cell {
+                    Ok(cell) => {
+                        eprintln!(
+                            "bench-deletion: N={apps} {} {}: staged in {:.1} s, deleted in {:.1} s, \
+                             {} Builds + {} pods created after the delete (cell {:.1} s)",
+                            version_name(version),
+                            if holdfast { "with holdfast" } else { "without" },
+                            cell.staging.as_secs_f64(),
+                            cell.deletion.as_secs_f64(),
+                            cell.builds,
+                            cell.pods,
+                            began.elapsed().as_secs_f64()
+                        );
+                        pair.push(cell);
+                    }
+                    Err(e) => {
+                        result = Err(e.context(format!(
+                            "N={apps} {} {}",
+                            version_name(version),
+                            if holdfast { "with holdfast" } else { "without" }
+                        )));
+                        break 'cells;
+                    }
+                }
+            }
+            rows.push(pair);
+        }
+    }
+    drop(env);
+
+    println!(
+        "{:>4}  {:<6} | {:>12} {:>14} | {:>12} {:>14} | {:>7} {:>13}",
+        "N", "kpack", "without s", "without b+p", "with s", "with b+p", "speedup", "created w/o:w"
+    );
+    let mut speedup = None;
+    let mut created_with = 0;
+    for pair in &rows {
+        let [without, with] = pair.as_slice() else {
+            continue;
+        };
+        debug_assert!(!without.holdfast && with.holdfast);
+        let (a, b) = (without.deletion.as_secs_f64(), with.deletion.as_secs_f64());
+        println!(
+            "{:>4}  {:<6} | {:>12.2} {:>14} | {:>12.2} {:>14} | {:>6}x {:>13}",
+            without.apps,
+            version_name(without.version),
+            a,
+            format!("{}+{}", without.builds, without.pods),
+            b,
+            format!("{}+{}", with.builds, with.pods),
+            ratio(a, b),
+            format!("{}:{}", without.created(), with.created()),
+        );
+        created_with += with.created();
+        if without.apps == 10 && without.version == KpackVersion::V0_16 {
+            speedup = Some(ratio(a, b));
+        }
+    }
+    // A failed cell: the table of the cells that completed, no summary line.
+    result?;
+    println!(
+        "speedup_n10_v016={} created_after_delete_with={created_with}",
+        speedup.unwrap_or_else(|| "n/a".into())
+    );
+    Ok(())
+}
