@@ -1,19 +1,23 @@
 //! The HTTP side of admission: decode, route, time, log, encode. The rules do the deciding.
 
 use std::{
+    convert::Infallible,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use axum::{
     Json, Router,
-    extract::{DefaultBodyLimit, State},
-    http::{HeaderMap, StatusCode, header},
+    extract::{DefaultBodyLimit, FromRequestParts, State},
+    http::{HeaderValue, StatusCode, header, request::Parts},
     response::{IntoResponse, Response},
     routing::post,
 };
 use bytes::Bytes;
-use kube::core::{DynamicObject, admission::AdmissionRequest};
+use kube::core::{
+    DynamicObject,
+    admission::{AdmissionRequest, Operation},
+};
 use serde_json::json;
 
 use crate::{
@@ -39,24 +43,49 @@ pub fn router(state: Arc<AdmissionState>, body_limit: usize) -> Router {
     Router::new()
         .route(MUTATE_PATH, post(mutate))
         .route(VALIDATE_PATH, post(validate))
-        .layer(DefaultBodyLimit::max(body_limit))
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(panic_response))
+        // One `layer` call for both (outermost first): each call wraps every route in one more
+        // boxed service, cloned and boxed again on every request.
+        .layer((
+            tower_http::catch_panic::CatchPanicLayer::custom(panic_response),
+            DefaultBodyLimit::max(body_limit),
+        ))
         .with_state(state)
 }
 
-async fn mutate(State(state): State<Arc<AdmissionState>>, headers: HeaderMap, body: Bytes) -> Response {
-    admit(Family::Mutating, &state, &headers, body).await
+async fn mutate(
+    State(state): State<Arc<AdmissionState>>,
+    content_type: ContentType,
+    body: Bytes,
+) -> Response {
+    admit(Family::Mutating, &state, content_type, body).await
 }
 
-async fn validate(State(state): State<Arc<AdmissionState>>, headers: HeaderMap, body: Bytes) -> Response {
-    admit(Family::Validating, &state, &headers, body).await
+async fn validate(
+    State(state): State<Arc<AdmissionState>>,
+    content_type: ContentType,
+    body: Bytes,
+) -> Response {
+    admit(Family::Validating, &state, content_type, body).await
 }
 
-async fn admit(family: Family, state: &AdmissionState, headers: &HeaderMap, body: Bytes) -> Response {
+/// The request's `Content-Type`, the only header admission reads: extracting it alone spares
+/// cloning the whole `HeaderMap` on every request.
+struct ContentType(Option<HeaderValue>);
+
+impl<S: Send + Sync> FromRequestParts<S> for ContentType {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(Self(parts.headers.get(header::CONTENT_TYPE).cloned()))
+    }
+}
+
+async fn admit(family: Family, state: &AdmissionState, content_type: ContentType, body: Bytes) -> Response {
     let started = Instant::now();
-    if !is_json(headers) {
+    let content_type = content_type.0;
+    if !is_json(content_type.as_ref()) {
         state.metrics.count(Outcome::Error);
-        tracing::warn!(content_type = ?headers.get(header::CONTENT_TYPE), "rejected a non-JSON admission body");
+        tracing::warn!(content_type = ?content_type.as_ref(), "rejected a non-JSON admission body");
         return error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "admission requests must be application/json",
@@ -70,7 +99,7 @@ async fn admit(family: Family, state: &AdmissionState, headers: &HeaderMap, body
             return error(StatusCode::BAD_REQUEST, &e.to_string());
         }
     };
-    let operation = format!("{:?}", request.operation).to_uppercase();
+    let operation = operation_name(&request.operation);
     let (rule, verdict) = match Rule::route(family, &request) {
         Some(rule) => (rule.name(), decide(rule, &request, state).await),
         None => ("none", unrouted(&request)),
@@ -79,7 +108,7 @@ async fn admit(family: Family, state: &AdmissionState, headers: &HeaderMap, body
     let elapsed = started.elapsed();
     state
         .metrics
-        .observe(rule, &operation, outcome, elapsed.as_secs_f64());
+        .observe(rule, operation, outcome, elapsed.as_secs_f64());
     tracing::info!(
         uid = %request.uid,
         kind = %request.kind.kind,
@@ -93,7 +122,15 @@ async fn admit(family: Family, state: &AdmissionState, headers: &HeaderMap, body
         latency_us = elapsed.as_micros() as u64,
         "admission"
     );
-    Json(review::respond(&request, verdict)).into_response()
+    match review::encode(&request, verdict) {
+        Ok(body) => (
+            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            body,
+        )
+            .into_response(),
+        // What axum's `Json` answers when serialising fails (it cannot for these types).
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
 }
 
 /// Runs a rule within the deadline. Past it, holdfast admits unchanged: the webhook must never
@@ -129,15 +166,22 @@ fn unrouted(request: &AdmissionRequest<DynamicObject>) -> Verdict {
     ))
 }
 
-fn is_json(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(';')
-                .next()
-                .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
-        })
+/// The operation as the API server spells it, for the `operation` label and log field.
+fn operation_name(operation: &Operation) -> &'static str {
+    match operation {
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
+    }
+}
+
+fn is_json(content_type: Option<&HeaderValue>) -> bool {
+    content_type.and_then(|v| v.to_str().ok()).is_some_and(|v| {
+        v.split(';')
+            .next()
+            .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+    })
 }
 
 fn error(status: StatusCode, message: &str) -> Response {

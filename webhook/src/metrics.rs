@@ -10,16 +10,18 @@ use prometheus_client::{
 
 use crate::decision::Outcome;
 
+// The label space is fixed (rule names, operations and outcomes are constants), so the labels are
+// `&'static str`: recording a request allocates nothing.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdmissionLabels {
-    pub rule: String,
-    pub operation: String,
-    pub result: String,
+    pub rule: &'static str,
+    pub operation: &'static str,
+    pub result: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
-    pub outcome: String,
+    pub outcome: &'static str,
 }
 
 type HistogramFamily = Family<AdmissionLabels, Histogram, fn() -> Histogram>;
@@ -70,11 +72,11 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn observe(&self, rule: &str, operation: &str, outcome: Outcome, seconds: f64) {
+    pub fn observe(&self, rule: &'static str, operation: &'static str, outcome: Outcome, seconds: f64) {
         let labels = AdmissionLabels {
-            rule: rule.into(),
-            operation: operation.into(),
-            result: outcome.as_str().into(),
+            rule,
+            operation,
+            result: outcome.as_str(),
         };
         self.duration.get_or_create(&labels).observe(seconds);
         self.count(outcome);
@@ -83,7 +85,7 @@ impl Metrics {
     pub fn count(&self, outcome: Outcome) {
         self.requests
             .get_or_create(&OutcomeLabels {
-                outcome: outcome.as_str().into(),
+                outcome: outcome.as_str(),
             })
             .inc();
     }

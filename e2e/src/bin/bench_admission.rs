@@ -5,7 +5,11 @@
 //! `ratio=<a/b at 64> p99_ms=<holdfast p99 at 64> rss_mib=<peak RSS of this process>`.
 //!
 //! Client, both servers and the TLS stack share this process and its 2 cores, so the ratio is
-//! fair and the RSS is an upper bound for the server alone.
+//! fair and the RSS is an upper bound for the server alone. The two servers take turns in short
+//! rounds (holdfast, bare, bare, holdfast, ...) rather than one after the other, so that whatever
+//! else the machine runs weighs on both alike. `cpu_us` is the whole process's CPU time (client,
+//! TLS, server) per admission: it moves much less than admissions/s when other processes take a
+//! core away, so it is the steadier figure to compare the two servers by.
 
 use std::{
     net::SocketAddr,
@@ -30,24 +34,41 @@ use holdfast_webhook::{
 use serde_json::json;
 
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
+/// Per server and concurrency.
 const WARMUP: Duration = Duration::from_millis(500);
+/// Per server and concurrency, in [`ROUNDS`] turns.
 const MEASURE: Duration = Duration::from_secs(3);
+const ROUNDS: u32 = 6;
+/// `/proc/<pid>/stat` counts CPU time in clock ticks of 1/USER_HZ s; USER_HZ is 100 on Linux.
+const TICKS_PER_SECOND: f64 = 100.0;
 
 struct Figures {
     per_second: f64,
     p50_ms: f64,
     p99_ms: f64,
+    cpu_us: f64,
+}
+
+/// What one server's turns add up to.
+#[derive(Default)]
+struct Tally {
+    latencies: Vec<Duration>,
+    cpu_ticks: u64,
 }
 
 fn main() -> Result<()> {
     rustls::crypto::ring::default_provider()
         .install_default()
         .map_err(|_| anyhow::anyhow!("crypto provider already installed"))?;
-    // Production logs one line per admission: pay for formatting it, into a sink.
-    tracing_subscriber::fmt()
+    // Production logs one line per admission: pay for formatting it, into a sink. Plain text as
+    // holdfast-webhook's default; `BENCH_LOG_FORMAT=json` as its `--log-format=json`.
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(std::env::var("BENCH_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::sink)
-        .init();
+        .with_writer(std::io::sink);
+    match std::env::var("BENCH_LOG_FORMAT").as_deref() {
+        Ok("json") => logs.json().init(),
+        _ => logs.init(),
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(run())
 }
@@ -87,12 +108,12 @@ async fn run() -> Result<()> {
     let body = serde_json::to_vec(&review())?;
     let ca_pem = reqwest::Certificate::from_pem(ca.cert_pem().as_bytes())?;
     println!(
-        "{:<10} {:>5} {:>12} {:>9} {:>9}",
-        "server", "conc", "admissions/s", "p50_ms", "p99_ms"
+        "{:<10} {:>5} {:>12} {:>9} {:>9} {:>8}",
+        "server", "conc", "admissions/s", "p50_ms", "p99_ms", "cpu_us"
     );
     let mut last = None;
     for concurrency in CONCURRENCY {
-        let mut pair = Vec::new();
+        let mut servers = Vec::new();
         for (name, addr) in [("holdfast", holdfast.addr), ("bare", bare)] {
             let client = reqwest::Client::builder()
                 .tls_certs_only([ca_pem.clone()])
@@ -100,10 +121,27 @@ async fn run() -> Result<()> {
                 .pool_max_idle_per_host(concurrency)
                 .build()?;
             let url = format!("https://127.0.0.1:{}/mutate", addr.port());
-            let figures = measure(&client, &url, &body, concurrency).await?;
+            // Opens the connections and warms both sides up.
+            drive(&client, &url, &body, concurrency, WARMUP).await?;
+            servers.push((name, client, url, Tally::default()));
+        }
+        for round in 0..ROUNDS {
+            // ABBA order: a drift in the machine's load during the run favours neither server.
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for i in order {
+                let (_, client, url, tally) = &mut servers[i];
+                let ticks = cpu_ticks()?;
+                let latencies = drive(client, url, &body, concurrency, MEASURE / ROUNDS).await?;
+                tally.cpu_ticks += cpu_ticks()? - ticks;
+                tally.latencies.extend(latencies);
+            }
+        }
+        let mut pair = Vec::new();
+        for (name, _, _, tally) in servers {
+            let figures = figures(tally);
             println!(
-                "{name:<10} {concurrency:>5} {:>12.0} {:>9.3} {:>9.3}",
-                figures.per_second, figures.p50_ms, figures.p99_ms
+                "{name:<10} {concurrency:>5} {:>12.0} {:>9.3} {:>9.3} {:>8.1}",
+                figures.per_second, figures.p50_ms, figures.p99_ms, figures.cpu_us
             );
             pair.push(figures);
         }
@@ -158,10 +196,15 @@ async fn bare_server(resolver: Arc<SwappableCert>) -> Result<SocketAddr> {
     handle.listening().await.context("bare server did not bind")
 }
 
-async fn measure(client: &reqwest::Client, url: &str, body: &[u8], concurrency: usize) -> Result<Figures> {
-    let start = Instant::now();
-    let measure_from = start + WARMUP;
-    let end = measure_from + MEASURE;
+/// Keeps `concurrency` requests in flight for `period`; the latencies of those sent within it.
+async fn drive(
+    client: &reqwest::Client,
+    url: &str,
+    body: &[u8],
+    concurrency: usize,
+    period: Duration,
+) -> Result<Vec<Duration>> {
+    let end = Instant::now() + period;
     let mut workers = Vec::new();
     for _ in 0..concurrency {
         let (client, url, body) = (client.clone(), url.to_string(), body.to_vec());
@@ -181,9 +224,7 @@ async fn measure(client: &reqwest::Client, url: &str, body: &[u8], concurrency: 
                 anyhow::ensure!(rsp.status().is_success(), "status {}", rsp.status());
                 let bytes = rsp.bytes().await?;
                 anyhow::ensure!(!bytes.is_empty(), "empty response");
-                if sent >= measure_from {
-                    latencies.push(sent.elapsed());
-                }
+                latencies.push(sent.elapsed());
             }
             anyhow::Ok(latencies)
         }));
@@ -192,16 +233,35 @@ async fn measure(client: &reqwest::Client, url: &str, body: &[u8], concurrency: 
     for worker in workers {
         all.extend(worker.await??);
     }
+    Ok(all)
+}
+
+fn figures(tally: Tally) -> Figures {
+    let mut all = tally.latencies;
     all.sort();
     let at = |q: f64| {
         all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
             .copied()
+            .unwrap_or_default()
+            .as_secs_f64()
     };
-    Ok(Figures {
+    Figures {
         per_second: all.len() as f64 / MEASURE.as_secs_f64(),
-        p50_ms: at(0.50).unwrap_or_default().as_secs_f64() * 1e3,
-        p99_ms: at(0.99).unwrap_or_default().as_secs_f64() * 1e3,
-    })
+        p50_ms: at(0.50) * 1e3,
+        p99_ms: at(0.99) * 1e3,
+        cpu_us: tally.cpu_ticks as f64 / TICKS_PER_SECOND * 1e6 / all.len().max(1) as f64,
+    }
+}
+
+/// User plus system CPU time of this whole process so far, in clock ticks.
+fn cpu_ticks() -> Result<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Field 2, the command name, may hold spaces: count the fields after its closing ')', from
+    // field 3 on. utime and stime are fields 14 and 15.
+    let (_, after) = stat.rsplit_once(')').context("malformed /proc/self/stat")?;
+    let mut fields = after.split_whitespace().skip(14 - 3);
+    let mut next = || -> Result<u64> { Ok(fields.next().context("short /proc/self/stat")?.parse()?) };
+    Ok(next()? + next()?)
 }
 
 fn peak_rss_mib() -> Result<f64> {
