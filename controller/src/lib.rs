@@ -7,6 +7,7 @@
 //! - [`finalizer`]: the fast finalizer: deletes an app's kpack Image as soon as the app (or its
 //!   last BuildWorkload, or its namespace) is being deleted, and the pods of terminating Builds.
 
+pub mod backoff;
 pub mod finalizer;
 pub mod leader;
 pub mod pinning;

@@ -5,14 +5,24 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
-use holdfast_pins::{PinnedKind, Pinner};
+use holdfast_pins::{
+    PinnedKind, Pinner,
+    resolve::{Change, PinUpdate},
+};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
-    Api, Client, ResourceExt,
+    Api, Client, Resource, ResourceExt,
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
     discovery,
-    runtime::{Controller, controller::Action, watcher},
+    runtime::{
+        Controller,
+        controller::Action,
+        events::{Event, EventType, Recorder},
+        watcher,
+    },
 };
+
+use crate::backoff::Backoff;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -26,8 +36,13 @@ pub enum Error {
     NoNamespace,
 }
 
-/// How soon an object with a reference that could not be pinned is tried again.
-const UNPINNED_RETRY: Duration = Duration::from_secs(60);
+/// How soon an object with a reference that could not be pinned is tried again, doubling with
+/// each failure up to the ceiling; a refresh round also retries every object.
+const FIRST_RETRY: Duration = Duration::from_secs(2);
+const RETRY_CEILING: Duration = Duration::from_secs(300);
+
+/// `reportingController` of the Events the reconciler records.
+const REPORTER: &str = "holdfast-controller";
 
 /// Namespaces labelled so are left alone, as the webhook configurations' namespaceSelector does.
 pub const IGNORE_LABEL: &str = "holdfast.dev/ignore";
@@ -38,6 +53,9 @@ struct Ctx {
     resource: ApiResource,
     kind: PinnedKind,
     pinner: Arc<Pinner>,
+    /// Keyed by namespace and name (one context per kind).
+    retries: Backoff<(String, String)>,
+    recorder: Recorder,
 }
 
 /// Runs a controller for each pinned kind whose API is installed, until `cancel`. Every object
@@ -66,6 +84,8 @@ pub async fn run(
             resource: resource.clone(),
             kind,
             pinner: pinner.clone(),
+            retries: Backoff::new(FIRST_RETRY, RETRY_CEILING),
+            recorder: Recorder::new(client.clone(), REPORTER.into()),
         });
         let controller = Controller::new_with(api, watcher::Config::default(), resource)
             .reconcile_all_on(round_ends(rounds.clone()))
@@ -108,32 +128,131 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
     if ctx.excluded(&namespace).await? {
         return Ok(Action::await_change());
     }
+    let name = object.name_any();
     let stored = serde_json::to_value(object.as_ref()).unwrap_or_default();
     let update = ctx.pinner.reconcile(ctx.kind, &namespace, &stored).await?;
     for warning in &update.warnings {
-        tracing::debug!(kind = ctx.kind.kind(), %namespace, name = %object.name_any(), %warning, "unpinned reference");
+        tracing::debug!(kind = ctx.kind.kind(), %namespace, %name, %warning, "unpinned reference");
     }
+    let events = events_for(&update);
     if !update.ops.is_empty() {
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.resource);
         api.patch(
-            &object.name_any(),
+            &name,
             &PatchParams::default(),
             &Patch::Json::<()>(json_patch::Patch(update.ops)),
         )
         .await?;
-        tracing::info!(kind = ctx.kind.kind(), %namespace, name = %object.name_any(), "pinned fetch references");
+        tracing::info!(kind = ctx.kind.kind(), %namespace, %name, change = ?update.change, "pinned fetch references");
+    }
+    let reference = object.object_ref(&ctx.resource);
+    for event in &events {
+        // An Event is a courtesy to the user: failing to record one never fails the reconcile.
+        if let Err(error) = ctx.recorder.publish(event, &reference).await {
+            tracing::warn!(kind = ctx.kind.kind(), %namespace, %name, reason = %event.reason, %error, "recording an Event");
+        }
     }
     // A reference that could not be pinned (registry down, tag not pushed yet) is tried again
     // without waiting for the next refresh round.
-    Ok(if update.warnings.is_empty() {
+    let key = (namespace, name);
+    Ok(if update.unresolved == 0 {
+        ctx.retries.succeeded(&key);
         Action::await_change()
     } else {
-        Action::requeue(UNPINNED_RETRY)
+        Action::requeue(ctx.retries.failed(key))
     })
+}
+
+/// The Events an update deserves: `Pinned`/`Repinned` for what it changes, `PinStale` when the
+/// registry failed and cached digests were used, `PinFailed` when references stay unpinned.
+fn events_for(update: &PinUpdate) -> Vec<Event> {
+    let event = |type_, reason: &str, note: String| Event {
+        type_,
+        reason: reason.into(),
+        note: Some(truncate(note)),
+        action: "Pin".into(),
+        secondary: None,
+    };
+    let mut events = Vec::new();
+    match update.change {
+        Some(Change::Pinned) => events.push(event(
+            EventType::Normal,
+            "Pinned",
+            "fetch references pinned to digests".into(),
+        )),
+        Some(Change::Repinned) => events.push(event(
+            EventType::Normal,
+            "Repinned",
+            "tags moved: follow pins moved to the digests they now hold".into(),
+        )),
+        None => {}
+    }
+    let warnings = update.warnings.join("; ");
+    if update.unresolved > 0 {
+        events.push(event(EventType::Warning, "PinFailed", warnings));
+    } else if update.stale > 0 {
+        events.push(event(EventType::Warning, "PinStale", warnings));
+    }
+    events
+}
+
+/// Event notes are limited to 1 kB.
+fn truncate(mut note: String) -> String {
+    const MAX: usize = 1000;
+    if note.len() > MAX {
+        let mut end = MAX;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push('…');
+    }
+    note
 }
 
 /// A failed update (the object changed under us, the API server is unavailable) is retried.
 fn error_policy(object: Arc<DynamicObject>, error: &Error, _: Arc<Ctx>) -> Action {
     tracing::warn!(name = %object.name_any(), %error, "pinning failed; retrying");
     Action::requeue(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reasons(update: &PinUpdate) -> Vec<String> {
+        events_for(update).into_iter().map(|e| e.reason).collect()
+    }
+
+    #[test]
+    fn each_update_gets_the_events_it_deserves() {
+        assert!(reasons(&PinUpdate::default()).is_empty());
+        let pinned = PinUpdate {
+            change: Some(Change::Pinned),
+            ..PinUpdate::default()
+        };
+        assert_eq!(reasons(&pinned), ["Pinned"]);
+        let moved_with_one_failure = PinUpdate {
+            change: Some(Change::Repinned),
+            unresolved: 1,
+            stale: 1,
+            warnings: vec!["/spec/fetch/1/image/url: registry down".into()],
+            ..PinUpdate::default()
+        };
+        assert_eq!(reasons(&moved_with_one_failure), ["Repinned", "PinFailed"]);
+        let stale = PinUpdate {
+            stale: 1,
+            ..PinUpdate::default()
+        };
+        let events = events_for(&stale);
+        assert_eq!(events[0].reason, "PinStale");
+        assert_eq!(events[0].type_, EventType::Warning);
+    }
+
+    #[test]
+    fn long_notes_are_cut_to_the_events_api_limit() {
+        let note = truncate("é".repeat(800));
+        assert!(note.len() <= 1003 && note.ends_with('…'), "{}", note.len());
+        assert_eq!(truncate("short".into()), "short");
+    }
 }

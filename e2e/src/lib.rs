@@ -3,6 +3,7 @@
 //! and the runner the e2e suites share.
 
 pub mod control_plane;
+pub mod controller;
 pub mod emulators;
 pub mod images;
 pub mod objects;

@@ -6,21 +6,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
 use holdfast_e2e::{
-    Env, e2e_main, images,
+    Env,
+    controller::LocalController,
+    e2e_main, images,
     objects::{api_for, parse_documents},
     wait,
 };
-use holdfast_pins::Pinner;
-use holdfast_registry::{
-    Resolver, ResolverConfig,
-    cache::{CacheConfig, DigestCache},
-    cluster_store::{self, ClusterSink},
-};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::{
-    Api,
-    api::{DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams},
-};
+use kube::api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -49,40 +41,8 @@ async fn catch_up_and_follow_a_moved_tag(env: Arc<Env>) -> Result<()> {
     let client = env.client().await?;
 
     // The controller, in-process, with its cache persisted in its own namespace.
-    let system = holdfast_e2e::control_plane::unique_name("holdfast-system");
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(system.clone()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await?;
-    let cancel = CancellationToken::new();
-    let resolver = Resolver::new(ResolverConfig {
-        insecure_registries: [upstream.addr.clone()].into(),
-        ..Default::default()
-    })?;
-    let entries = cluster_store::api(client.clone(), &system);
-    let sink = ClusterSink::start(entries.clone(), cancel.clone());
-    let cache = Arc::new(DigestCache::new(
-        Arc::new(resolver),
-        CacheConfig::default(),
-        Some(sink),
-    ));
-    let pinner = Arc::new(Pinner::new(cache, Some(client.clone())));
-    let (rounds_tx, rounds) = tokio::sync::watch::channel(0u64);
-    let controller = tokio::spawn(holdfast_controller::pinning::run(
-        client.clone(),
-        system.clone(),
-        pinner.clone(),
-        rounds,
-        cancel.clone(),
-    ));
+    let controller =
+        LocalController::start(&env, client.clone(), std::slice::from_ref(&upstream.addr)).await?;
 
     let ns = env.namespace("controller").await?;
     let url = format!("{}/team/app:1.0.0", upstream.addr);
@@ -122,7 +82,7 @@ async fn catch_up_and_follow_a_moved_tag(env: Arc<Env>) -> Result<()> {
     let d2 = images::retag(&upstream.addr, "team/app", "1.0.0", &v2).await?;
     let heads = "HEAD /v2/team/app/manifests/1.0.0";
     let before = upstream.requests_matching(heads);
-    let report = holdfast_controller::refresher::round(&pinner).await;
+    let report = controller.refresh().await;
     let checks = upstream.requests_matching(heads) - before;
     ensure!(
         report.moved == 1 && report.checked == 1,
@@ -132,7 +92,6 @@ async fn catch_up_and_follow_a_moved_tag(env: Arc<Env>) -> Result<()> {
         checks == 1,
         "{checks} registry checks for one tag used by five objects"
     );
-    rounds_tx.send_modify(|n| *n += 1);
 
     let pinned_v2 = format!("{}/team/app@{d2}", upstream.addr);
     for (name, api) in &apis[..3] {
@@ -159,8 +118,7 @@ async fn catch_up_and_follow_a_moved_tag(env: Arc<Env>) -> Result<()> {
             &Patch::Merge(json!({"metadata": {"finalizers": null}})),
         )
         .await?;
-    cancel.cancel();
-    let _ = controller.await;
+    controller.stop().await;
     upstream.stop();
     Ok(())
 }

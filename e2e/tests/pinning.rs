@@ -1,17 +1,27 @@
 //! Pinning on the real kube-apiserver with real registries: fetch specs applied with kubectl come
 //! back pinned to the digests the registry holds, one registry lookup per unique tag however many
-//! objects use it, and objects keep being pinned from the cache while the registry is down.
+//! objects use it, and objects keep being pinned from the cache while the registry is down; what
+//! could not be pinned then is pinned by the controller once the registry is back.
 
 use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, ensure};
+use futures::TryStreamExt;
 use holdfast_e2e::{
-    Env, e2e_main, images,
+    Env,
+    controller::LocalController,
+    e2e_main, images,
     objects::{api_for, parse_documents},
+    wait,
     webhook::{LocalWebhook, Registration, rule},
 };
 use holdfast_registry::cache::CacheConfig;
-use kube::api::PostParams;
+use k8s_openapi::api::events::v1::Event;
+use kube::{
+    Api,
+    api::{DynamicObject, PostParams},
+    runtime::WatchStreamExt,
+};
 use serde_json::Value;
 
 e2e_main!(
@@ -175,6 +185,9 @@ async fn a_registry_outage_pins_from_the_cache(env: Arc<Env>) -> Result<()> {
     let mut upstream = env.spare_registry().await?;
     let image = images::Image::with_files(&[("config.yml", b"outage: test\n")])?;
     let digest = images::push(&upstream.addr, "team/config", "2.0.0", &image).await?;
+    // In the registry, but looked up by nobody before the outage.
+    let later = images::Image::with_files(&[("config.yml", b"outage: later\n")])?;
+    let later_digest = images::push(&upstream.addr, "team/config", "3.0.0", &later).await?;
     // max_age 0: every admission asks the registry first, so the outage is really hit.
     let mut registration = Registration::rules(pin_rules());
     registration.cache = CacheConfig {
@@ -215,7 +228,59 @@ async fn a_registry_outage_pins_from_the_cache(env: Arc<Env>) -> Result<()> {
         env.kubectl_get("apps.kappctrl.k14s.io", "unknown", &ns)?["spec"]["fetch"][0]["image"]["url"]
             == unknown.as_str()
     );
+
+    // The controller, started during the outage, fails to pin it and says so on the App...
+    let client = env.client().await?;
+    let controller =
+        LocalController::start(&env, client.clone(), std::slice::from_ref(&upstream.addr)).await?;
+    let failed = event(&client, &ns, "unknown", "PinFailed").await?;
+    ensure!(
+        failed
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("left unpinned")),
+        "PinFailed note: {:?}",
+        failed.note
+    );
+    // ...and pins it once the registry is back, without anyone touching the App.
+    upstream.start().await?;
+    let api = api_for(
+        &client,
+        &parse_documents(&app("unknown", &unknown))?.remove(0),
+        Some(&ns),
+    )
+    .await?;
+    let expected = format!("{}/team/config@{later_digest}", upstream.addr);
+    wait::until(&api, "unknown", |a: Option<&DynamicObject>| {
+        a.and_then(|a| a.data.pointer("/spec/fetch/0/image/url")) == Some(&Value::String(expected.clone()))
+    })
+    .await?;
+    event(&client, &ns, "unknown", "Pinned").await?;
+    controller.stop().await;
+    upstream.stop();
     webhook.stop().await
+}
+
+/// Waits for the Event with `reason` about the object `name` in `namespace`.
+async fn event(client: &kube::Client, namespace: &str, name: &str, reason: &str) -> Result<Event> {
+    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let matches = |e: &Event| {
+        e.reason.as_deref() == Some(reason)
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+    };
+    let stream = kube::runtime::watcher(api, kube::runtime::watcher::Config::default()).applied_objects();
+    let found = tokio::time::timeout(Duration::from_secs(60), async {
+        futures::pin_mut!(stream);
+        while let Some(event) = stream.try_next().await? {
+            if matches(&event) {
+                return anyhow::Ok(event);
+            }
+        }
+        anyhow::bail!("the event watch ended")
+    })
+    .await
+    .with_context(|| format!("no {reason} Event for {namespace}/{name} within 60 s"))??;
+    Ok(found)
 }
 
 async fn policy_denies_what_could_not_be_pinned_and_foreign_registries(env: Arc<Env>) -> Result<()> {

@@ -27,6 +27,10 @@ pub struct PinOutcome {
     /// Empty when nothing changes.
     pub ops: Vec<PatchOperation>,
     pub warnings: Vec<String>,
+    /// References pinned from a cache entry the registry could not confirm (it failed).
+    pub stale: usize,
+    /// References that needed the registry and stay unpinned (it failed, and nothing cached).
+    pub unresolved: usize,
 }
 
 /// The operations that pin `sites[index]` to each resolution's digest, remove the resolved

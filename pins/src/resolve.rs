@@ -21,6 +21,21 @@ use crate::{Need, ObjectPlan, PinOutcome, PinnedKind, Resolution, Step, pin_patc
 pub struct PinUpdate {
     pub ops: Vec<json_patch::PatchOperation>,
     pub warnings: Vec<String>,
+    /// What `ops` does, for the Events the controller records; `None` when `ops` is empty.
+    pub change: Option<Change>,
+    /// References pinned from a cache entry because the registry failed.
+    pub stale: usize,
+    /// References left unpinned because the registry failed and nothing was cached.
+    pub unresolved: usize,
+}
+
+/// The kind of change a [`PinUpdate`] makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// References stored as tags get their first digest (catch-up).
+    Pinned,
+    /// `follow` pins move to the digests their tags now hold.
+    Repinned,
 }
 
 /// One refresh round: keys answered by the registry, of which moved, and keys that failed.
@@ -98,9 +113,25 @@ impl Pinner {
         let mut desired = crate::repin::unpinned(stored);
         let outcome = self.pin(kind, namespace, &desired, None).await;
         json_patch::patch(&mut desired, &outcome.ops)?;
+        let ops = crate::repin::update(stored, &desired);
+        let change = (!ops.is_empty()).then(|| {
+            let stored_plan = ObjectPlan::new(kind, stored, None);
+            if stored_plan
+                .steps
+                .iter()
+                .any(|step| matches!(step, Step::Resolve { .. }))
+            {
+                Change::Pinned
+            } else {
+                Change::Repinned
+            }
+        });
         Ok(PinUpdate {
-            ops: crate::repin::update(stored, &desired),
+            ops,
             warnings: outcome.warnings,
+            change,
+            stale: outcome.stale,
+            unresolved: outcome.unresolved,
         })
     }
 
@@ -115,6 +146,7 @@ impl Pinner {
     ) -> PinOutcome {
         let plan = ObjectPlan::new(kind, object, old);
         let mut warnings = plan.warnings.clone();
+        let (mut stale, mut unresolved) = (0, 0);
         let mut resolutions = Vec::new();
         for (index, (site, step)) in plan.sites.iter().zip(&plan.steps).enumerate() {
             match step {
@@ -131,6 +163,7 @@ impl Pinner {
                     match self.resolve(need, scope).await {
                         Ok((resolution, origin)) => {
                             if let Origin::Stale { error, age } = origin {
+                                stale += 1;
                                 warnings.push(format!(
                                     "{}: the registry failed ({error}); pinned from a {}s old cache entry",
                                     site.field,
@@ -141,10 +174,12 @@ impl Pinner {
                         }
                         Err(error) => match fallback {
                             Some(previous) => {
+                                stale += 1;
                                 warnings.push(format!("{}: {error}; kept the recorded pin", site.field));
                                 resolutions.push((index, previous.clone()));
                             }
                             None => {
+                                unresolved += 1;
                                 tracing::warn!(field = %site.field, %error, "left a fetch reference unpinned");
                                 warnings.push(format!(
                                     "{}: {error}; left unpinned (the holdfast controller retries)",
@@ -159,6 +194,8 @@ impl Pinner {
         let mut outcome = pin_patch(object, &plan.sites, &resolutions, plan.policy);
         warnings.append(&mut outcome.warnings);
         outcome.warnings = warnings;
+        outcome.stale = stale;
+        outcome.unresolved = unresolved;
         outcome
     }
 

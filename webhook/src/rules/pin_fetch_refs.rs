@@ -58,6 +58,7 @@ mod tests {
         let verdict = Verdict::from(PinOutcome {
             ops: vec![op],
             warnings: vec!["w".into()],
+            ..PinOutcome::default()
         });
         assert!(matches!(verdict.decision, Decision::Patch(ref ops) if ops.len() == 1));
         assert_eq!(verdict.warnings, ["w"]);

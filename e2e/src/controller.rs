@@ -1,0 +1,96 @@
+//! holdfast's pinning controller run in-process against the local control plane, as
+//! `holdfast-controller` wires it: a resolver for the test registries, the digest cache persisted
+//! in its own namespace, Secrets read for `secretRef`s.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use holdfast_pins::Pinner;
+use holdfast_registry::{
+    Resolver, ResolverConfig,
+    cache::{CacheConfig, DigestCache},
+    cluster_store::{self, ClusterSink},
+};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
+use tokio::{sync::watch, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Env, control_plane::unique_name};
+
+pub struct LocalController {
+    /// Where its digest cache entries live.
+    pub namespace: String,
+    pub pinner: Arc<Pinner>,
+    rounds: watch::Sender<u64>,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl LocalController {
+    /// Starts the pinning reconcilers with `client`'s identity (the admin's unless the caller
+    /// built another), trusting plain HTTP to the shared registry and `insecure_registries`.
+    pub async fn start(env: &Env, client: Client, insecure_registries: &[String]) -> Result<Self> {
+        let namespace = unique_name("holdfast-system");
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata: ObjectMeta {
+                        name: Some(namespace.clone()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                },
+            )
+            .await?;
+        let cancel = CancellationToken::new();
+        let resolver = Resolver::new(ResolverConfig {
+            insecure_registries: insecure_registries
+                .iter()
+                .cloned()
+                .chain([env.registry().to_string()])
+                .collect(),
+            ..Default::default()
+        })?;
+        let entries = cluster_store::api(client.clone(), &namespace);
+        let sink = ClusterSink::start(entries, cancel.clone());
+        let cache = Arc::new(DigestCache::new(
+            Arc::new(resolver),
+            CacheConfig::default(),
+            Some(sink),
+        ));
+        let pinner = Arc::new(Pinner::new(cache, Some(client.clone())));
+        let (rounds, rounds_rx) = watch::channel(0u64);
+        let task = tokio::spawn(holdfast_controller::pinning::run(
+            client,
+            namespace.clone(),
+            pinner.clone(),
+            rounds_rx,
+            cancel.clone(),
+        ));
+        Ok(Self {
+            namespace,
+            pinner,
+            rounds,
+            cancel,
+            task,
+        })
+    }
+
+    /// One refresh round, then every object reconciled from the refreshed cache, as the
+    /// controller's refresher does on its interval.
+    pub async fn refresh(&self) -> holdfast_pins::resolve::RefreshReport {
+        let report = holdfast_controller::refresher::round(&self.pinner).await;
+        self.rounds.send_modify(|n| *n += 1);
+        report
+    }
+
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}
