@@ -275,6 +275,11 @@ impl DigestCache {
             .cloned()
     }
 
+    /// How many entries are held (for metrics: no copies).
+    pub fn entry_count(&self) -> usize {
+        self.entries.read().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     pub fn entries(&self) -> Vec<CacheEntry> {
         self.entries
             .read()

@@ -1,10 +1,21 @@
 //! Prometheus metrics of the admission server, served on the admin port.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
+
+use holdfast_registry::cache::DigestCache;
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+    },
     registry::Registry,
 };
 
@@ -42,7 +53,17 @@ fn duration_histogram() -> Histogram {
 
 impl Default for Metrics {
     fn default() -> Self {
+        Self::new(None)
+    }
+}
+
+impl Metrics {
+    /// The admission metrics, and the digest cache's figures when there is a cache.
+    pub fn new(cache: Option<Arc<DigestCache>>) -> Self {
         let mut registry = Registry::with_prefix("holdfast_webhook");
+        if let Some(cache) = cache {
+            registry.register_collector(Box::new(CacheCollector(cache)));
+        }
         let duration: HistogramFamily = Family::new_with_constructor(duration_histogram);
         registry.register(
             "admission_duration_seconds",
@@ -69,9 +90,7 @@ impl Default for Metrics {
             certificate_expiry,
         }
     }
-}
 
-impl Metrics {
     pub fn observe(&self, rule: &'static str, operation: &'static str, outcome: Outcome, seconds: f64) {
         let labels = AdmissionLabels {
             rule,
@@ -98,5 +117,66 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LookupLabels {
+    result: &'static str,
+}
+
+/// The digest cache's counters, read at scrape time (the cache counts with plain atomics, so
+/// the lookup path pays nothing for the metrics).
+struct CacheCollector(Arc<DigestCache>);
+
+impl std::fmt::Debug for CacheCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CacheCollector")
+    }
+}
+
+impl Collector for CacheCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats = &self.0.stats;
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+
+        let lookups = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "digest_cache_lookups",
+            "Digest cache lookups by result: hit (fresh entry), miss (asked the registry), stale (registry failed, answered from an older entry), negative (a recent failure remembered)",
+            None,
+            lookups.metric_type(),
+        )?;
+        for (result, value) in [
+            ("hit", read(&stats.hits)),
+            ("miss", read(&stats.misses)),
+            ("stale", read(&stats.stale_answers)),
+            ("negative", read(&stats.negative_hits)),
+        ] {
+            ConstCounter::new(value).encode(family.encode_family(&LookupLabels { result })?)?;
+        }
+
+        let requests = ConstCounter::new(read(&stats.registry_lookups));
+        requests.encode(encoder.encode_descriptor(
+            "registry_lookups",
+            "Registry resolutions started (one per single-flight, however many callers joined it)",
+            None,
+            requests.metric_type(),
+        )?)?;
+        let errors = ConstCounter::new(read(&stats.registry_errors));
+        errors.encode(encoder.encode_descriptor(
+            "registry_errors",
+            "Registry resolutions that failed (timeouts, refused connections, 429s, 5xx, auth)",
+            None,
+            errors.metric_type(),
+        )?)?;
+        let entries = ConstGauge::new(i64::try_from(self.0.entry_count()).unwrap_or(i64::MAX));
+        entries.encode(encoder.encode_descriptor(
+            "digest_cache_entries",
+            "Entries in the digest cache (one per reference, tag selection and credential scope)",
+            None,
+            entries.metric_type(),
+        )?)?;
+        Ok(())
     }
 }

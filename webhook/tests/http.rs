@@ -38,13 +38,14 @@ fn state() -> (Arc<AdmissionState>, Arc<Metrics>) {
         owners: vec![("space".into(), "app-guid".into(), owner)],
         ..Default::default()
     };
-    let metrics = Arc::new(Metrics::default());
     let registry = FixedRegistry {
         digests: [(APP_CONFIG.to_string(), Digest::sha256_of(b"config v1"))].into(),
         ..Default::default()
     };
+    let context = support::context(cluster, registry);
+    let metrics = Arc::new(Metrics::new(Some(context.pinner.cache().clone())));
     let state = AdmissionState {
-        context: support::context(cluster, registry),
+        context,
         metrics: metrics.clone(),
         deadline: Duration::from_secs(3),
     };
@@ -266,12 +267,17 @@ async fn an_app_fetch_tag_is_pinned_through_the_cache() {
     )
     .unwrap();
     assert_eq!(original["/spec/fetch/0/image/url"]["ref"], APP_CONFIG);
-    assert!(
-        metrics
-            .encode()
-            .unwrap()
-            .contains(r#"rule="pin-fetch-refs",operation="CREATE",result="patched""#)
-    );
+    let text = metrics.encode().unwrap();
+    for line in [
+        r#"rule="pin-fetch-refs",operation="CREATE",result="patched""#,
+        r#"holdfast_webhook_digest_cache_lookups_total{result="miss"} 1"#,
+        r#"holdfast_webhook_digest_cache_lookups_total{result="hit"} 0"#,
+        "holdfast_webhook_registry_lookups_total 1",
+        "holdfast_webhook_registry_errors_total 0",
+        "holdfast_webhook_digest_cache_entries 1",
+    ] {
+        assert!(text.contains(line), "{line} not in\n{text}");
+    }
 }
 
 #[tokio::test]
@@ -279,7 +285,7 @@ async fn an_unresolvable_tag_is_admitted_unpinned_with_a_warning() {
     let mut v = review("kappctrl.k14s.io", "apps", "App", "app");
     v["request"]["object"]["spec"] =
         json!({"fetch": [{"image": {"url": "registry.example/team/missing:9.9.9"}}]});
-    let (status, body, _) = post_json("/mutate", &v).await;
+    let (status, body, metrics) = post_json("/mutate", &v).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["response"]["allowed"], true);
     assert!(body["response"].get("patch").is_none());
@@ -288,4 +294,11 @@ async fn an_unresolvable_tag_is_admitted_unpinned_with_a_warning() {
         warning.contains("spec.fetch[0].image.url") && warning.contains("left unpinned"),
         "{warning}"
     );
+    let text = metrics.encode().unwrap();
+    for line in [
+        "holdfast_webhook_registry_errors_total 1",
+        "holdfast_webhook_digest_cache_entries 0",
+    ] {
+        assert!(text.contains(line), "{line} not in\n{text}");
+    }
 }
