@@ -204,11 +204,31 @@ impl Env {
     /// A second registry, separate from the shared one, that a test may stop and restart (an
     /// upstream outage) without disturbing other tests. Its content survives a restart.
     pub async fn spare_registry(&self) -> Result<SpareRegistry> {
+        self.spare_registry_with_users(&[]).await
+    }
+
+    /// A spare registry that answers only the given `(user, password)`s, with basic auth from an
+    /// htpasswd file (bcrypt, as distribution requires), when there are any.
+    pub async fn spare_registry_with_users(&self, users: &[(&str, &str)]) -> Result<SpareRegistry> {
         let root = self.dir()?.join(unique_name("registry"));
         std::fs::create_dir_all(&root)?;
         let addr = format!("127.0.0.1:{}", free_port()?);
         let config = root.join("registry.yml");
-        std::fs::write(&config, registry_config_yaml(&root.join("storage"), &addr))?;
+        let mut yaml = registry_config_yaml(&root.join("storage"), &addr);
+        if !users.is_empty() {
+            let htpasswd = root.join("htpasswd");
+            let mut lines = String::new();
+            for (user, password) in users {
+                // Cost 4, the least bcrypt allows: these are throwaway test passwords.
+                lines.push_str(&format!("{user}:{}\n", bcrypt::hash(password, 4)?));
+            }
+            std::fs::write(&htpasswd, lines)?;
+            yaml.push_str(&format!(
+                "auth:\n  htpasswd:\n    realm: holdfast-e2e\n    path: {}\n",
+                htpasswd.display()
+            ));
+        }
+        std::fs::write(&config, yaml)?;
         let mut spare = SpareRegistry {
             addr,
             config,
@@ -439,8 +459,9 @@ async fn wait_for_registry(addr: &str, mut check: impl FnMut() -> Result<()>) ->
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         check()?;
+        // 401: up, and asking for credentials.
         if let Ok(rsp) = http.get(&url).send().await
-            && rsp.status().is_success()
+            && (rsp.status().is_success() || rsp.status() == reqwest::StatusCode::UNAUTHORIZED)
         {
             return Ok(());
         }

@@ -32,7 +32,8 @@ pub struct LocalController {
 
 impl LocalController {
     /// Starts the pinning reconcilers with `client`'s identity (the admin's unless the caller
-    /// built another), trusting plain HTTP to the shared registry and `insecure_registries`.
+    /// built another), trusting plain HTTP to the shared registry and `insecure_registries`,
+    /// with a digest cache of its own.
     pub async fn start(env: &Env, client: Client, insecure_registries: &[String]) -> Result<Self> {
         let namespace = unique_name("holdfast-system");
         Api::<Namespace>::all(client.clone())
@@ -47,6 +48,17 @@ impl LocalController {
                 },
             )
             .await?;
+        Self::start_in(env, client, namespace, insecure_registries).await
+    }
+
+    /// [`start`](Self::start) sharing the digest cache kept in `namespace` (e.g. a
+    /// [`LocalWebhook`](crate::webhook::LocalWebhook)'s), as the deployed components do.
+    pub async fn start_in(
+        env: &Env,
+        client: Client,
+        namespace: String,
+        insecure_registries: &[String],
+    ) -> Result<Self> {
         let cancel = CancellationToken::new();
         let resolver = Resolver::new(ResolverConfig {
             insecure_registries: insecure_registries
@@ -57,12 +69,14 @@ impl LocalController {
             ..Default::default()
         })?;
         let entries = cluster_store::api(client.clone(), &namespace);
-        let sink = ClusterSink::start(entries, cancel.clone());
+        let sink = ClusterSink::start(entries.clone(), cancel.clone());
         let cache = Arc::new(DigestCache::new(
             Arc::new(resolver),
             CacheConfig::default(),
             Some(sink),
         ));
+        let mut synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
+        let _ = synced.wait_for(|s| *s).await;
         let pinner = Arc::new(Pinner::new(cache, Some(client.clone())));
         let (rounds, rounds_rx) = watch::channel(0u64);
         let task = tokio::spawn(holdfast_controller::pinning::run(

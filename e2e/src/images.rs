@@ -103,11 +103,47 @@ pub fn images_lock_yaml(images: &[String]) -> String {
 
 /// Pushes an image's blobs and manifest under `tag`; returns the manifest digest the registry reports.
 pub async fn push(registry: &str, repository: &str, tag: &str, image: &Image) -> Result<String> {
-    let http = reqwest::Client::new();
+    push_as(registry, None, repository, tag, image).await
+}
+
+/// [`push`] to a registry that requires basic auth with `(user, password)`.
+pub async fn push_as(
+    registry: &str,
+    user: Option<(&str, &str)>,
+    repository: &str,
+    tag: &str,
+    image: &Image,
+) -> Result<String> {
+    let http = Http::new(registry, user);
     for blob in [&image.config, &image.layer] {
-        push_blob(&http, registry, repository, blob).await?;
+        push_blob(&http, repository, blob).await?;
     }
-    put_manifest(&http, registry, repository, tag, &image.manifest).await
+    put_manifest(&http, repository, tag, &image.manifest).await
+}
+
+/// A client for one registry, with the basic-auth user it must send, if any.
+struct Http<'a> {
+    client: reqwest::Client,
+    base: String,
+    user: Option<(&'a str, &'a str)>,
+}
+
+impl<'a> Http<'a> {
+    fn new(registry: &str, user: Option<(&'a str, &'a str)>) -> Self {
+        Self {
+            client: reqwest::Client::new(),
+            base: format!("http://{registry}"),
+            user,
+        }
+    }
+
+    fn request(&self, method: reqwest::Method, url: String) -> reqwest::RequestBuilder {
+        let request = self.client.request(method, url);
+        match self.user {
+            Some((user, password)) => request.basic_auth(user, Some(password)),
+            None => request,
+        }
+    }
 }
 
 /// Pushes several platform images and an OCI index over them under `tag`; returns the index digest.
@@ -117,27 +153,20 @@ pub async fn push_index(
     tag: &str,
     platforms: &[(&str, &Image)],
 ) -> Result<String> {
-    let http = reqwest::Client::new();
+    let http = Http::new(registry, None);
     let mut manifests = Vec::new();
     for (arch, image) in platforms {
         for blob in [&image.config, &image.layer] {
-            push_blob(&http, registry, repository, blob).await?;
+            push_blob(&http, repository, blob).await?;
         }
-        put_manifest(
-            &http,
-            registry,
-            repository,
-            &image.manifest.digest,
-            &image.manifest,
-        )
-        .await?;
+        put_manifest(&http, repository, &image.manifest.digest, &image.manifest).await?;
         let mut descriptor = image.manifest.descriptor();
         descriptor["platform"] = json!({"architecture": arch, "os": "linux"});
         manifests.push(descriptor);
     }
     let index = json!({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests});
     let index = Blob::new(OCI_INDEX, serde_json::to_vec(&index)?);
-    put_manifest(&http, registry, repository, tag, &index).await
+    put_manifest(&http, repository, tag, &index).await
 }
 
 /// Moves `tag` to new content (pushes `image` over it); returns the new digest.
@@ -166,17 +195,23 @@ pub async fn head_digest(registry: &str, repository: &str, reference: &str) -> R
     Ok(Some(digest.to_str()?.to_string()))
 }
 
-async fn push_blob(http: &reqwest::Client, registry: &str, repository: &str, blob: &Blob) -> Result<()> {
-    let base = format!("http://{registry}");
+async fn push_blob(http: &Http<'_>, repository: &str, blob: &Blob) -> Result<()> {
+    let base = &http.base;
     let exists = http
-        .head(format!("{base}/v2/{repository}/blobs/{}", blob.digest))
+        .request(
+            reqwest::Method::HEAD,
+            format!("{base}/v2/{repository}/blobs/{}", blob.digest),
+        )
         .send()
         .await?;
     if exists.status().is_success() {
         return Ok(());
     }
     let start = http
-        .post(format!("{base}/v2/{repository}/blobs/uploads/"))
+        .request(
+            reqwest::Method::POST,
+            format!("{base}/v2/{repository}/blobs/uploads/"),
+        )
         .send()
         .await?;
     if start.status() != StatusCode::ACCEPTED {
@@ -194,7 +229,10 @@ async fn push_blob(http: &reqwest::Client, registry: &str, repository: &str, blo
     };
     let separator = if location.contains('?') { '&' } else { '?' };
     let done = http
-        .put(format!("{location}{separator}digest={}", blob.digest))
+        .request(
+            reqwest::Method::PUT,
+            format!("{location}{separator}digest={}", blob.digest),
+        )
         .header(header::CONTENT_TYPE, "application/octet-stream")
         .body(blob.bytes.clone())
         .send()
@@ -209,15 +247,12 @@ async fn push_blob(http: &reqwest::Client, registry: &str, repository: &str, blo
     Ok(())
 }
 
-async fn put_manifest(
-    http: &reqwest::Client,
-    registry: &str,
-    repository: &str,
-    reference: &str,
-    manifest: &Blob,
-) -> Result<String> {
+async fn put_manifest(http: &Http<'_>, repository: &str, reference: &str, manifest: &Blob) -> Result<String> {
     let rsp = http
-        .put(format!("http://{registry}/v2/{repository}/manifests/{reference}"))
+        .request(
+            reqwest::Method::PUT,
+            format!("{}/v2/{repository}/manifests/{reference}", http.base),
+        )
         .header(header::CONTENT_TYPE, manifest.media_type)
         .body(manifest.bytes.clone())
         .send()

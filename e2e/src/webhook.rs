@@ -48,6 +48,8 @@ pub struct LocalWebhook {
     /// The webhook's digest cache (its counters show registry traffic).
     pub cache: Arc<DigestCache>,
     pub configuration: String,
+    /// Where its serving certificate and digest cache entries live (holdfast's own namespace).
+    pub system_namespace: String,
     /// Namespaces labelled `SCOPE_LABEL=<scope>` are served by this webhook only.
     pub scope: String,
     pub addr: SocketAddr,
@@ -277,6 +279,7 @@ impl LocalWebhook {
             store,
             cache,
             configuration,
+            system_namespace: tls_namespace,
             scope,
             addr,
             env,

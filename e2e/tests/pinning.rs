@@ -16,11 +16,11 @@ use holdfast_e2e::{
     wait,
     webhook::{LocalWebhook, Registration, rule},
 };
-use holdfast_registry::cache::CacheConfig;
-use k8s_openapi::api::events::v1::Event;
+use holdfast_registry::cache::{CacheConfig, Scope};
+use k8s_openapi::api::{core::v1::Secret, events::v1::Event};
 use kube::{
     Api,
-    api::{DynamicObject, PostParams},
+    api::{DynamicObject, ObjectMeta, PostParams},
     runtime::WatchStreamExt,
 };
 use serde_json::Value;
@@ -29,6 +29,7 @@ e2e_main!(
     examples_are_pinned_to_the_pushed_digests,
     one_registry_lookup_per_unique_tag,
     a_registry_outage_pins_from_the_cache,
+    a_private_registry_is_pinned_with_the_secret_and_only_for_it,
     policy_denies_what_could_not_be_pinned_and_foreign_registries
 );
 
@@ -276,6 +277,135 @@ async fn a_registry_outage_pins_from_the_cache(env: Arc<Env>) -> Result<()> {
     event(&client, &ns, "unknown", "Pinned").await?;
     controller.stop().await;
     upstream.stop();
+    webhook.stop().await
+}
+
+/// A registry with htpasswd auth. The webhook never reads Secrets, so the controller pins an App
+/// naming its credentials (`secretRef`), after which the webhook pins the next App naming the
+/// same Secret in the same namespace from the shared cache; another namespace, with no such
+/// Secret, gets nothing from that entry.
+async fn a_private_registry_is_pinned_with_the_secret_and_only_for_it(env: Arc<Env>) -> Result<()> {
+    let user = ("puller", "correct horse battery staple");
+    let mut private = env.spare_registry_with_users(&[user]).await?;
+    let image = images::Image::with_files(&[("config.yml", b"private: true\n")])?;
+    let digest = images::push_as(&private.addr, Some(user), "team/private", "1.0.0", &image).await?;
+    let url = format!("{}/team/private:1.0.0", private.addr);
+    let pinned = format!("{}/team/private@{digest}", private.addr);
+
+    let mut registration = Registration::rules(pin_rules());
+    registration.insecure_registries.push(private.addr.clone());
+    let webhook = LocalWebhook::start(env.clone(), registration).await?;
+    let client = env.client().await?;
+    let controller = LocalController::start_in(
+        &env,
+        client.clone(),
+        webhook.system_namespace.clone(),
+        std::slice::from_ref(&private.addr),
+    )
+    .await?;
+    let with_secret = webhook.namespace("private").await?;
+    let without = webhook.namespace("no-secret").await?;
+    // The Secret shape vendir reads: `username` and `password` keys.
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("registry-creds".into()),
+            ..Default::default()
+        },
+        string_data: Some(
+            [
+                ("username".to_string(), user.0.to_string()),
+                ("password".to_string(), user.1.to_string()),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), &with_secret)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let private_app = |name: &str| {
+        format!(
+            "apiVersion: kappctrl.k14s.io/v1alpha1\nkind: App\nmetadata: {{name: {name}}}\nspec:\n  serviceAccountName: default\n  fetch:\n  - image: {{url: {url}, secretRef: {{name: registry-creds}}}}\n  template: [{{ytt: {{}}}}]\n  deploy: [{{kapp: {{}}}}]\n"
+        )
+    };
+    let url_of = |a: Option<&DynamicObject>| {
+        a.and_then(|a| a.data.pointer("/spec/fetch/0/image/url"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+
+    // First App: admitted as written (the webhook cannot read the Secret), pinned by the controller.
+    env.kubectl_apply(&with_secret, &private_app("first"))?;
+    let api = api_for(
+        &client,
+        &parse_documents(&private_app("first"))?.remove(0),
+        Some(&with_secret),
+    )
+    .await?;
+    let expected = pinned.clone();
+    wait::until(&api, "first", move |a: Option<&DynamicObject>| {
+        url_of(a).as_deref() == Some(expected.as_str())
+    })
+    .await?;
+    event(&client, &with_secret, "first", "Pinned").await?;
+
+    // Second App, same Secret, same namespace: pinned at admission from the controller's entry,
+    // once the webhook's watch of the shared cache has it.
+    let scope = Scope::Secret {
+        namespace: with_secret.clone(),
+        name: "registry-creds".into(),
+    };
+    let seen = tokio::time::timeout(Duration::from_secs(30), async {
+        while !webhook.cache.entries().iter().any(|e| e.key.scope == scope) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    seen.await
+        .context("the controller's entry never reached the webhook's cache")?;
+    let lookups_before = webhook
+        .cache
+        .stats
+        .registry_lookups
+        .load(std::sync::atomic::Ordering::Relaxed);
+    env.kubectl_apply(&with_secret, &private_app("second"))?;
+    let second = env.kubectl_get("apps.kappctrl.k14s.io", "second", &with_secret)?;
+    ensure!(
+        second["spec"]["fetch"][0]["image"]["url"] == pinned.as_str(),
+        "not pinned at admission from the Secret-scoped entry: {}",
+        second["spec"]
+    );
+    ensure!(
+        webhook
+            .cache
+            .stats
+            .registry_lookups
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == lookups_before,
+        "the webhook asked the registry instead of using the controller's entry"
+    );
+
+    // The same reference from a namespace without the Secret: not served from that entry, and
+    // the registry refuses anonymous access, so it stays a tag (and the controller says why).
+    let denied_before = private.requests_matching("\" 401 ");
+    env.kubectl_apply(&without, &private_app("elsewhere"))?;
+    env.kubectl_apply(&without, &app("anonymous", &url))?;
+    for name in ["elsewhere", "anonymous"] {
+        let failed = event(&client, &without, name, "PinFailed").await?;
+        let current = env.kubectl_get("apps.kappctrl.k14s.io", name, &without)?;
+        ensure!(
+            current["spec"]["fetch"][0]["image"]["url"] == url.as_str(),
+            "{name} was pinned without credentials: {}",
+            current["spec"]
+        );
+        eprintln!("{name}: {}", failed.note.unwrap_or_default());
+    }
+    ensure!(
+        private.requests_matching("\" 401 ") > denied_before,
+        "the anonymous lookup never reached the registry"
+    );
+
+    controller.stop().await;
+    private.stop();
     webhook.stop().await
 }
 

@@ -243,7 +243,14 @@ fn load_credentials(
         let secret = Api::<Secret>::namespaced(client, &namespace)
             .get(&name)
             .await
-            .map_err(|e| CacheError::Credentials(format!("reading Secret {namespace}/{name}: {e}")))?;
+            .map_err(|e| {
+                // The API's own message ("secrets \"x\" not found", "forbidden: ..."), not its dump.
+                let reason = match &e {
+                    kube::Error::Api(status) => status.message.clone(),
+                    other => other.to_string(),
+                };
+                CacheError::Credentials(format!("reading Secret {namespace}/{name}: {reason}"))
+            })?;
         let data = secret.data.unwrap_or_default();
         Credentials::from_secret(
             &name,
