@@ -657,7 +657,8 @@ fn check_containers(objects: &[Value]) -> Vec<String> {
 }
 
 /// The webhook runs >= 2 replicas spread by anti-affinity with a PodDisruptionBudget; the
-/// controller runs one replica (Recreate) unless something grants it Leases for leader election.
+/// controller runs >= 2 replicas spread by anti-affinity, which elect a leader: each knows its
+/// pod name and its ServiceAccount may get, create and update its Lease.
 fn check_availability(objects: &[Value]) -> Vec<String> {
     let mut problems = Vec::new();
     let Ok(webhook) = find(objects, "Deployment", "holdfast-webhook") else {
@@ -683,24 +684,88 @@ fn check_availability(objects: &[Value]) -> Vec<String> {
     if !protected {
         problems.push("no PodDisruptionBudget with minAvailable >= 1 selects holdfast-webhook".into());
     }
-    let leases = objects
-        .iter()
-        .filter(|o| ["Role", "ClusterRole"].contains(&kind(o)))
-        .flat_map(|r| items(r, "rules"))
-        .any(|rule| strings(rule.get("resources")).iter().any(|r| r == "leases"));
     match find(objects, "Deployment", "holdfast-controller") {
-        Ok(controller) => {
-            let replicas = at(controller, "spec.replicas")
-                .and_then(Value::as_i64)
-                .unwrap_or(1);
-            if !leases && (replicas != 1 || text(controller, "spec.strategy.type") != "Recreate") {
-                problems.push(
-                    "holdfast-controller has no leader election: it must run 1 replica with strategy Recreate"
-                        .into(),
-                );
-            }
-        }
+        Ok(controller) => problems.extend(check_controller_election(objects, controller)),
         Err(e) => problems.push(e.to_string()),
+    }
+    problems
+}
+
+/// The verbs on `coordination.k8s.io` leases that the roles bound to `account` grant on the
+/// Lease `lease` in holdfast's namespace.
+fn lease_verbs(objects: &[Value], account: &str, lease: &str) -> BTreeSet<String> {
+    let bound = objects
+        .iter()
+        .filter(|b| ["RoleBinding", "ClusterRoleBinding"].contains(&kind(b)))
+        .filter(|b| {
+            let namespace = text(b, "metadata.namespace");
+            (namespace.is_empty() || namespace == HOLDFAST_NAMESPACE)
+                && items(b, "subjects").iter().any(|s| {
+                    text(s, "kind") == "ServiceAccount"
+                        && text(s, "namespace") == HOLDFAST_NAMESPACE
+                        && text(s, "name") == account
+                })
+        })
+        .filter_map(|b| find(objects, text(b, "roleRef.kind"), text(b, "roleRef.name")).ok());
+    bound
+        .flat_map(|role| items(role, "rules"))
+        .filter(|rule| {
+            strings(rule.get("apiGroups"))
+                .iter()
+                .any(|g| g == "coordination.k8s.io")
+        })
+        .filter(|rule| strings(rule.get("resources")).iter().any(|r| r == "leases"))
+        .filter(|rule| {
+            let names = strings(rule.get("resourceNames"));
+            names.is_empty() || names.iter().any(|n| n == lease)
+        })
+        .flat_map(|rule| strings(rule.get("verbs")))
+        .collect()
+}
+
+/// The controller's high availability: >= 2 replicas, spread, rolled without a gap, each with its
+/// identity, and the RBAC its Lease election calls (controller/src/leader.rs: get, create,
+/// update of the Lease named by --lease-name).
+fn check_controller_election(objects: &[Value], controller: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    let replicas = at(controller, "spec.replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    if replicas < 2 {
+        problems.push(format!(
+            "holdfast-controller runs {replicas} replica(s): it has leader election and must run at least 2"
+        ));
+    }
+    if text(controller, "spec.strategy.type") == "Recreate" {
+        problems.push("holdfast-controller uses strategy Recreate: a rollout would leave no replica".into());
+    }
+    if at(controller, "spec.template.spec.affinity.podAntiAffinity").is_none() {
+        problems.push("holdfast-controller has no podAntiAffinity".into());
+    }
+    let container = at(controller, "spec.template.spec.containers.0");
+    let args = strings(container.and_then(|c| c.get("args")));
+    let lease = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--lease-name="))
+        .unwrap_or("holdfast-controller");
+    let identity = container
+        .map(|c| items(c, "env"))
+        .unwrap_or_default()
+        .into_iter()
+        .any(|e| text(e, "name") == "POD_NAME" && text(e, "valueFrom.fieldRef.fieldPath") == "metadata.name");
+    if !identity && !args.iter().any(|a| a.starts_with("--identity=")) {
+        problems.push(
+            "holdfast-controller has no identity for leader election: POD_NAME from the downward API (metadata.name)"
+                .into(),
+        );
+    }
+    let granted = lease_verbs(objects, "holdfast-controller", lease);
+    for verb in ["get", "create", "update"] {
+        if !granted.contains(verb) {
+            problems.push(format!(
+                "holdfast-controller runs {replicas} replicas with leader election but may not {verb} its Lease {HOLDFAST_NAMESPACE}/{lease}"
+            ));
+        }
     }
     problems
 }
@@ -1533,13 +1598,63 @@ fn a_drifted_rbac_table_is_caught() -> Result<()> {
 }
 
 #[test]
-fn a_second_controller_replica_without_leader_election_is_caught() -> Result<()> {
+fn a_controller_without_high_availability_or_lease_rbac_is_caught() -> Result<()> {
+    assert_clean("the base", &check_availability(&base()?));
     let mut objects = base()?;
     *at_mut(
         find_mut(&mut objects, "Deployment", "holdfast-controller")?,
         "spec.replicas",
-    )? = Value::from(2);
-    expect_caught("two controllers", check_availability(&objects), "leader election");
+    )? = Value::from(1);
+    expect_caught(
+        "one controller",
+        check_availability(&objects),
+        "must run at least 2",
+    );
+
+    // Each lease rule removed from the controller's Role: the election could not run.
+    for (index, verb) in [(1, "create"), (2, "get")] {
+        let mut objects = base()?;
+        let rules = at_mut(find_mut(&mut objects, "Role", "holdfast-controller")?, "rules")?
+            .as_sequence_mut()
+            .context("rules")?;
+        ensure!(
+            strings(rules[index].get("resources")) == ["leases"],
+            "rules[{index}] of Role holdfast-controller is not the lease rule"
+        );
+        rules.remove(index);
+        expect_caught(
+            &format!("no lease rule {index}"),
+            check_availability(&objects),
+            &format!("may not {verb} its Lease"),
+        );
+    }
+    // The Lease named by --lease-name is not the one RBAC names.
+    let mut objects = base()?;
+    at_mut(
+        find_mut(&mut objects, "Deployment", "holdfast-controller")?,
+        "spec.template.spec.containers.0.args",
+    )?
+    .as_sequence_mut()
+    .context("args")?
+    .iter_mut()
+    .filter(|a| a.as_str().is_some_and(|a| a.starts_with("--lease-name=")))
+    .for_each(|a| *a = Value::from("--lease-name=other"));
+    expect_caught(
+        "another lease",
+        check_availability(&objects),
+        "may not get its Lease",
+    );
+    // No identity: every replica would claim the Lease as the same holder.
+    let mut objects = base()?;
+    at_mut(
+        find_mut(&mut objects, "Deployment", "holdfast-controller")?,
+        "spec.template.spec.containers.0.env",
+    )?
+    .as_sequence_mut()
+    .context("env")?
+    .retain(|e| text(e, "name") != "POD_NAME");
+    expect_caught("no identity", check_availability(&objects), "no identity");
+
     let mut objects = base()?;
     *at_mut(
         find_mut(&mut objects, "Deployment", "holdfast-webhook")?,
