@@ -6,9 +6,11 @@
 //!   interval, then has every tracked object reconciled from the refreshed cache.
 //! - [`finalizer`]: the fast finalizer: deletes an app's kpack Image as soon as the app (or its
 //!   last BuildWorkload, or its namespace) is being deleted, and the pods of terminating Builds.
+//! - [`run`]: all of them on the replica that holds the Lease ([`leader`]), as the binary runs them.
 
 pub mod backoff;
 pub mod finalizer;
 pub mod leader;
 pub mod pinning;
 pub mod refresher;
+pub mod run;

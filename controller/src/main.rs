@@ -1,16 +1,11 @@
 //! `holdfast-controller`: wiring only — flags, logs, the digest cache, the reconcilers, signals.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use clap::Parser;
-use holdfast_controller::leader::Election;
-use holdfast_pins::{Pinner, args::RegistryArgs};
-use holdfast_registry::{
-    Resolver,
-    cache::DigestCache,
-    cluster_store::{self, ClusterSink},
-};
+use holdfast_controller::run::Settings;
+use holdfast_pins::args::RegistryArgs;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
@@ -55,41 +50,17 @@ async fn main() -> Result<()> {
         .await
         .context("connecting to the Kubernetes API")?;
 
-    let resolver = Resolver::new(args.registry.resolver_config()).context("building the registry client")?;
-    let entries = cluster_store::api(client.clone(), &args.namespace);
-    let sink = ClusterSink::start(entries.clone(), cancel.clone());
-    let cache = Arc::new(DigestCache::new(
-        Arc::new(resolver),
-        args.registry.cache_config(),
-        Some(sink),
-    ));
-    let mut synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
-    let _ = synced.wait_for(|s| *s).await;
-    let secrets = args.read_secrets.then(|| client.clone());
-    let pinner = Arc::new(Pinner::new(cache, secrets));
-
-    let interval = Duration::from_secs(args.refresh_seconds);
-    let namespace = args.namespace.clone();
-    // Everything that writes runs only on the leader.
-    let work = move |leading: CancellationToken| async move {
-        let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
-        let refresher = {
-            let (pinner, leading) = (pinner.clone(), leading.clone());
-            async move { holdfast_controller::refresher::run(&pinner, interval, rounds_tx, leading).await }
-        };
-        let pinning =
-            holdfast_controller::pinning::run(client.clone(), namespace, pinner, rounds, leading.clone());
-        let finalizer = holdfast_controller::finalizer::run(client, leading);
-        tokio::join!(refresher, pinning, finalizer);
-    };
-    let election = Election {
-        namespace: args.namespace.clone(),
-        lease: args.lease_name.clone(),
-        identity: args.identity.clone(),
-        duration: Duration::from_secs(15),
+    let settings = Settings {
+        namespace: args.namespace,
+        refresh: Duration::from_secs(args.refresh_seconds),
+        lease: args.lease_name,
+        identity: args.identity,
+        lease_duration: Duration::from_secs(15),
         renew_every: Duration::from_secs(5),
+        read_secrets: args.read_secrets,
+        resolver: args.registry.resolver_config(),
+        cache: args.registry.cache_config(),
     };
-    let election_client = kube::Client::try_default().await?;
     let stop = cancel.clone();
     tokio::spawn(async move {
         tokio::select! {
@@ -98,9 +69,6 @@ async fn main() -> Result<()> {
         }
         stop.cancel();
     });
-    election
-        .lead(election_client, cancel, work)
-        .await
-        .context("leader election")?;
+    holdfast_controller::run::run(client, settings, cancel).await?;
     Ok(())
 }

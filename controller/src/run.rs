@@ -1,0 +1,78 @@
+//! The whole controller as `holdfast-controller` runs it: the shared digest cache followed from
+//! holdfast's namespace, then, while this replica holds the Lease, the refresher, the pinning
+//! reconcilers and the fast finalizer. The binary and the e2e suites run this same function.
+
+use std::{sync::Arc, time::Duration};
+
+use holdfast_pins::Pinner;
+use holdfast_registry::{
+    Resolver, ResolverConfig,
+    cache::{CacheConfig, DigestCache},
+    cluster_store::{self, ClusterSink},
+};
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::leader::{self, Election};
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// holdfast's namespace: the digest cache and the Lease.
+    pub namespace: String,
+    /// Between refresh rounds (jittered by up to a tenth).
+    pub refresh: Duration,
+    /// The Lease the replicas compete for, and this replica's name in it.
+    pub lease: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_every: Duration,
+    /// Read the Secret an object's `secretRef` names.
+    pub read_secrets: bool,
+    pub resolver: ResolverConfig,
+    pub cache: CacheConfig,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("building the registry client: {0}")]
+    Resolver(String),
+    #[error("leader election: {0}")]
+    Election(#[from] leader::Error),
+}
+
+/// Runs until `cancel` (then hands the Lease back) or until leadership is lost.
+pub async fn run(client: Client, settings: Settings, cancel: CancellationToken) -> Result<(), Error> {
+    let resolver = Resolver::new(settings.resolver).map_err(|e| Error::Resolver(e.to_string()))?;
+    let entries = cluster_store::api(client.clone(), &settings.namespace);
+    let sink = ClusterSink::start(entries.clone(), cancel.clone());
+    let cache = Arc::new(DigestCache::new(Arc::new(resolver), settings.cache, Some(sink)));
+    let mut synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
+    tokio::select! {
+        _ = cancel.cancelled() => return Ok(()),
+        _ = synced.wait_for(|s| *s) => {}
+    }
+    let secrets = settings.read_secrets.then(|| client.clone());
+    let pinner = Arc::new(Pinner::new(cache, secrets));
+
+    let (interval, namespace, work_client) = (settings.refresh, settings.namespace.clone(), client.clone());
+    // Everything that writes runs only on the leader.
+    let work = move |leading: CancellationToken| async move {
+        let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
+        let refresher = {
+            let (pinner, leading) = (pinner.clone(), leading.clone());
+            async move { crate::refresher::run(&pinner, interval, rounds_tx, leading).await }
+        };
+        let pinning = crate::pinning::run(work_client.clone(), namespace, pinner, rounds, leading.clone());
+        let finalizer = crate::finalizer::run(work_client, leading);
+        tokio::join!(refresher, pinning, finalizer);
+    };
+    let election = Election {
+        namespace: settings.namespace,
+        lease: settings.lease,
+        identity: settings.identity,
+        duration: settings.lease_duration,
+        renew_every: settings.renew_every,
+    };
+    election.lead(client, cancel, work).await?;
+    Ok(())
+}
