@@ -3,7 +3,7 @@ SHELL := /bin/bash
 STATE := .holdfast
 CARGO ?= cargo
 
-.PHONY: deps build up down demo test lint fmt bench-admission bench-deletion
+.PHONY: deps build up down demo test lint fmt bench-admission bench-deletion bench-pinning
 
 ## deps: install etcd, the registry, skopeo, Go; build and cache kube-apiserver/controller-manager 1.20.2
 deps:
@@ -43,6 +43,12 @@ bench-admission:
 ## default 1,10,50) x kpack v0.16/v0.17 emulation x without/with holdfast; last line speedup_n10_v016=… created_after_delete_with=…
 bench-deletion:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-deletion
+
+## bench-pinning: registry requests per emulated hour and failed syncs in a registry outage, 1,000 Apps over 50 tags
+## (BENCH_PINNING_APPS, BENCH_PINNING_TAGS) through the kapp-controller emulator, without and with holdfast;
+## last line registry_request_ratio=… failed_syncs_without=… failed_syncs_with=…
+bench-pinning:
+	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-pinning
 
 ## image: build the container image of both binaries (Dockerfile) as $(IMAGE); needs a Docker engine with BuildKit
 IMAGE ?= holdfast:dev

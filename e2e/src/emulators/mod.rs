@@ -1,5 +1,8 @@
 //! EMULATORS of peer behaviour — test fixtures, NOT the peers and not part of holdfast.
 //!
+//! [`kapp_controller`] emulates kapp-controller's App fetches (sync timer, vendir's per-App
+//! digest cache) for `make bench-pinning`; the rest of this page is about kpack and Korifi.
+//!
 //! kpack and Korifi cannot run on the local control plane (no container runtime, no kubelet:
 //! Pods are stored, never run), so the e2e suites run in-process emulations of exactly the parts
 //! of them that decide how an org/app deletion unfolds: which objects they create, with which
@@ -17,6 +20,7 @@
 //! [`Scope`]; the Korifi emulator stamps its scope label on the org and space namespaces it
 //! creates, the way a real cluster would have exactly one Korifi and one kpack.
 
+pub mod kapp_controller;
 pub mod korifi;
 pub mod kpack;
 pub mod runtime;
