@@ -44,11 +44,14 @@ pub struct Metrics {
     certificate_expiry: Gauge<f64, AtomicU64>,
 }
 
-/// 100 µs to ~3 s: in-memory rules answer in microseconds, the deadline is seconds.
+/// 100 µs to 5 s: in-memory rules answer in microseconds, the deadline is seconds. 1 ms and
+/// 2 ms are bounds, so the hot-path objective (p99 of a cached pin ≤ 2 ms) reads off directly.
+const DURATION_BUCKETS: [f64; 15] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
 fn duration_histogram() -> Histogram {
-    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-        0.0001, 2.5, 12,
-    ))
+    Histogram::new(DURATION_BUCKETS)
 }
 
 impl Default for Metrics {
