@@ -16,7 +16,7 @@ struct Args {
     #[arg(long, env = "POD_NAMESPACE", default_value = "holdfast-system")]
     namespace: String,
     /// Seconds between refresh rounds (one registry check per unique tag per round).
-    #[arg(long, env = "HOLDFAST_REFRESH_SECONDS", default_value_t = 300)]
+    #[arg(long, env = "HOLDFAST_REFRESH_SECONDS", default_value_t = 600)]
     refresh_seconds: u64,
     /// The Lease replicas compete for; only its holder reconciles.
     #[arg(long, env = "HOLDFAST_LEASE_NAME", default_value = "holdfast-controller")]
