@@ -1,5 +1,8 @@
 //! The read-only view of the cluster the rules consult: in-memory stores fed by metadata-only
-//! watches, so a lookup on the admission path is a map read and never an API call.
+//! watches, so a lookup on the admission path is a map read. Two lookups may also ask the API
+//! server, each only where a watch a few milliseconds behind would give a wrong answer: an app
+//! the cache has not seen yet ([`ClusterView::image_owner`]), and whether the object a CREATE
+//! is made for is being deleted ([`ClusterView::terminating_now`]).
 
 use futures::{FutureExt, StreamExt, future::BoxFuture};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -27,7 +30,22 @@ pub trait ClusterView: Send + Sync {
 
     /// The metadata of a peer object (labels, ownerReferences), if known.
     fn metadata(&self, peer: Peer, namespace: &str, name: &str) -> Option<ObjectMeta>;
+
+    /// [`terminating`](Self::terminating), confirmed with the API server when the cache says the
+    /// object is live or does not know it. For the object a new Build or build pod is made for:
+    /// kpack creates those after *its* watch showed the owner, so when the owner is already being
+    /// deleted that is committed, and a read from the API server sees it even where holdfast's
+    /// own watch has not delivered it yet.
+    fn terminating_now<'a>(
+        &'a self,
+        peer: Peer,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Option<bool>>;
 }
+
+/// How long a live lookup may take before the cached answer stands.
+const LIVE_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The peers' kinds whose deletion state the terminating guard reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -173,6 +191,34 @@ impl ClusterView for Cluster {
         Some(found.metadata.clone())
     }
 
+    fn terminating_now<'a>(
+        &'a self,
+        peer: Peer,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Option<bool>> {
+        async move {
+            let cached = self.terminating(peer, namespace, name);
+            if cached == Some(true) {
+                return cached;
+            }
+            let (resource, _) = self.peers.get(&peer)?;
+            let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, resource);
+            match tokio::time::timeout(LIVE_LOOKUP_TIMEOUT, api.get_metadata_opt(name)).await {
+                Ok(Ok(found)) => found.map(|o| o.metadata.deletion_timestamp.is_some()),
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, namespace, name, kind = %resource.kind, "live deletion check failed; using the cache");
+                    cached
+                }
+                Err(_) => {
+                    tracing::warn!(namespace, name, kind = %resource.kind, "live deletion check timed out; using the cache");
+                    cached
+                }
+            }
+        }
+        .boxed()
+    }
+
     fn namespace_label(&self, namespace: &str, key: &str) -> Option<String> {
         let (resource, store) = &self.namespaces;
         let found = store.get(&ObjectRef::new_with(namespace, resource.clone()))?;
@@ -220,6 +266,8 @@ pub struct StaticCluster {
     pub namespace_labels: Vec<(String, String, String)>,
     /// Peer objects being deleted: `(peer, namespace, name)`.
     pub terminating: Vec<(Peer, String, String)>,
+    /// Peer objects being deleted that only the API server knows of yet (the watch lags).
+    pub terminating_live: Vec<(Peer, String, String)>,
     /// Peer objects' metadata: `(peer, namespace, metadata with its name)`.
     pub objects: Vec<(Peer, String, ObjectMeta)>,
 }
@@ -251,6 +299,24 @@ impl ClusterView for StaticCluster {
             .iter()
             .any(|(p, ns, n)| *p == peer && ns == namespace && n == name);
         hit.then_some(true)
+    }
+
+    fn terminating_now<'a>(
+        &'a self,
+        peer: Peer,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Option<bool>> {
+        let live = self
+            .terminating_live
+            .iter()
+            .any(|(p, ns, n)| *p == peer && ns == namespace && n == name);
+        let answer = if live {
+            Some(true)
+        } else {
+            self.terminating(peer, namespace, name)
+        };
+        futures::future::ready(answer).boxed()
     }
 
     fn metadata(&self, peer: Peer, namespace: &str, name: &str) -> Option<ObjectMeta> {

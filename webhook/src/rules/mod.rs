@@ -80,7 +80,7 @@ impl Rule {
         match self {
             Rule::StampOwners => stamp_owners::evaluate(request, context.cluster.as_ref()).await,
             Rule::PinFetchRefs(kind) => pin_fetch_refs::evaluate(kind, request, &context.pinner).await,
-            Rule::TerminatingGuard => terminating_guard::evaluate(request, context.cluster.as_ref()),
+            Rule::TerminatingGuard => terminating_guard::evaluate(request, context.cluster.as_ref()).await,
             Rule::Policy(kind) => policy::evaluate(kind, request, &context.policy, context.cluster.as_ref()),
         }
     }

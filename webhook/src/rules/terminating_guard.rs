@@ -10,7 +10,10 @@
 //! - an UPDATE that changes the spec of an Image being deleted.
 //!
 //! Never denied: DELETE, and updates of a terminating Image that leave its spec alone (finalizer
-//! removal, status, metadata), so nothing here can hold a deletion up. Lookups are in-memory.
+//! removal, status, metadata), so nothing here can hold a deletion up. Lookups are in-memory,
+//! except that the object a Build or build pod is made for (the Build's Image, the pod's Build)
+//! is confirmed with the API server when the cache says it is live: kpack makes them right after
+//! seeing that owner, and holdfast's watch may be a moment behind kpack's.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{
@@ -29,30 +32,37 @@ const IMAGE_LABEL: &str = "image.kpack.io/image";
 const BUILD_WORKLOAD_LABEL: &str = "korifi.cloudfoundry.org/build-workload-name";
 const BUILD_POD_LABEL: &str = "kpack.io/build";
 
-pub fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn ClusterView) -> Verdict {
+pub async fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn ClusterView) -> Verdict {
     let namespace = request.namespace.as_deref().unwrap_or_default();
     let resource = (
         request.resource.group.as_str(),
         request.resource.resource.as_str(),
     );
     match (resource, &request.operation, request.object.as_ref()) {
-        (("kpack.io", "builds"), Operation::Create, Some(build)) => build_owners(&build.metadata)
-            .into_iter()
-            .find(|(peer, name)| cluster.terminating(*peer, namespace, name) == Some(true))
-            .map_or_else(Verdict::allow, |(peer, owner)| deny("kpack Build", build, peer, namespace, &owner)),
+        (("kpack.io", "builds"), Operation::Create, Some(build)) => {
+            let owners = build_owners(&build.metadata);
+            if let Some((Peer::KpackImage, image)) = owners.first()
+                && cluster.terminating_now(Peer::KpackImage, namespace, image).await == Some(true)
+            {
+                return deny("kpack Build", build, Peer::KpackImage, namespace, image);
+            }
+            terminating_owner(cluster, namespace, owners)
+                .map_or_else(Verdict::allow, |(peer, owner)| deny("kpack Build", build, peer, namespace, &owner))
+        }
         (("", "pods"), Operation::Create, Some(pod)) => match label(pod, BUILD_POD_LABEL) {
-            Some(build) if cluster.terminating(Peer::KpackBuild, namespace, build) == Some(true) => {
+            Some(build) if cluster.terminating_now(Peer::KpackBuild, namespace, build).await == Some(true) => {
                 deny("build pod", pod, Peer::KpackBuild, namespace, build)
             }
             // A pod for a live Build whose Image, app or BuildWorkload is going: the Build was
             // created just before the deletion started, its pod just after.
-            Some(build) => cluster
-                .metadata(Peer::KpackBuild, namespace, build)
-                .map(|meta| build_owners(&meta))
-                .unwrap_or_default()
-                .into_iter()
-                .find(|(peer, name)| cluster.terminating(*peer, namespace, name) == Some(true))
-                .map_or_else(Verdict::allow, |(peer, owner)| deny("build pod", pod, peer, namespace, &owner)),
+            Some(build) => {
+                let owners = cluster
+                    .metadata(Peer::KpackBuild, namespace, build)
+                    .map(|meta| build_owners(&meta))
+                    .unwrap_or_default();
+                terminating_owner(cluster, namespace, owners)
+                    .map_or_else(Verdict::allow, |(peer, owner)| deny("build pod", pod, peer, namespace, &owner))
+            }
             None => Verdict::allow(),
         },
         (("kpack.io", "images"), Operation::Update, Some(image)) => match request.old_object.as_ref() {
@@ -69,7 +79,18 @@ pub fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn Cluster
     }
 }
 
-/// The objects a Build is made for, in the order they are checked.
+/// The first of `owners` the cache knows to be terminating.
+fn terminating_owner(
+    cluster: &dyn ClusterView,
+    namespace: &str,
+    owners: Vec<(Peer, String)>,
+) -> Option<(Peer, String)> {
+    owners
+        .into_iter()
+        .find(|(peer, name)| cluster.terminating(*peer, namespace, name) == Some(true))
+}
+
+/// The objects a Build is made for, in the order they are checked (its Image first).
 fn build_owners(build: &ObjectMeta) -> Vec<(Peer, String)> {
     let controller_image = build
         .owner_references
@@ -152,8 +173,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_build_for_a_terminating_image_app_or_workload_is_denied() {
+    #[tokio::test]
+    async fn a_build_for_a_terminating_image_app_or_workload_is_denied() {
         for (peer, name, kind) in [
             (Peer::KpackImage, "app", "kpack Image"),
             (Peer::CfApp, "app", "CFApp"),
@@ -162,7 +183,8 @@ mod tests {
             let verdict = evaluate(
                 &request("kpack.io", "builds", "CREATE", build(), json!(null)),
                 &cluster(&[(peer, name)]),
-            );
+            )
+            .await;
             let Decision::Deny(message) = verdict.decision else {
                 panic!("{kind}: not denied")
             };
@@ -173,34 +195,63 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_build_for_live_owners_is_allowed() {
+    #[tokio::test]
+    async fn a_build_for_live_owners_is_allowed() {
         let verdict = evaluate(
             &request("kpack.io", "builds", "CREATE", build(), json!(null)),
             &cluster(&[(Peer::CfApp, "other")]),
-        );
+        )
+        .await;
         assert_eq!(verdict, Verdict::allow());
     }
 
-    #[test]
-    fn a_build_pod_of_a_terminating_build_is_denied() {
+    #[tokio::test]
+    async fn a_build_pod_of_a_terminating_build_is_denied() {
         let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app-build-2-build-pod", "labels": {"kpack.io/build": "app-build-2"}}});
         let verdict = evaluate(
             &request("", "pods", "CREATE", pod.clone(), json!(null)),
             &cluster(&[(Peer::KpackBuild, "app-build-2")]),
-        );
+        )
+        .await;
         assert!(
             matches!(verdict.decision, Decision::Deny(ref m) if m.contains("build pod")),
             "{verdict:?}"
         );
         assert_eq!(
-            evaluate(&request("", "pods", "CREATE", pod, json!(null)), &cluster(&[])),
+            evaluate(&request("", "pods", "CREATE", pod, json!(null)), &cluster(&[])).await,
             Verdict::allow()
         );
     }
 
-    #[test]
-    fn a_terminating_image_may_lose_finalizers_but_not_change_spec() {
+    #[tokio::test]
+    async fn the_api_server_is_asked_when_the_cache_has_not_seen_the_deletion_yet() {
+        let lagging = |peer, name: &str| StaticCluster {
+            terminating_live: vec![(peer, "space".into(), name.to_string())],
+            ..Default::default()
+        };
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app-build-2-build-pod", "labels": {"kpack.io/build": "app-build-2"}}});
+        let verdict = evaluate(
+            &request("", "pods", "CREATE", pod, json!(null)),
+            &lagging(Peer::KpackBuild, "app-build-2"),
+        )
+        .await;
+        assert!(
+            matches!(verdict.decision, Decision::Deny(ref m) if m.contains("kpack Build space/app-build-2")),
+            "{verdict:?}"
+        );
+        let verdict = evaluate(
+            &request("kpack.io", "builds", "CREATE", build(), json!(null)),
+            &lagging(Peer::KpackImage, "app"),
+        )
+        .await;
+        assert!(
+            matches!(verdict.decision, Decision::Deny(ref m) if m.contains("kpack Image space/app")),
+            "{verdict:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_terminating_image_may_lose_finalizers_but_not_change_spec() {
         let old = json!({"apiVersion": "kpack.io/v1alpha2", "kind": "Image", "metadata": {"name": "app", "deletionTimestamp": "2026-11-30T00:00:00Z", "finalizers": ["x"]}, "spec": {"tag": "a"}});
         let mut finalizer_removed = old.clone();
         finalizer_removed["metadata"]["finalizers"] = json!([]);
@@ -208,7 +259,8 @@ mod tests {
             evaluate(
                 &request("kpack.io", "images", "UPDATE", finalizer_removed, old.clone()),
                 &cluster(&[])
-            ),
+            )
+            .await,
             Verdict::allow()
         );
         let mut spec_changed = old.clone();
@@ -216,16 +268,18 @@ mod tests {
         let verdict = evaluate(
             &request("kpack.io", "images", "UPDATE", spec_changed, old),
             &cluster(&[]),
-        );
+        )
+        .await;
         assert!(matches!(verdict.decision, Decision::Deny(_)));
     }
 
-    #[test]
-    fn deletes_are_never_denied() {
+    #[tokio::test]
+    async fn deletes_are_never_denied() {
         let verdict = evaluate(
             &request("kpack.io", "builds", "DELETE", json!(null), build()),
             &cluster(&[(Peer::KpackImage, "app")]),
-        );
+        )
+        .await;
         assert_eq!(verdict, Verdict::allow());
     }
 }
