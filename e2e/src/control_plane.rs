@@ -32,6 +32,13 @@ use crate::{
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 /// Label on every namespace the harness creates, so leftovers can be found on a shared cluster.
 pub const E2E_LABEL: &str = "holdfast.dev/e2e";
+/// Set to a kubeconfig file: the suites run against that cluster (e.g. kind with holdfast
+/// installed, `e2e/kind/`) instead of booting the local control plane.
+pub const KUBECONFIG_ENV: &str = "HOLDFAST_E2E_KUBECONFIG";
+/// With [`KUBECONFIG_ENV`]: `host:port` of a plain-HTTP registry the tests push to.
+pub const REGISTRY_ENV: &str = "HOLDFAST_E2E_REGISTRY";
+/// With [`KUBECONFIG_ENV`]: the same registry as the cluster's pods reach it (default: the same).
+pub const CLUSTER_REGISTRY_ENV: &str = "HOLDFAST_E2E_CLUSTER_REGISTRY";
 
 /// A running control plane and registry. Dropping it stops every process and removes its directory
 /// (kept, with the logs, when `HOLDFAST_KEEP_ENV=1`).
@@ -39,6 +46,8 @@ pub const E2E_LABEL: &str = "holdfast.dev/e2e";
 pub struct Env {
     kubeconfig: PathBuf,
     registry: String,
+    /// The registry's address inside the cluster, when it differs ([`CLUSTER_REGISTRY_ENV`]).
+    cluster_registry: Option<String>,
     boot_time: Duration,
     /// In start order; stopped in reverse.
     processes: Vec<ServerProcess>,
@@ -49,9 +58,32 @@ impl Env {
     /// Boots everything and installs the peers' CRDs (and holdfast's own) before the controller
     /// manager starts, so its garbage collector discovers them on its first sync.
     pub async fn start() -> Result<Self> {
+        if let Some(kubeconfig) = std::env::var_os(KUBECONFIG_ENV) {
+            return Self::existing(kubeconfig.into());
+        }
         // Children are forked from a runtime worker thread: PR_SET_PDEATHSIG follows the forking
         // thread, and workers live as long as the runtime, unlike a short-lived test thread.
         tokio::spawn(Self::boot()).await.context("boot task panicked")?
+    }
+
+    /// An existing cluster ([`KUBECONFIG_ENV`]): nothing is started, and nothing is stopped.
+    fn existing(kubeconfig: PathBuf) -> Result<Self> {
+        let registry = std::env::var(REGISTRY_ENV).with_context(|| {
+            format!("{KUBECONFIG_ENV} is set: {REGISTRY_ENV} must name the test registry")
+        })?;
+        Ok(Env {
+            kubeconfig,
+            registry,
+            cluster_registry: std::env::var(CLUSTER_REGISTRY_ENV).ok(),
+            boot_time: Duration::ZERO,
+            processes: Vec::new(),
+            dir: None,
+        })
+    }
+
+    /// Whether this is a cluster the harness did not start ([`KUBECONFIG_ENV`]).
+    pub fn is_existing_cluster(&self) -> bool {
+        self.dir.is_none()
     }
 
     async fn boot() -> Result<Self> {
@@ -62,6 +94,7 @@ impl Env {
         let mut env = Env {
             kubeconfig: root.join("kubeconfig"),
             registry: String::new(),
+            cluster_registry: None,
             boot_time: Duration::ZERO,
             processes: Vec::new(),
             dir: Some(dir),
@@ -316,6 +349,11 @@ impl Env {
         &self.registry
     }
 
+    /// `host:port` of that registry as holdfast, in the cluster, reaches it: what objects name.
+    pub fn cluster_registry(&self) -> &str {
+        self.cluster_registry.as_deref().unwrap_or(&self.registry)
+    }
+
     pub fn boot_time(&self) -> Duration {
         self.boot_time
     }
@@ -393,8 +431,10 @@ impl Env {
             .create(&PostParams::default(), &ns)
             .await?;
         let api: Api<ServiceAccount> = Api::namespaced(client, &name);
-        let ready = |sa: Option<&ServiceAccount>| {
-            sa.is_some_and(|sa| sa.secrets.as_ref().is_some_and(|s| !s.is_empty()))
+        // Kubernetes >= 1.24 (kind) no longer creates token Secrets: there, the account suffices.
+        let existing = self.is_existing_cluster();
+        let ready = move |sa: Option<&ServiceAccount>| {
+            sa.is_some_and(|sa| existing || sa.secrets.as_ref().is_some_and(|s| !s.is_empty()))
         };
         tokio::time::timeout(READY_TIMEOUT, await_condition(api, "default", ready))
             .await

@@ -8,6 +8,7 @@ pub mod emulators;
 pub mod images;
 pub mod objects;
 pub mod process;
+pub mod scenarios;
 pub mod slow_link;
 pub mod suite;
 pub mod tools;

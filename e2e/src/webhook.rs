@@ -67,6 +67,18 @@ pub struct Registration {
     /// Rules of a ValidatingWebhookConfiguration (none: no validating webhook is registered).
     pub validating_rules: Vec<RuleWithOperations>,
     pub policy: Policy,
+    /// Run as installed from `manifests/` instead of as the cluster admin in a namespace of its
+    /// own (none: the admin's client, a fresh namespace and configuration name).
+    pub installed: Option<Installed>,
+}
+
+/// The webhook's identity and names as `manifests/` installs it: its ServiceAccount's client,
+/// holdfast's namespace (the TLS Secret `holdfast-webhook-tls` and the digest cache) and the
+/// configuration name its RBAC lets it inject the caBundle into.
+pub struct Installed {
+    pub client: kube::Client,
+    pub namespace: String,
+    pub configuration: String,
 }
 
 impl Registration {
@@ -79,6 +91,7 @@ impl Registration {
             insecure_registries: Vec::new(),
             validating_rules: Vec::new(),
             policy: Policy::default(),
+            installed: None,
         }
     }
 }
@@ -165,20 +178,27 @@ impl LocalWebhook {
         let client = env.client().await?;
         let port = free_port()?;
         let scope = unique_name("scope");
-        let configuration = format!("holdfast-{scope}");
-        let tls_namespace = format!("{scope}-system");
-        Api::<Namespace>::all(client.clone())
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta {
-                        name: Some(tls_namespace.clone()),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                },
-            )
-            .await?;
+        // The configurations are the admin's to create; everything the webhook does itself
+        // (certificates, watches, the digest cache) it does with its own client.
+        let (holdfast, configuration, tls_namespace) = match registration.installed {
+            Some(installed) => (installed.client, installed.configuration, installed.namespace),
+            None => {
+                let tls_namespace = format!("{scope}-system");
+                Api::<Namespace>::all(client.clone())
+                    .create(
+                        &PostParams::default(),
+                        &Namespace {
+                            metadata: ObjectMeta {
+                                name: Some(tls_namespace.clone()),
+                                ..Default::default()
+                            },
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                (client.clone(), format!("holdfast-{scope}"), tls_namespace)
+            }
+        };
         let selector = LabelSelector {
             match_labels: Some(BTreeMap::from([(SCOPE_LABEL.to_string(), scope.clone())])),
             ..Default::default()
@@ -205,7 +225,7 @@ impl LocalWebhook {
             .await?;
 
         let store = KubeCertStore::bootstrap(
-            client.clone(),
+            holdfast.clone(),
             StoreConfig {
                 namespace: tls_namespace.clone(),
                 secret: "holdfast-webhook-tls".into(),
@@ -226,7 +246,7 @@ impl LocalWebhook {
         .context("bootstrapping the certificate store")?;
         let store = Arc::new(store);
         let cancel = CancellationToken::new();
-        let cluster = Cluster::start(client.clone(), cancel.clone()).await?;
+        let cluster = Cluster::start(holdfast.clone(), cancel.clone()).await?;
         let resolver = Resolver::new(ResolverConfig {
             insecure_registries: registration
                 .insecure_registries
@@ -236,7 +256,7 @@ impl LocalWebhook {
                 .collect(),
             ..Default::default()
         })?;
-        let entries = cluster_store::api(client.clone(), &tls_namespace);
+        let entries = cluster_store::api(holdfast, &tls_namespace);
         let sink = ClusterSink::start(entries.clone(), cancel.clone());
         let cache = Arc::new(DigestCache::new(
             Arc::new(resolver),

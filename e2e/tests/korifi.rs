@@ -7,13 +7,14 @@ use std::{sync::Arc, time::Duration};
 use anyhow::{Context, Result, ensure};
 use holdfast_e2e::{
     Env, e2e_main,
-    objects::{api_for, parse_documents},
+    objects::api_for,
+    scenarios::{self, HOLD, build_pod as pod, cfapp},
     wait,
     webhook::{LocalWebhook, Registration, rule},
 };
 use kube::{
     ResourceExt,
-    api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
+    api::{DeleteParams, DynamicObject, Patch, PatchParams},
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -31,14 +32,6 @@ fn guard_rules() -> Vec<k8s_openapi::api::admissionregistration::v1::RuleWithOpe
     ]
 }
 
-const HOLD: &str = "e2e.holdfast.dev/hold";
-
-fn cfapp(name: &str) -> String {
-    format!(
-        "apiVersion: korifi.cloudfoundry.org/v1alpha1\nkind: CFApp\nmetadata: {{name: {name}, finalizers: [{HOLD}]}}\nspec:\n  displayName: {name}\n  desiredState: STOPPED\n  lifecycle: {{type: buildpack, data: {{buildpacks: [], stack: cflinuxfs3}}}}\n"
-    )
-}
-
 fn image(name: &str) -> String {
     format!(
         "apiVersion: kpack.io/v1alpha2\nkind: Image\nmetadata: {{name: {name}, finalizers: [{HOLD}]}}\nspec: {{tag: registry.example/{name}-droplets}}\n"
@@ -53,35 +46,12 @@ fn build(name: &str, image: &DynamicObject) -> Result<String> {
     ))
 }
 
-fn pod(name: &str, build: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{kpack.io/build: {build}}}}}\nspec: {{restartPolicy: Never, containers: [{{name: build, image: registry.example/kpack/build-init}}]}}\n"
-    )
-}
-
 async fn create(env: &Env, ns: &str, yaml: &str) -> Result<DynamicObject> {
-    let client = env.client().await?;
-    let object = parse_documents(yaml)?.remove(0);
-    let api = api_for(&client, &object, Some(ns)).await?;
-    Ok(api.create(&PostParams::default(), &object).await?)
+    scenarios::create(&env.client().await?, ns, yaml).await
 }
 
 async fn release(env: &Env, ns: &str, object: &DynamicObject) -> Result<()> {
-    let client = env.client().await?;
-    let api = api_for(&client, object, Some(ns)).await?;
-    let unhold = json!({"metadata": {"finalizers": null}});
-    match api
-        .patch(
-            &object.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&unhold),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    scenarios::release(&env.client().await?, ns, object).await
 }
 
 /// Deletes the object and waits until the webhook's watch sees it terminating (finalizers hold it).
@@ -96,26 +66,10 @@ async fn start_deleting(env: &Env, ns: &str, object: &DynamicObject) -> Result<(
     Ok(())
 }
 
-/// The webhook learns of a deletion through its own watch, a moment after the API server: wait
-/// (with server-side dry runs, which go through admission and store nothing) until it refuses.
 async fn until_refused(env: &Env, ns: &str, yaml: &str) -> Result<()> {
-    let client = env.client().await?;
-    let object = parse_documents(yaml)?.remove(0);
-    let api = api_for(&client, &object, Some(ns)).await?;
-    let dry_run = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while api.create(&dry_run, &object).await.is_ok() {
-        ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the guard never refused {}",
-            object.name_any()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
+    scenarios::until_refused(&env.client().await?, ns, yaml, Duration::from_secs(10))
+        .await
+        .map(drop)
 }
 
 fn denied(result: Result<DynamicObject>) -> Result<String> {
