@@ -27,6 +27,7 @@ demo: up
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	shellcheck e2e/kind/*.sh
 
 fmt:
 	$(CARGO) fmt --all

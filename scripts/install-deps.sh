@@ -10,7 +10,7 @@ K8S_VERSION=1.20.2
 K8S_DEB_VERSION=1.20.5+really1.20.2-1.1+deb12u1
 CACHE_DIR=${HOLDFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/holdfast}
 BIN_DIR="$CACHE_DIR/k8s/$K8S_VERSION"
-PACKAGES=(etcd-server docker-registry skopeo golang-go rsync curl openssl
+PACKAGES=(etcd-server docker-registry skopeo golang-go rsync curl openssl shellcheck
   golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev)
 
 log() { printf '[install-deps %(%H:%M:%S)T] %s\n' -1 "$*"; }
