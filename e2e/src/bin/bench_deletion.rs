@@ -23,16 +23,14 @@ use holdfast_e2e::{
         Scope,
         kpack::{Created, KpackVersion},
         resources,
-        scenario::Peers,
+        scenario::{FastDeletion, Peers},
     },
-    webhook::{LocalWebhook, Registration, rule},
 };
 use kube::{
     Api, ResourceExt,
     api::DynamicObject,
     runtime::wait::{await_condition, conditions},
 };
-use tokio_util::sync::CancellationToken;
 
 /// Korifi's default `spaceFinalizerAppDeletionTimeout` (ref §3).
 const SPACE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -135,27 +133,9 @@ async fn deletion(env: &Env, apps: usize, version: KpackVersion, scope: Scope) -
 /// The same deletion with holdfast: its webhook (owner stamping on Images, the terminating guard
 /// on Builds, Images and build pods) serving the cell's namespaces and its fast finalizer running.
 async fn with_holdfast(env: &Arc<Env>, apps: usize, version: KpackVersion) -> Result<Cell> {
-    let mut registration = Registration::rules(vec![rule(
-        "kpack.io",
-        "v1alpha2",
-        &["images"],
-        &["CREATE", "UPDATE"],
-    )]);
-    registration.validating_rules = vec![
-        rule("kpack.io", "v1alpha2", &["builds"], &["CREATE"]),
-        rule("kpack.io", "v1alpha2", &["images"], &["UPDATE"]),
-        rule("", "v1", &["pods"], &["CREATE"]),
-    ];
-    let webhook = LocalWebhook::start(env.clone(), registration).await?;
-    let cancel = CancellationToken::new();
-    let finalizer = tokio::spawn(holdfast_controller::finalizer::run(
-        env.client().await?,
-        cancel.clone(),
-    ));
-    let cell = deletion(env, apps, version, Scope::e2e(&webhook.scope)).await;
-    cancel.cancel();
-    let _ = finalizer.await;
-    webhook.stop().await?;
+    let holdfast = FastDeletion::start(env.clone()).await?;
+    let cell = deletion(env, apps, version, holdfast.scope()).await;
+    holdfast.stop().await?;
     let mut cell = cell?;
     cell.holdfast = true;
     Ok(cell)

@@ -1,11 +1,20 @@
 //! Scenarios built from the EMULATORS (test fixtures, not the peers): both emulators scoped to a
-//! fresh root namespace, and an org with staged apps. Shared by the `emulators` e2e suite and
-//! `make bench-deletion`.
+//! fresh root namespace, an org with staged apps, and holdfast's fast-deletion parts serving
+//! them. Shared by the `emulators` e2e suite and `make bench-deletion`.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
-use kube::{Api, Client, ResourceExt, api::DynamicObject, runtime::wait::await_condition};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use kube::{
+    Api, Client, ResourceExt,
+    api::{DynamicObject, Patch, PatchParams},
+    runtime::wait::await_condition,
+};
+use serde_json::json;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{
@@ -14,7 +23,10 @@ use super::{
     kpack::{KpackEmulator, KpackVersion},
     resources,
 };
-use crate::Env;
+use crate::{
+    Env,
+    webhook::{LocalWebhook, Registration, rule},
+};
 
 /// Upper bound for staging one app (Korifi and kpack creating Image, Build and build pod).
 pub const STAGING_LIMIT: Duration = Duration::from_secs(60);
@@ -111,5 +123,70 @@ impl Peers {
     pub async fn stop(self) {
         self.kpack.stop().await;
         self.korifi.stop().await;
+    }
+}
+
+/// holdfast's fast-deletion parts, in-process: the webhook with the owner-stamping rule and the
+/// terminating guard, registered with the failure policies `manifests/` installs (Ignore: a dead
+/// webhook must not hold anything up), and the controller's fast finalizer.
+pub struct FastDeletion {
+    pub webhook: LocalWebhook,
+    cancel: CancellationToken,
+    finalizer: Option<JoinHandle<()>>,
+}
+
+impl FastDeletion {
+    pub async fn start(env: Arc<Env>) -> Result<Self> {
+        let mut registration = Registration::rules(vec![rule(
+            "kpack.io",
+            "v1alpha2",
+            &["images"],
+            &["CREATE", "UPDATE"],
+        )]);
+        registration.validating_rules = vec![
+            rule("kpack.io", "v1alpha2", &["builds"], &["CREATE"]),
+            rule("kpack.io", "v1alpha2", &["images"], &["UPDATE"]),
+            rule("", "v1", &["pods"], &["CREATE"]),
+        ];
+        let client = env.client().await?;
+        let webhook = LocalWebhook::start(env, registration).await?;
+        let ignore = json!([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}]);
+        let patch = Patch::Json::<()>(serde_json::from_value(ignore)?);
+        Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .patch(&webhook.configuration, &PatchParams::default(), &patch)
+            .await?;
+        Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .patch(&webhook.configuration, &PatchParams::default(), &patch)
+            .await?;
+        let cancel = CancellationToken::new();
+        let finalizer = tokio::spawn(holdfast_controller::finalizer::run(client, cancel.clone()));
+        Ok(Self {
+            webhook,
+            cancel,
+            finalizer: Some(finalizer),
+        })
+    }
+
+    /// The emulators' scope for the namespaces this webhook serves.
+    pub fn scope(&self) -> Scope {
+        Scope::e2e(&self.webhook.scope)
+    }
+
+    /// Both components die: the webhook stops answering (its configurations stay, pointing at a
+    /// closed port) and the fast finalizer stops.
+    pub async fn kill(&mut self) {
+        if let Some(running) = self.webhook.running.take() {
+            running.shutdown(Duration::ZERO).await;
+        }
+        self.cancel.cancel();
+        if let Some(finalizer) = self.finalizer.take() {
+            let _ = finalizer.await;
+        }
+    }
+
+    /// Stops both and removes the webhook configurations.
+    pub async fn stop(mut self) -> Result<()> {
+        self.kill().await;
+        self.webhook.stop().await
     }
 }
