@@ -205,6 +205,9 @@ async fn main() -> Result<()> {
     controller.stop().await;
     webhook.stop().await?;
     registry.stop();
+    // Everything stopped before the figures, so that no late log line follows the last line.
+    drop(client);
+    drop(env);
 
     println!(
         "{:<8} {:>18} {:>8} {:>14} {:>11} {:>22} {:>8}",
