@@ -1,6 +1,6 @@
 //! The TLS and admin ports of a real server on loopback: TLS 1.2 and 1.3 with ALPN, no plain
 //! HTTP on the TLS port, readiness that waits for the caches and turns off first on shutdown,
-//! and metrics with the certificate's expiry.
+//! metrics with the certificate's expiry, and a shutdown that lets an admission in flight finish.
 
 // Helpers outside #[test] fns are not covered by clippy.toml's allow-unwrap-in-tests.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -164,5 +164,87 @@ async fn readiness_waits_for_caches_and_metrics_report_expiry() {
     assert!(
         TcpStream::connect(admin).await.is_err(),
         "admin port still open after shutdown"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_lets_an_admission_in_flight_finish_and_then_refuses_connections() {
+    const TAG: &str = "registry.example/team/app-config:1.0.0";
+    let asked = Arc::new(tokio::sync::Notify::new());
+    let registry = support::FixedRegistry {
+        digests: [(TAG.to_string(), holdfast_registry::Digest::sha256_of(b"config"))].into(),
+        latency: Duration::from_millis(500),
+        asked: Some(asked.clone()),
+        ..Default::default()
+    };
+    let ca = CertificateAuthority::generate(&CaOptions::default()).unwrap();
+    let leaf = ca
+        .issue_serving(
+            &ServingOptions::for_service("holdfast-webhook", "holdfast-system")
+                .with_ip([127, 0, 0, 1].into()),
+        )
+        .unwrap();
+    let settings = Settings {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        deadline: Duration::from_secs(3),
+        body_limit: 1 << 20,
+        handshake_timeout: Duration::from_secs(2),
+    };
+    let running = server::start(
+        settings,
+        support::context(StaticCluster::default(), registry),
+        async {},
+        Arc::new(SwappableCert::new(&leaf).unwrap()),
+    )
+    .await
+    .unwrap();
+    let addr = running.addr;
+    let readiness = running.readiness.clone();
+
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "7d1e3c2a-0b4f-4c1e-9a55-2f7f2b1d9e10",
+            "kind": {"group": "kappctrl.k14s.io", "version": "v1alpha1", "kind": "App"},
+            "resource": {"group": "kappctrl.k14s.io", "version": "v1alpha1", "resource": "apps"},
+            "name": "app", "namespace": "team", "operation": "CREATE", "userInfo": {},
+            "object": {"apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
+                       "metadata": {"name": "app", "namespace": "team"},
+                       "spec": {"fetch": [{"image": {"url": TAG}}]}},
+            "oldObject": null, "dryRun": false
+        }
+    })
+    .to_string();
+    let mut config = client(&ca.cert_pem(), &rustls::version::TLS13);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let mut tls = connector
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    let in_flight = tokio::spawn(async move {
+        let request = format!(
+            "POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{review}",
+            review.len()
+        );
+        tls.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = tls.read_to_end(&mut answer).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    });
+
+    // The admission is waiting on the registry: shut down now.
+    asked.notified().await;
+    let shutdown = tokio::spawn(running.shutdown(Duration::from_secs(5)));
+    let answer = in_flight.await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"patchType\":\"JSONPatch\""), "{answer}");
+    shutdown.await.unwrap();
+    assert!(readiness.blockers().contains(&"shutting down"));
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "the TLS port still accepts connections after the shutdown"
     );
 }

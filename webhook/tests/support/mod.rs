@@ -15,6 +15,10 @@ use holdfast_webhook::{cluster::ClusterView, rules::RuleContext};
 pub struct FixedRegistry {
     pub digests: HashMap<String, Digest>,
     pub tags: Vec<String>,
+    /// A slow registry: each digest lookup takes this long.
+    pub latency: std::time::Duration,
+    /// Notified when a digest lookup starts (a request is in flight).
+    pub asked: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Source for FixedRegistry {
@@ -32,7 +36,15 @@ impl Source for FixedRegistry {
                 repository: reference.repository(),
                 after: std::time::Duration::from_secs(2),
             });
-        futures::future::ready(found).boxed()
+        if let Some(asked) = &self.asked {
+            asked.notify_one();
+        }
+        let latency = self.latency;
+        async move {
+            tokio::time::sleep(latency).await;
+            found
+        }
+        .boxed()
     }
 
     fn tags<'a>(
