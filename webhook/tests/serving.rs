@@ -216,7 +216,7 @@ async fn shutdown_lets_an_admission_in_flight_finish_and_then_refuses_connection
         }
     })
     .to_string();
-    let mut config = client(&ca.cert_pem(), &rustls::version::TLS13);
+    let mut config = client(ca.cert_pem(), &rustls::version::TLS13);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let connector = TlsConnector::from(Arc::new(config));
     let tcp = TcpStream::connect(addr).await.unwrap();
