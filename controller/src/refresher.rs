@@ -14,7 +14,13 @@ pub async fn run(pinner: &Pinner, interval: Duration, rounds: watch::Sender<u64>
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(interval + jitter(interval / 10)) => {}
         }
-        let report = round(pinner).await;
+        // A round asks the registry once per key, each ask bounded by the resolver's timeout:
+        // with many keys and a registry down it can last minutes, so it must not hold up a
+        // shutdown or a lost Lease. Dropping it part-way loses nothing: the next round starts over.
+        let report = tokio::select! {
+            _ = cancel.cancelled() => return,
+            report = round(pinner) => report,
+        };
         rounds.send_modify(|n| *n += 1);
         tracing::info!(
             checked = report.checked,
