@@ -131,7 +131,11 @@ async fn certificate(
 
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colour only for a terminal: in a pod, escape codes would end up in the collected logs (and
+    // styling every field name costs more than formatting it).
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
     match format {
         LogFormat::Plain => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -66,8 +66,10 @@ fn main() -> Result<()> {
         .map_err(|_| anyhow::anyhow!("crypto provider already installed"))?;
     // Production logs one line per admission: pay for formatting it, into a sink. Plain text as
     // holdfast-webhook's default; `BENCH_LOG_FORMAT=json` as its `--log-format=json`.
+    // Not a terminal, so no ANSI styling, as holdfast-webhook writes it in a pod.
     let logs = tracing_subscriber::fmt()
         .with_env_filter(std::env::var("BENCH_LOG").unwrap_or_else(|_| "info".into()))
+        .with_ansi(false)
         .with_writer(std::io::sink);
     match std::env::var("BENCH_LOG_FORMAT").as_deref() {
         Ok("json") => logs.json().init(),
