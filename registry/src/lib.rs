@@ -7,6 +7,7 @@
 //! - [`semver_select`]: vendir's `tagSelection.semver` (which tag vendir would pick).
 //! - [`credentials`]: registry credentials from a `secretRef` Secret, as vendir reads them.
 //! - [`resolve`]: the registry client: tag → digest, tag lists, auth, rate limits, budgets.
+//! - [`mirror`]: copies pinned content (and imgpkg bundles, relocated) into a cache registry.
 
 mod auth;
 pub mod cache;
@@ -14,6 +15,7 @@ pub mod cluster_store;
 pub mod credentials;
 pub mod digest;
 mod host_gate;
+pub mod mirror;
 pub mod reference;
 pub mod resolve;
 mod retry_after;

@@ -35,7 +35,7 @@ use base64::{Engine as _, engine::general_purpose::STANDARD};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use serde::Deserialize;
-use tokio::time::Instant;
+use tokio::{sync::OwnedSemaphorePermit, time::Instant};
 use tracing::{debug, warn};
 use url::Url;
 
@@ -276,12 +276,34 @@ struct Inner {
 }
 
 /// One repository on one registry, with the credential chosen for it.
-struct Target<'a> {
-    registry: String,
-    repository: String,
+pub(crate) struct Target<'a> {
+    pub(crate) registry: String,
+    pub(crate) repository: String,
     scheme: &'static str,
     auth: Option<&'a AuthConfig>,
     key: AuthKey,
+}
+
+/// What to do with a response body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Read {
+    /// Do not read it (HEAD).
+    Nothing,
+    /// Read at most this many bytes (an error if a successful response has more).
+    UpTo(usize),
+    /// Hand a successful response's body over unread, as [`Fetched::stream`], holding the host
+    /// slot until it is dropped. An error response's body is read (truncated) as usual.
+    Stream,
+}
+
+/// A request body.
+enum Payload {
+    Empty,
+    Form(String),
+    /// Sent as is, with its `Content-Type`.
+    Bytes(HeaderValue, Bytes),
+    /// Streamed once (never re-sent): `Content-Type`, `Content-Length`, body.
+    Stream(HeaderValue, u64, reqwest::Body),
 }
 
 /// A request as `execute` sends it.
@@ -290,16 +312,44 @@ struct Outgoing<'a> {
     url: Url,
     accept: &'a str,
     authorization: Option<HeaderValue>,
-    form: Option<String>,
-    /// `None`: do not read a body (HEAD).
-    body_limit: Option<usize>,
+    payload: Payload,
+    read: Read,
+    /// Overrides [`ResolverConfig::request_timeout`] for this request (and its slot wait).
+    timeout: Option<Duration>,
+}
+
+/// A request that [`Resolver::send`] may repeat after answering an auth challenge.
+pub(crate) struct Request<'a> {
+    pub(crate) method: Method,
+    pub(crate) url: &'a Url,
+    pub(crate) accept: &'a str,
+    /// `Content-Type` and body.
+    pub(crate) body: Option<(HeaderValue, Bytes)>,
+    pub(crate) read: Read,
+    pub(crate) timeout: Option<Duration>,
 }
 
 /// A response with its body read (within the request timeout, while holding the host slot).
-struct Fetched {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
+pub(crate) struct Fetched {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+    /// With [`Read::Stream`] and a successful status: the unread body.
+    pub(crate) stream: Option<BodyStream>,
+}
+
+/// A response body being streamed; holds the host's connection slot until dropped. The request
+/// timeout still bounds it.
+pub(crate) struct BodyStream {
+    response: reqwest::Response,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl BodyStream {
+    /// The next chunk, `None` at the end.
+    pub(crate) async fn chunk(&mut self) -> Result<Option<Bytes>, reqwest::Error> {
+        self.response.chunk().await
+    }
 }
 
 #[derive(Deserialize)]
@@ -452,7 +502,7 @@ impl Resolver {
         Ok(tags)
     }
 
-    fn target<'a>(&self, reference: &Reference, credentials: &'a Credentials) -> Target<'a> {
+    pub(crate) fn target<'a>(&self, reference: &Reference, credentials: &'a Credentials) -> Target<'a> {
         let registry = reference.registry().to_owned();
         let repository = reference.repository();
         let auth = credentials.for_reference(reference).filter(|a| !a.is_anonymous());
@@ -492,6 +542,40 @@ impl Resolver {
         accept: &str,
         body_limit: Option<usize>,
     ) -> Result<Fetched, ResolveError> {
+        let read = body_limit.map_or(Read::Nothing, Read::UpTo);
+        let request = Request {
+            method,
+            url,
+            accept,
+            body: None,
+            read,
+            timeout: None,
+        };
+        self.send(target, request).await
+    }
+
+    /// The `Authorization` a request to `target` carries before any challenge: a static
+    /// registry token, or what the cache holds.
+    fn cached_authorization(
+        &self,
+        target: &Target<'_>,
+        cached: Option<&CachedAuth>,
+    ) -> Result<Option<HeaderValue>, ResolveError> {
+        match (target.auth.and_then(AuthConfig::registry_token_value), cached) {
+            (Some(token), _) => Ok(Some(target.bearer_header(token)?)),
+            (None, Some(CachedAuth::Bearer(token))) => Ok(Some(target.bearer_header(token.expose())?)),
+            (None, Some(CachedAuth::Basic)) => target.basic_header(),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// Sends a request within the host's budgets, answering one auth challenge (Bearer or
+    /// Basic) by sending it again.
+    pub(crate) async fn send(
+        &self,
+        target: &Target<'_>,
+        request: Request<'_>,
+    ) -> Result<Fetched, ResolveError> {
         let static_token = target.auth.and_then(AuthConfig::registry_token_value);
         let mut cached = if static_token.is_some() {
             None
@@ -500,19 +584,19 @@ impl Resolver {
         };
         let mut challenged = false;
         loop {
-            let authorization = match (static_token, &cached) {
-                (Some(token), _) => Some(target.bearer_header(token)?),
-                (None, Some(CachedAuth::Bearer(token))) => Some(target.bearer_header(token.expose())?),
-                (None, Some(CachedAuth::Basic)) => target.basic_header()?,
-                (None, None) => None,
+            let authorization = self.cached_authorization(target, cached.as_ref())?;
+            let payload = match &request.body {
+                Some((content_type, bytes)) => Payload::Bytes(content_type.clone(), bytes.clone()),
+                None => Payload::Empty,
             };
             let outgoing = Outgoing {
-                method: method.clone(),
-                url: url.clone(),
-                accept,
+                method: request.method.clone(),
+                url: request.url.clone(),
+                accept: request.accept,
                 authorization,
-                form: None,
-                body_limit,
+                payload,
+                read: request.read,
+                timeout: request.timeout,
             };
             let response = self.execute(target, outgoing).await?;
             if response.status != StatusCode::UNAUTHORIZED {
@@ -559,6 +643,39 @@ impl Resolver {
         }
     }
 
+    /// Sends a streamed body once, with the authorization a previous request to `target` left
+    /// in the cache (a stream cannot be sent again after a challenge: make an authorized
+    /// request to the same repository first, e.g. the upload's `POST`).
+    pub(crate) async fn send_stream(
+        &self,
+        target: &Target<'_>,
+        method: Method,
+        url: Url,
+        body: (HeaderValue, u64, reqwest::Body),
+        timeout: Duration,
+    ) -> Result<Fetched, ResolveError> {
+        let cached = self.inner.auth.get(&target.key);
+        let outgoing = Outgoing {
+            method,
+            url,
+            accept: "*/*",
+            authorization: self.cached_authorization(target, cached.as_ref())?,
+            payload: Payload::Stream(body.0, body.1, body.2),
+            read: Read::UpTo(MAX_ERROR_BODY_BYTES),
+            timeout: Some(timeout),
+        };
+        let response = self.execute(target, outgoing).await?;
+        if response.status == StatusCode::UNAUTHORIZED {
+            self.inner.auth.invalidate(&target.key);
+            return Err(target.unauthorized(
+                StatusCode::UNAUTHORIZED,
+                target.rejected_detail(),
+                &response.body,
+            ));
+        }
+        Ok(response)
+    }
+
     /// Gets a bearer token from the challenge's realm: anonymously, with Basic credentials, or
     /// by exchanging an identity token (OAuth2 refresh-token grant, as go-containerregistry).
     async fn fetch_token(
@@ -601,8 +718,9 @@ impl Resolver {
                     url,
                     accept: "application/json",
                     authorization: None,
-                    form: Some(form.finish()),
-                    body_limit: Some(MAX_TOKEN_RESPONSE_BYTES),
+                    payload: Payload::Form(form.finish()),
+                    read: Read::UpTo(MAX_TOKEN_RESPONSE_BYTES),
+                    timeout: None,
                 }
             }
             None => {
@@ -620,8 +738,9 @@ impl Resolver {
                     url,
                     accept: "application/json",
                     authorization: target.basic_header()?,
-                    form: None,
-                    body_limit: Some(MAX_TOKEN_RESPONSE_BYTES),
+                    payload: Payload::Empty,
+                    read: Read::UpTo(MAX_TOKEN_RESPONSE_BYTES),
+                    timeout: None,
                 }
             }
         };
@@ -661,10 +780,10 @@ impl Resolver {
             );
             return Err(target.rate_limited(wait));
         }
-        let timeout = config.request_timeout;
+        let timeout = outgoing.timeout.unwrap_or(config.request_timeout);
         let permits = self.inner.gates.permits(&host);
         let started = Instant::now();
-        let _permit = tokio::time::timeout(timeout, permits.acquire_owned())
+        let permit = tokio::time::timeout(timeout, permits.acquire_owned())
             .await
             .map_err(|_| {
                 warn!(
@@ -689,27 +808,40 @@ impl Resolver {
         if let Some(authorization) = outgoing.authorization {
             request = request.header(header::AUTHORIZATION, authorization);
         }
-        if let Some(form) = outgoing.form {
-            request = request
+        request = match outgoing.payload {
+            Payload::Empty => request,
+            Payload::Form(form) => request
                 .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-                .body(form);
-        }
-        let body_limit = outgoing.body_limit;
+                .body(form),
+            Payload::Bytes(content_type, bytes) => {
+                request.header(header::CONTENT_TYPE, content_type).body(bytes)
+            }
+            Payload::Stream(content_type, length, body) => request
+                .header(header::CONTENT_TYPE, content_type)
+                .header(header::CONTENT_LENGTH, length)
+                .body(body),
+        };
+        let read = outgoing.read;
         let result = async {
             let response = request.send().await?;
             let status = response.status();
             let headers = response.headers().clone();
-            let body = match body_limit {
-                None => Ok(Bytes::new()),
-                Some(limit) if status.is_success() => read_body(response, limit, false).await?,
-                Some(limit) => read_body(response, limit.min(MAX_ERROR_BODY_BYTES), true).await?,
+            let (body, stream) = match read {
+                Read::Nothing => (Ok(Bytes::new()), None),
+                Read::Stream if status.is_success() => (Ok(Bytes::new()), Some(response)),
+                Read::UpTo(limit) if status.is_success() => (read_body(response, limit, false).await?, None),
+                Read::UpTo(limit) => (
+                    read_body(response, limit.min(MAX_ERROR_BODY_BYTES), true).await?,
+                    None,
+                ),
+                Read::Stream => (read_body(response, MAX_ERROR_BODY_BYTES, true).await?, None),
             };
-            Ok::<_, reqwest::Error>((status, headers, body))
+            Ok::<_, reqwest::Error>((status, headers, body, stream))
         }
         .await;
         let elapsed_ms = started.elapsed().as_millis() as u64;
 
-        let (status, headers, body) = match result {
+        let (status, headers, body, stream) = match result {
             Ok(parts) => parts,
             Err(e) if e.is_timeout() => {
                 warn!(host, %method, elapsed_ms, "registry request timed out");
@@ -743,12 +875,16 @@ impl Resolver {
             status,
             headers,
             body,
+            stream: stream.map(|response| BodyStream {
+                response,
+                _permit: permit,
+            }),
         })
     }
 }
 
 impl Target<'_> {
-    fn url(&self, suffix: &str) -> Result<Url, ResolveError> {
+    pub(crate) fn url(&self, suffix: &str) -> Result<Url, ResolveError> {
         let raw = format!(
             "{}://{}/v2/{}/{suffix}",
             self.scheme, self.registry, self.repository
@@ -794,7 +930,7 @@ impl Target<'_> {
         }
     }
 
-    fn status_error(&self, status: StatusCode, reference: &str, body: &Bytes) -> ResolveError {
+    pub(crate) fn status_error(&self, status: StatusCode, reference: &str, body: &Bytes) -> ResolveError {
         match status {
             StatusCode::NOT_FOUND => ResolveError::NotFound {
                 registry: self.registry.clone(),
@@ -834,7 +970,7 @@ impl Target<'_> {
         }
     }
 
-    fn timeout(&self, after: Duration) -> ResolveError {
+    pub(crate) fn timeout(&self, after: Duration) -> ResolveError {
         ResolveError::Timeout {
             registry: self.registry.clone(),
             repository: self.repository.clone(),
@@ -842,7 +978,7 @@ impl Target<'_> {
         }
     }
 
-    fn transport(&self, detail: String) -> ResolveError {
+    pub(crate) fn transport(&self, detail: String) -> ResolveError {
         ResolveError::Transport {
             registry: self.registry.clone(),
             repository: self.repository.clone(),
@@ -850,7 +986,7 @@ impl Target<'_> {
         }
     }
 
-    fn protocol(&self, detail: String) -> ResolveError {
+    pub(crate) fn protocol(&self, detail: String) -> ResolveError {
         ResolveError::Protocol {
             registry: self.registry.clone(),
             repository: self.repository.clone(),
@@ -909,7 +1045,7 @@ fn authority(url: &Url) -> String {
     }
 }
 
-fn same_origin(a: &Url, b: &Url) -> bool {
+pub(crate) fn same_origin(a: &Url, b: &Url) -> bool {
     a.scheme() == b.scheme()
         && a.host_str() == b.host_str()
         && a.port_or_known_default() == b.port_or_known_default()
@@ -974,7 +1110,7 @@ fn registry_error(body: &Bytes) -> Option<String> {
 }
 
 /// An error and its sources, one line (reqwest's own message omits the cause).
-fn error_chain(error: &dyn StdError) -> String {
+pub(crate) fn error_chain(error: &dyn StdError) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
