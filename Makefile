@@ -3,7 +3,7 @@ SHELL := /bin/bash
 STATE := .holdfast
 CARGO ?= cargo
 
-.PHONY: deps build up down demo test lint fmt bench-admission bench-deletion bench-pinning
+.PHONY: deps build up down demo test lint fmt bench-admission bench-deletion bench-pinning bench-mirror
 
 ## deps: install etcd, the registry, skopeo, Go; build and cache kube-apiserver/controller-manager 1.20.2
 deps:
@@ -50,6 +50,13 @@ bench-deletion:
 ## last line registry_request_ratio=… failed_syncs_without=… failed_syncs_with=…
 bench-pinning:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-pinning
+
+## bench-mirror: copy throughput (MiB/s) of holdfast's mirror copier vs `skopeo copy` of the same image (BENCH_MIRROR_MIB,
+## default 200, in BENCH_MIRROR_LAYERS layers) between two local registries, BENCH_MIRROR_ROUNDS alternating rounds, then a
+## fetch of the mirrored image with the upstream stopped; last line copy_ratio=… upstream_requests_after_outage=…
+bench-mirror:
+	$(CARGO) build --release -q -p holdfast-e2e --bin holdfast-mirror-copy
+	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-mirror
 
 ## image: build the container image of both binaries (Dockerfile) as $(IMAGE); needs a Docker engine with BuildKit
 IMAGE ?= holdfast:dev

@@ -207,26 +207,7 @@ async fn push_blob(http: &Http<'_>, repository: &str, blob: &Blob) -> Result<()>
     if exists.status().is_success() {
         return Ok(());
     }
-    let start = http
-        .request(
-            reqwest::Method::POST,
-            format!("{base}/v2/{repository}/blobs/uploads/"),
-        )
-        .send()
-        .await?;
-    if start.status() != StatusCode::ACCEPTED {
-        bail!("starting a blob upload to {repository}: {}", start.status());
-    }
-    let location = start
-        .headers()
-        .get(header::LOCATION)
-        .context("upload without Location")?
-        .to_str()?;
-    let location = if location.starts_with('/') {
-        format!("{base}{location}")
-    } else {
-        location.to_string()
-    };
+    let location = start_upload(http, repository).await?;
     let separator = if location.contains('?') { '&' } else { '?' };
     let done = http
         .request(
@@ -282,18 +263,207 @@ async fn put_manifest(http: &Http<'_>, repository: &str, reference: &str, manife
 fn tar_of(files: &[(&str, &[u8])]) -> Result<Vec<u8>> {
     let mut builder = tar::Builder::new(Vec::new());
     for (path, contents) in files {
-        let mut header = tar::Header::new_ustar();
-        header.set_size(contents.len() as u64);
-        header.set_mode(0o644);
-        header.set_mtime(0);
-        header.set_entry_type(tar::EntryType::Regular);
         builder
-            .append_data(&mut header, path, *contents)
+            .append_data(&mut file_header(contents.len() as u64), path, *contents)
             .with_context(|| format!("adding {path}"))?;
     }
     Ok(builder.into_inner()?)
 }
 
+/// A regular file's tar header with fixed metadata (same files, same digest).
+fn file_header(size: u64) -> tar::Header {
+    let mut header = tar::Header::new_ustar();
+    header.set_size(size);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_entry_type(tar::EntryType::Regular);
+    header
+}
+
+/// Bytes free on the file system of `path` (from `df`), to check before writing big test images.
+pub fn free_disk_bytes(path: &std::path::Path) -> Result<u64> {
+    let out = std::process::Command::new("df")
+        .args(["--output=avail", "-B1"])
+        .arg(path)
+        .output()?;
+    String::from_utf8(out.stdout)?
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .context("cannot read free disk space from df")
+}
+
 pub fn sha256_digest(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// A blob pushed from a file by [`push_blob_file`].
+#[derive(Debug, Clone)]
+pub struct PushedBlob {
+    pub media_type: &'static str,
+    pub digest: String,
+    pub size: u64,
+}
+
+impl PushedBlob {
+    fn descriptor(&self) -> serde_json::Value {
+        json!({"mediaType": self.media_type, "digest": self.digest, "size": self.size})
+    }
+}
+
+/// Writes a tar to `path`: `random_bytes` of incompressible data (from `/dev/urandom`) as
+/// `data/random.bin`, then `files`. Streams: memory does not grow with `random_bytes`.
+pub fn write_random_tar(path: &std::path::Path, random_bytes: u64, files: &[(&str, &[u8])]) -> Result<()> {
+    use std::io::Read as _;
+    let out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    let mut builder = tar::Builder::new(out);
+    let random = std::fs::File::open("/dev/urandom")?.take(random_bytes);
+    builder.append_data(&mut file_header(random_bytes), "data/random.bin", random)?;
+    for (name, contents) in files {
+        builder.append_data(&mut file_header(contents.len() as u64), name, *contents)?;
+    }
+    builder
+        .into_inner()?
+        .into_inner()
+        .map_err(|e| e.into_error())?
+        .sync_all()?;
+    Ok(())
+}
+
+/// Pushes a file as a blob of `repository`, streaming it (hashed first, then uploaded).
+pub async fn push_blob_file(
+    registry: &str,
+    repository: &str,
+    path: &std::path::Path,
+    media_type: &'static str,
+) -> Result<PushedBlob> {
+    use tokio::io::AsyncReadExt as _;
+    let (digest, size) = {
+        use std::io::Read as _;
+        let mut file = std::fs::File::open(path)?;
+        let mut hasher = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut size = 0u64;
+        loop {
+            let n = file.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            size += n as u64;
+        }
+        (format!("sha256:{}", hex::encode(hasher.finalize())), size)
+    };
+    let http = Http::new(registry, None);
+    let location = start_upload(&http, repository).await?;
+    let file = tokio::fs::File::open(path).await?;
+    let chunks = futures::stream::unfold(file, |mut file| async move {
+        let mut buf = bytes::BytesMut::with_capacity(256 * 1024);
+        match file.read_buf(&mut buf).await {
+            Ok(0) => None,
+            Ok(_) => Some((Ok::<_, std::io::Error>(buf.freeze()), file)),
+            Err(e) => Some((Err(e), file)),
+        }
+    });
+    let separator = if location.contains('?') { '&' } else { '?' };
+    let done = http
+        .request(
+            reqwest::Method::PUT,
+            format!("{location}{separator}digest={digest}"),
+        )
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, size)
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await?;
+    if done.status() != StatusCode::CREATED {
+        bail!("uploading {} to {repository}: {}", path.display(), done.status());
+    }
+    Ok(PushedBlob {
+        media_type,
+        digest,
+        size,
+    })
+}
+
+/// Pushes an image of layers already in `repository` (e.g. from [`push_blob_file`]): its config,
+/// with `labels`, and its manifest under `tag`; returns the manifest digest.
+pub async fn push_image_of_layers(
+    registry: &str,
+    repository: &str,
+    tag: &str,
+    layers: &[PushedBlob],
+    labels: BTreeMap<String, String>,
+) -> Result<String> {
+    let diff_ids: Vec<&str> = layers.iter().map(|l| l.digest.as_str()).collect();
+    let config = json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Labels": labels},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    });
+    let config = Blob::new(OCI_CONFIG, serde_json::to_vec(&config)?);
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": config.descriptor(),
+        "layers": layers.iter().map(PushedBlob::descriptor).collect::<Vec<_>>(),
+    });
+    let manifest = Blob::new(OCI_MANIFEST, serde_json::to_vec(&manifest)?);
+    let http = Http::new(registry, None);
+    push_blob(&http, repository, &config).await?;
+    put_manifest(&http, repository, tag, &manifest).await
+}
+
+/// `GET /v2/<repository>/<kind>/<digest>` (`kind`: `manifests` or `blobs`): the bytes exactly
+/// as the registry serves them, and the `Content-Type`.
+pub async fn fetch_raw(
+    registry: &str,
+    repository: &str,
+    kind: &str,
+    digest: &str,
+) -> Result<(String, Vec<u8>)> {
+    let url = format!("http://{registry}/v2/{repository}/{kind}/{digest}");
+    let rsp = reqwest::Client::new()
+        .get(&url)
+        .header(
+            header::ACCEPT,
+            format!("{OCI_INDEX}, {OCI_MANIFEST}, application/vnd.docker.distribution.manifest.v2+json"),
+        )
+        .send()
+        .await?;
+    if !rsp.status().is_success() {
+        bail!("GET {url}: {}", rsp.status());
+    }
+    let content_type = rsp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    Ok((content_type, rsp.bytes().await?.to_vec()))
+}
+
+async fn start_upload(http: &Http<'_>, repository: &str) -> Result<String> {
+    let base = &http.base;
+    let start = http
+        .request(
+            reqwest::Method::POST,
+            format!("{base}/v2/{repository}/blobs/uploads/"),
+        )
+        .send()
+        .await?;
+    if start.status() != StatusCode::ACCEPTED {
+        bail!("starting a blob upload to {repository}: {}", start.status());
+    }
+    let location = start
+        .headers()
+        .get(header::LOCATION)
+        .context("upload without Location")?
+        .to_str()?;
+    Ok(if location.starts_with('/') {
+        format!("{base}{location}")
+    } else {
+        location.to_string()
+    })
 }
