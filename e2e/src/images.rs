@@ -444,6 +444,41 @@ pub async fn fetch_raw(
     Ok((content_type, rsp.bytes().await?.to_vec()))
 }
 
+/// The manifest `digest` and every blob below it (through indexes), as the registry serves them.
+pub async fn manifest_tree(
+    registry: &str,
+    repository: &str,
+    digest: &str,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let mut manifests = vec![digest.to_owned()];
+    let mut blobs = Vec::new();
+    let mut i = 0;
+    while i < manifests.len() {
+        let (_, bytes) = fetch_raw(registry, repository, "manifests", &manifests[i]).await?;
+        let doc: serde_json::Value = serde_json::from_slice(&bytes)?;
+        for child in doc["manifests"].as_array().into_iter().flatten() {
+            manifests.push(
+                child["digest"]
+                    .as_str()
+                    .context("index entry without digest")?
+                    .to_owned(),
+            );
+        }
+        let config = doc["config"]["digest"].as_str().map(str::to_owned);
+        blobs.extend(config);
+        for layer in doc["layers"].as_array().into_iter().flatten() {
+            blobs.push(
+                layer["digest"]
+                    .as_str()
+                    .context("layer without digest")?
+                    .to_owned(),
+            );
+        }
+        i += 1;
+    }
+    Ok((manifests, blobs))
+}
+
 async fn start_upload(http: &Http<'_>, repository: &str) -> Result<String> {
     let base = &http.base;
     let start = http

@@ -50,37 +50,6 @@ fn reference(registry: &str, repository: &str, digest: &str) -> Result<Reference
     Ok(Reference::parse(&format!("{registry}/{repository}@{digest}"))?)
 }
 
-/// The manifest `digest` and every blob below it (through indexes), as the registry serves them.
-async fn manifest_tree(registry: &str, repository: &str, digest: &str) -> Result<(Vec<String>, Vec<String>)> {
-    let mut manifests = vec![digest.to_owned()];
-    let mut blobs = Vec::new();
-    let mut i = 0;
-    while i < manifests.len() {
-        let (_, bytes) = images::fetch_raw(registry, repository, "manifests", &manifests[i]).await?;
-        let doc: serde_json::Value = serde_json::from_slice(&bytes)?;
-        for child in doc["manifests"].as_array().into_iter().flatten() {
-            manifests.push(
-                child["digest"]
-                    .as_str()
-                    .context("index entry without digest")?
-                    .to_owned(),
-            );
-        }
-        let config = doc["config"]["digest"].as_str().map(str::to_owned);
-        blobs.extend(config);
-        for layer in doc["layers"].as_array().into_iter().flatten() {
-            blobs.push(
-                layer["digest"]
-                    .as_str()
-                    .context("layer without digest")?
-                    .to_owned(),
-            );
-        }
-        i += 1;
-    }
-    Ok((manifests, blobs))
-}
-
 /// Every manifest and blob of `digest` in `from/from_repo` is in `to/to_repo`, byte for byte
 /// (and with the same manifest media types); returns how many manifests and blobs were compared.
 async fn same_content(
@@ -88,7 +57,7 @@ async fn same_content(
     (to, to_repo): (&str, &str),
     digest: &str,
 ) -> Result<(usize, usize)> {
-    let (manifests, blobs) = manifest_tree(from, from_repo, digest).await?;
+    let (manifests, blobs) = images::manifest_tree(from, from_repo, digest).await?;
     for (kind, digests) in [("manifests", &manifests), ("blobs", &blobs)] {
         for digest in digests {
             let upstream = images::fetch_raw(from, from_repo, kind, digest).await?;
@@ -285,7 +254,7 @@ async fn an_interrupted_copy_resumes_without_resending_blobs(env: Arc<Env>) -> R
         error.is_transient(),
         "an outage should be a transient error: {error}"
     );
-    let (_, all_blobs) = manifest_tree(&up, "apps/big", &digest).await?;
+    let (_, all_blobs) = images::manifest_tree(&up, "apps/big", &digest).await?;
     ensure!(all_blobs.len() == blobs, "{all_blobs:?}");
     // The access log starts anew when the registry restarts: count each run on its own.
     let before_outage = completed_uploads(&mirror, &all_blobs);
@@ -387,7 +356,7 @@ async fn a_200_mib_bundle_is_copied_in_under_64_mib_of_memory(env: Arc<Env>) -> 
     ensure!(peak_kib < 64 * 1024, "peak RSS {peak_kib} KiB, limit 64 MiB");
     let repo = mirrored(up, "bundles/big");
     ensure!(same_content((up, "images/small"), (m, &repo), &small_digest).await? == (1, 2));
-    let (manifests, blobs) = manifest_tree(m, &repo, &digest).await?;
+    let (manifests, blobs) = images::manifest_tree(m, &repo, &digest).await?;
     ensure!(manifests == [digest.clone()], "{manifests:?}");
     ensure!(
         blobs.contains(&layer.digest),

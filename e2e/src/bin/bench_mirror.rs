@@ -104,8 +104,9 @@ async fn run() -> Result<()> {
         std::fs::remove_file(&path)?;
     }
     let digest = images::push_image_of_layers(&up, "bench/image", "1.0", &pushed, BTreeMap::new()).await?;
-    let (_, config) = manifest_blobs(&up, "bench/image", &digest).await?;
-    let bytes: u64 = pushed.iter().map(|b| b.size).sum::<u64>() + config;
+    let (_, blobs) = images::manifest_tree(&up, "bench/image", &digest).await?;
+    let (_, config) = images::fetch_raw(&up, "bench/image", "blobs", &blobs[0]).await?;
+    let bytes: u64 = pushed.iter().map(|b| b.size).sum::<u64>() + config.len() as u64;
     eprintln!(
         "image {up}/bench/image@{digest}: {layers} layers, {:.1} MiB",
         bytes as f64 / MIB as f64
@@ -271,26 +272,9 @@ async fn skopeo_copy(
     Ok((seconds, None))
 }
 
-/// The config's size, and the manifest's blob digests.
-async fn manifest_blobs(registry: &str, repository: &str, digest: &str) -> Result<(Vec<String>, u64)> {
-    let (_, bytes) = images::fetch_raw(registry, repository, "manifests", digest).await?;
-    let doc: serde_json::Value = serde_json::from_slice(&bytes)?;
-    let mut blobs = vec![doc["config"]["digest"].as_str().context("no config")?.to_owned()];
-    let config_size = doc["config"]["size"].as_u64().context("no config size")?;
-    for layer in doc["layers"].as_array().into_iter().flatten() {
-        blobs.push(
-            layer["digest"]
-                .as_str()
-                .context("layer without digest")?
-                .to_owned(),
-        );
-    }
-    Ok((blobs, config_size))
-}
-
 /// Fetches manifest and blobs by digest from `registry`, streaming and verifying each.
 async fn fetch_verified(registry: &str, repository: &str, digest: &str) -> Result<()> {
-    let (blobs, _) = manifest_blobs(registry, repository, digest).await?;
+    let (_, blobs) = images::manifest_tree(registry, repository, digest).await?;
     let http = reqwest::Client::new();
     for blob in blobs {
         let url = format!("http://{registry}/v2/{repository}/blobs/{blob}");

@@ -1,0 +1,196 @@
+//! The mirror copier against a **fake** registry (a test fixture) that serves a blob whose content
+//! does not match its digest — something a real registry never does — and records what arrives
+//! on the mirror side: the copy must fail with a verification error, and the bad blob must never
+//! complete an upload (the copier withholds the last chunk, so the mirror sees an aborted body),
+//! nor may any manifest be pushed. The happy paths run against real registries in
+//! `e2e/tests/mirror.rs`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use axum::{
+    Router,
+    body::{Body, Bytes},
+    extract::State,
+    http::{Method, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
+};
+use futures::StreamExt as _;
+use holdfast_registry::{
+    Credentials, Digest, Reference, Resolver, ResolverConfig,
+    mirror::{Copier, CopierConfig, CopyError, MirrorLocation, VerifyError},
+};
+use tokio::sync::Notify;
+
+const LAYER_SIZE: usize = 3 * 1024 * 1024;
+
+struct Fake {
+    manifest: Vec<u8>,
+    config: Vec<u8>,
+    /// What the manifest's layer descriptor promises (its digest is of this).
+    layer_promised: Vec<u8>,
+    /// What is served instead: the same length, one byte different (at the very end).
+    layer_served: Vec<u8>,
+    completed_uploads: AtomicUsize,
+    aborted_uploads: AtomicUsize,
+    manifests_pushed: AtomicUsize,
+    /// Signalled whenever an upload ends, completed or aborted.
+    upload_ended: Notify,
+}
+
+impl Fake {
+    fn new() -> Self {
+        let config =
+            br#"{"architecture":"amd64","os":"linux","config":{},"rootfs":{"type":"layers","diff_ids":[]}}"#
+                .to_vec();
+        let layer_promised: Vec<u8> = (0..LAYER_SIZE).map(|i| (i % 251) as u8).collect();
+        let mut layer_served = layer_promised.clone();
+        *layer_served.last_mut().unwrap() ^= 0xff;
+        let descriptor = |media_type: &str, bytes: &[u8]| serde_json::json!({"mediaType": media_type, "digest": Digest::sha256_of(bytes).as_str(), "size": bytes.len()});
+        let manifest = serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": descriptor("application/vnd.oci.image.config.v1+json", &config),
+            "layers": [descriptor("application/vnd.oci.image.layer.v1.tar", &layer_promised)],
+        }))
+        .unwrap();
+        Self {
+            manifest,
+            config,
+            layer_promised,
+            layer_served,
+            completed_uploads: AtomicUsize::new(0),
+            aborted_uploads: AtomicUsize::new(0),
+            manifests_pushed: AtomicUsize::new(0),
+            upload_ended: Notify::new(),
+        }
+    }
+}
+
+async fn handle(State(fake): State<Arc<Fake>>, method: Method, uri: Uri, body: Body) -> Response {
+    let path = uri.path();
+    let digest_of = |bytes: &[u8]| Digest::sha256_of(bytes).to_string();
+    if let Some(rest) = path.strip_prefix("/v2/src/app/") {
+        let served = match rest.split_once('/') {
+            Some(("manifests", d)) if d == digest_of(&fake.manifest) => Some(&fake.manifest),
+            Some(("blobs", d)) if d == digest_of(&fake.config) => Some(&fake.config),
+            Some(("blobs", d)) if d == digest_of(&fake.layer_promised) => Some(&fake.layer_served),
+            _ => None,
+        };
+        return match served {
+            Some(bytes) if *bytes == fake.manifest => (
+                [(header::CONTENT_TYPE, "application/vnd.oci.image.manifest.v1+json")],
+                bytes.clone(),
+            )
+                .into_response(),
+            Some(bytes) => Bytes::from(bytes.clone()).into_response(),
+            None => StatusCode::NOT_FOUND.into_response(),
+        };
+    }
+    // Everything else is the mirror side: `/v2/mirror/<host>/src/app/…`.
+    match method {
+        Method::HEAD => StatusCode::NOT_FOUND.into_response(),
+        Method::POST if path.ends_with("/blobs/uploads/") => (
+            StatusCode::ACCEPTED,
+            [(header::LOCATION, format!("{path}upload-1"))],
+        )
+            .into_response(),
+        Method::PUT if path.contains("/blobs/uploads/") => {
+            let mut stream = body.into_data_stream();
+            let mut received = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                match chunk {
+                    Ok(chunk) => received.extend_from_slice(&chunk),
+                    Err(_) => {
+                        fake.aborted_uploads.fetch_add(1, Ordering::SeqCst);
+                        fake.upload_ended.notify_waiters();
+                        return StatusCode::BAD_REQUEST.into_response();
+                    }
+                }
+            }
+            let wanted = uri
+                .query()
+                .and_then(|q| q.split("digest=").nth(1))
+                .unwrap_or_default();
+            if wanted.replace("%3A", ":") != digest_of(&received) {
+                return StatusCode::BAD_REQUEST.into_response();
+            }
+            fake.completed_uploads.fetch_add(1, Ordering::SeqCst);
+            fake.upload_ended.notify_waiters();
+            StatusCode::CREATED.into_response()
+        }
+        Method::PUT if path.contains("/manifests/") => {
+            fake.manifests_pushed.fetch_add(1, Ordering::SeqCst);
+            StatusCode::CREATED.into_response()
+        }
+        _ => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+#[tokio::test]
+async fn content_that_does_not_match_its_digest_never_completes_an_upload() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = Arc::new(Fake::new());
+    let app = Router::new().fallback(handle).with_state(fake.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let resolver = Resolver::new(ResolverConfig {
+        insecure_registries: [addr.clone()].into(),
+        ..ResolverConfig::default()
+    })
+    .unwrap();
+    let config = CopierConfig::new(MirrorLocation::new(&addr, "mirror").unwrap());
+    let copier = Copier::new(resolver, config, Credentials::anonymous());
+    let manifest_digest = Digest::sha256_of(&fake.manifest);
+    let source = Reference::parse(&format!("{addr}/src/app@{manifest_digest}")).unwrap();
+
+    let error = copier.copy(&source, &Credentials::anonymous()).await.unwrap_err();
+    let CopyError::Verify {
+        error: VerifyError::Digest { expected, actual },
+        ..
+    } = &error
+    else {
+        panic!("expected a digest verification error, got {error:?}");
+    };
+    assert_eq!(*expected, Digest::sha256_of(&fake.layer_promised));
+    assert_eq!(*actual, Digest::sha256_of(&fake.layer_served));
+    assert!(!error.is_transient());
+    // The client gives up as soon as its body stream fails; the fake's handler may notice the
+    // cut-off body a moment later.
+    let ended =
+        || fake.completed_uploads.load(Ordering::SeqCst) + fake.aborted_uploads.load(Ordering::SeqCst);
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let notified = fake.upload_ended.notified();
+            if ended() >= 2 {
+                break;
+            }
+            notified.await;
+        }
+    })
+    .await
+    .expect("the mirror never saw the end of the layer's upload");
+    assert_eq!(
+        fake.completed_uploads.load(Ordering::SeqCst),
+        1,
+        "only the config arrived"
+    );
+    assert_eq!(
+        fake.aborted_uploads.load(Ordering::SeqCst),
+        1,
+        "the mirror saw the bad layer's upload cut off before its end"
+    );
+    assert_eq!(
+        fake.manifests_pushed.load(Ordering::SeqCst),
+        0,
+        "no manifest may reference it"
+    );
+}
