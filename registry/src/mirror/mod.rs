@@ -28,6 +28,12 @@
 //! the resolver with the mirror (and any plain-HTTP upstream) in
 //! [`ResolverConfig::insecure_registries`](crate::ResolverConfig) when they speak plain HTTP;
 //! this module sets its own timeouts per request ([`CopierConfig`]).
+//!
+//! A blob in flight holds one of the resolver's per-host slots on the source (its `GET` body)
+//! and one on the mirror (its `PUT`) until it is done. When source and mirror are the same host,
+//! or several copies share one resolver, give the resolver at least
+//! `2 × blob_concurrency × concurrent copies` slots per host (or the copier a resolver of its
+//! own): otherwise a copy waits for a slot until its request timeout and fails (transiently).
 
 mod lock;
 mod naming;
