@@ -46,7 +46,6 @@ use kube::{
     },
 };
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 // Serial: holdfast's fast finalizer acts cluster-wide and would shorten the other scenarios.
 e2e_main!(serial:
