@@ -45,6 +45,9 @@ struct Cell {
     deletion: Duration,
     builds: usize,
     pods: usize,
+    /// What was created after the delete: name, seconds after it, whether kpack saw the owner
+    /// terminating.
+    created_after: Vec<String>,
 }
 
 impl Cell {
@@ -125,6 +128,21 @@ async fn deletion(env: &Env, apps: usize, version: KpackVersion, scope: Scope) -
         deletion,
         builds: after.iter().filter(|c| c.kind == Created::Build).count(),
         pods: after.iter().filter(|c| c.kind == Created::Pod).count(),
+        created_after: after
+            .iter()
+            .map(|c| {
+                format!(
+                    "{} +{:.2}s{}",
+                    c.name,
+                    c.at.duration_since(started).as_secs_f64(),
+                    if c.owner_terminating {
+                        " (owner terminating)"
+                    } else {
+                        ""
+                    }
+                )
+            })
+            .collect(),
     };
     peers.stop().await;
     Ok(cell)
@@ -183,6 +201,12 @@ async fn main() -> Result<()> {
                             cell.pods,
                             began.elapsed().as_secs_f64()
                         );
+                        if holdfast && !cell.created_after.is_empty() {
+                            eprintln!(
+                                "bench-deletion:   created with holdfast: {}",
+                                cell.created_after.join(", ")
+                            );
+                        }
                         pair.push(cell);
                     }
                     Err(e) => {

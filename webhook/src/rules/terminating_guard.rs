@@ -10,10 +10,11 @@
 //! - an UPDATE that changes the spec of an Image being deleted.
 //!
 //! Never denied: DELETE, and updates of a terminating Image that leave its spec alone (finalizer
-//! removal, status, metadata), so nothing here can hold a deletion up. Lookups are in-memory,
-//! except that the object a Build or build pod is made for (the Build's Image, the pod's Build)
-//! is confirmed with the API server when the cache says it is live: kpack makes them right after
-//! seeing that owner, and holdfast's watch may be a moment behind kpack's.
+//! removal, status, metadata), so nothing here can hold a deletion up. An owner the cache shows
+//! terminating is denied at once; one it shows live (or does not know) is confirmed with the API
+//! server: a deletion that started a moment ago may not have reached holdfast's watch yet while
+//! kpack already acts on it. That is a few metadata reads per Build or build pod created — rare
+//! objects (one of each per app build), never on the Carvel path.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{
@@ -40,13 +41,8 @@ pub async fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn C
     );
     match (resource, &request.operation, request.object.as_ref()) {
         (("kpack.io", "builds"), Operation::Create, Some(build)) => {
-            let owners = build_owners(&build.metadata);
-            if let Some((Peer::KpackImage, image)) = owners.first()
-                && cluster.terminating_now(Peer::KpackImage, namespace, image).await == Some(true)
-            {
-                return deny("kpack Build", build, Peer::KpackImage, namespace, image);
-            }
-            terminating_owner(cluster, namespace, owners)
+            terminating_owner(cluster, namespace, build_owners(&build.metadata))
+                .await
                 .map_or_else(Verdict::allow, |(peer, owner)| deny("kpack Build", build, peer, namespace, &owner))
         }
         (("", "pods"), Operation::Create, Some(pod)) => match label(pod, BUILD_POD_LABEL) {
@@ -61,6 +57,7 @@ pub async fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn C
                     .map(|meta| build_owners(&meta))
                     .unwrap_or_default();
                 terminating_owner(cluster, namespace, owners)
+                    .await
                     .map_or_else(Verdict::allow, |(peer, owner)| deny("build pod", pod, peer, namespace, &owner))
             }
             None => Verdict::allow(),
@@ -79,15 +76,18 @@ pub async fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn C
     }
 }
 
-/// The first of `owners` the cache knows to be terminating.
-fn terminating_owner(
+/// The first of `owners` that is being deleted, as the API server has it now.
+async fn terminating_owner(
     cluster: &dyn ClusterView,
     namespace: &str,
     owners: Vec<(Peer, String)>,
 ) -> Option<(Peer, String)> {
-    owners
-        .into_iter()
-        .find(|(peer, name)| cluster.terminating(*peer, namespace, name) == Some(true))
+    for (peer, name) in owners {
+        if cluster.terminating_now(peer, namespace, &name).await == Some(true) {
+            return Some((peer, name));
+        }
+    }
+    None
 }
 
 /// The objects a Build is made for, in the order they are checked (its Image first).
