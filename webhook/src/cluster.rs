@@ -1,8 +1,8 @@
 //! The read-only view of the cluster the rules consult: in-memory stores fed by metadata-only
 //! watches, so a lookup on the admission path is a map read. Two lookups may also ask the API
 //! server, each only where a watch a few milliseconds behind would give a wrong answer: an app
-//! the cache has not seen yet ([`ClusterView::image_owner`]), and whether the object a CREATE
-//! is made for is being deleted ([`ClusterView::terminating_now`]).
+//! the cache has not seen yet ([`ClusterView::image_owner`]), and whether the owners of a new
+//! Build or build pod are being deleted, or gone ([`ClusterView::presence_now`]).
 
 use futures::{FutureExt, StreamExt, future::BoxFuture};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -32,16 +32,32 @@ pub trait ClusterView: Send + Sync {
     fn metadata(&self, peer: Peer, namespace: &str, name: &str) -> Option<ObjectMeta>;
 
     /// [`terminating`](Self::terminating), confirmed with the API server when the cache says the
-    /// object is live or does not know it. For the object a new Build or build pod is made for:
-    /// kpack creates those after *its* watch showed the owner, so when the owner is already being
-    /// deleted that is committed, and a read from the API server sees it even where holdfast's
-    /// own watch has not delivered it yet.
-    fn terminating_now<'a>(
-        &'a self,
-        peer: Peer,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Option<bool>>;
+    /// object is live or does not know it. For the owners of a new Build or build pod: kpack
+    /// creates those after *its* watch showed the owner, so when the owner is already being
+    /// deleted (or gone) that is committed, and a read from the API server sees it even where
+    /// holdfast's own watch has not delivered it yet.
+    fn presence_now<'a>(&'a self, peer: Peer, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Presence>;
+}
+
+/// Whether an object exists, and is being deleted, as far as holdfast can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Presence {
+    Live,
+    Terminating,
+    /// The API server has no such object.
+    Gone,
+    /// Its API is not installed, or the API server could not be asked and the cache does not know.
+    Unknown,
+}
+
+impl Presence {
+    fn cached(terminating: Option<bool>) -> Self {
+        match terminating {
+            Some(true) => Presence::Terminating,
+            Some(false) => Presence::Live,
+            None => Presence::Unknown,
+        }
+    }
 }
 
 /// How long a live lookup may take before the cached answer stands.
@@ -191,21 +207,20 @@ impl ClusterView for Cluster {
         Some(found.metadata.clone())
     }
 
-    fn terminating_now<'a>(
-        &'a self,
-        peer: Peer,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Option<bool>> {
+    fn presence_now<'a>(&'a self, peer: Peer, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Presence> {
         async move {
-            let cached = self.terminating(peer, namespace, name);
-            if cached == Some(true) {
+            let cached = Presence::cached(self.terminating(peer, namespace, name));
+            if cached == Presence::Terminating {
                 return cached;
             }
-            let (resource, _) = self.peers.get(&peer)?;
+            let Some((resource, _)) = self.peers.get(&peer) else {
+                return Presence::Unknown;
+            };
             let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, resource);
             match tokio::time::timeout(LIVE_LOOKUP_TIMEOUT, api.get_metadata_opt(name)).await {
-                Ok(Ok(found)) => found.map(|o| o.metadata.deletion_timestamp.is_some()),
+                Ok(Ok(Some(found))) if found.metadata.deletion_timestamp.is_some() => Presence::Terminating,
+                Ok(Ok(Some(_))) => Presence::Live,
+                Ok(Ok(None)) => Presence::Gone,
                 Ok(Err(error)) => {
                     tracing::warn!(%error, namespace, name, kind = %resource.kind, "live deletion check failed; using the cache");
                     cached
@@ -268,6 +283,8 @@ pub struct StaticCluster {
     pub terminating: Vec<(Peer, String, String)>,
     /// Peer objects being deleted that only the API server knows of yet (the watch lags).
     pub terminating_live: Vec<(Peer, String, String)>,
+    /// Peer objects the API server no longer has (the watch lags).
+    pub gone: Vec<(Peer, String, String)>,
     /// Peer objects' metadata: `(peer, namespace, metadata with its name)`.
     pub objects: Vec<(Peer, String, ObjectMeta)>,
 }
@@ -301,22 +318,21 @@ impl ClusterView for StaticCluster {
         hit.then_some(true)
     }
 
-    fn terminating_now<'a>(
-        &'a self,
-        peer: Peer,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Option<bool>> {
-        let live = self
-            .terminating_live
-            .iter()
-            .any(|(p, ns, n)| *p == peer && ns == namespace && n == name);
-        let answer = if live {
-            Some(true)
-        } else {
-            self.terminating(peer, namespace, name)
+    fn presence_now<'a>(&'a self, peer: Peer, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Presence> {
+        let listed = |list: &[(Peer, String, String)]| {
+            list.iter()
+                .any(|(p, ns, n)| *p == peer && ns == namespace && n == name)
         };
-        futures::future::ready(answer).boxed()
+        let presence = if listed(&self.terminating_live) || listed(&self.terminating) {
+            Presence::Terminating
+        } else if listed(&self.gone) {
+            Presence::Gone
+        } else if self.metadata(peer, namespace, name).is_some() {
+            Presence::Live
+        } else {
+            Presence::Unknown
+        };
+        futures::future::ready(presence).boxed()
     }
 
     fn metadata(&self, peer: Peer, namespace: &str, name: &str) -> Option<ObjectMeta> {

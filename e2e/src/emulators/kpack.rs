@@ -93,6 +93,7 @@ pub enum Created {
 /// One successful create by the emulated kpack.
 #[derive(Clone, Debug)]
 pub struct Creation {
+    /// When the create request was sent.
     pub at: Instant,
     pub kind: Created,
     pub namespace: String,
@@ -148,7 +149,9 @@ struct Stats {
 }
 
 impl Stats {
-    fn created(&self, kind: Created, object: &DynamicObject, owner_terminating: bool) {
+    /// `sent`: when the create request went out (what "created after the delete" is judged by:
+    /// a create sent just before the delete may return just after it).
+    fn created(&self, kind: Created, object: &DynamicObject, owner_terminating: bool, sent: Instant) {
         match kind {
             Created::Build => &self.builds,
             Created::Pod => &self.pods,
@@ -158,7 +161,7 @@ impl Stats {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(Creation {
-                at: Instant::now(),
+                at: sent,
                 kind,
                 namespace: object.metadata.namespace.clone().unwrap_or_default(),
                 name: object.metadata.name.clone().unwrap_or_default(),
@@ -613,6 +616,7 @@ impl Kpack {
         let build = new_build(&image, number, &reasons)?;
         let name = build.metadata.name.clone().unwrap_or_default();
         let api = namespaced(&self.client, &resources::build(), &key.namespace);
+        let sent = Instant::now();
         let created = match api.create(&PostParams::default(), &build).await {
             Ok(created) => created,
             Err(e) => {
@@ -621,7 +625,7 @@ impl Kpack {
             }
         };
         self.stats
-            .created(Created::Build, &created, is_terminating(&image));
+            .created(Created::Build, &created, is_terminating(&image), sent);
         status["latestBuildRef"] = json!(name);
         status["latestBuildReason"] = json!(reasons.join(","));
         status["latestBuildImageGeneration"] = json!(generation);
@@ -655,8 +659,11 @@ impl Kpack {
         {
             let pod = build_pod(&build, &pod_name)?;
             let api = namespaced(&self.client, &resources::pod(), &key.namespace);
+            let sent = Instant::now();
             match api.create(&PostParams::default(), &pod).await {
-                Ok(created) => self.stats.created(Created::Pod, &created, is_terminating(&build)),
+                Ok(created) => self
+                    .stats
+                    .created(Created::Pod, &created, is_terminating(&build), sent),
                 Err(e) if api_code(&e) == Some(422) => {
                     // IsInvalid: a permanent error; the Build fails and is not retried.
                     self.stats.failed(Created::Pod, &key.namespace, &pod_name, &e);

@@ -7,6 +7,9 @@
 //!   app that Image belongs to (Korifi: the CFApp of the Image's name), or the BuildWorkload it
 //!   serves (label `korifi.cloudfoundry.org/build-workload-name`) is terminating;
 //! - CREATE of a Pod labelled `kpack.io/build` whose Build is terminating;
+//! - CREATE of a Build whose controlling Image, or of a build pod whose controlling Build, no
+//!   longer exists (kpack acted on its stale cache; the object would be an orphan the garbage
+//!   collector deletes);
 //! - an UPDATE that changes the spec of an Image being deleted.
 //!
 //! Never denied: DELETE, and updates of a terminating Image that leave its spec alone (finalizer
@@ -23,7 +26,7 @@ use kube::core::{
 };
 
 use crate::{
-    cluster::{ClusterView, Peer},
+    cluster::{ClusterView, Peer, Presence},
     decision::{Decision, Verdict},
 };
 
@@ -41,27 +44,39 @@ pub async fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn C
     );
     match (resource, &request.operation, request.object.as_ref()) {
         (("kpack.io", "builds"), Operation::Create, Some(build)) => {
-            terminating_owner(cluster, namespace, build_owners(&build.metadata))
+            let owners = build_owners(&build.metadata);
+            // The Image that controls the Build must still exist (kpack made the Build for it).
+            if let Some(image) = controller_named(&build.metadata, "Image")
+                && cluster.presence_now(Peer::KpackImage, namespace, image).await == Presence::Gone
+            {
+                return gone("kpack Build", build, Peer::KpackImage, namespace, image);
+            }
+            terminating_owner(cluster, namespace, owners)
                 .await
                 .map_or_else(Verdict::allow, |(peer, owner)| deny("kpack Build", build, peer, namespace, &owner))
         }
-        (("", "pods"), Operation::Create, Some(pod)) => match label(pod, BUILD_POD_LABEL) {
-            Some(build) if cluster.terminating_now(Peer::KpackBuild, namespace, build).await == Some(true) => {
-                deny("build pod", pod, Peer::KpackBuild, namespace, build)
+        (("", "pods"), Operation::Create, Some(pod)) => {
+            let Some(build) = label(pod, BUILD_POD_LABEL) else {
+                return Verdict::allow();
+            };
+            match cluster.presence_now(Peer::KpackBuild, namespace, build).await {
+                Presence::Terminating => return deny("build pod", pod, Peer::KpackBuild, namespace, build),
+                // kpack acted on a Build its cache still had; the pod would be an orphan.
+                Presence::Gone if controller_named(&pod.metadata, "Build") == Some(build) => {
+                    return gone("build pod", pod, Peer::KpackBuild, namespace, build);
+                }
+                _ => {}
             }
             // A pod for a live Build whose Image, app or BuildWorkload is going: the Build was
             // created just before the deletion started, its pod just after.
-            Some(build) => {
-                let owners = cluster
-                    .metadata(Peer::KpackBuild, namespace, build)
-                    .map(|meta| build_owners(&meta))
-                    .unwrap_or_default();
-                terminating_owner(cluster, namespace, owners)
-                    .await
-                    .map_or_else(Verdict::allow, |(peer, owner)| deny("build pod", pod, peer, namespace, &owner))
-            }
-            None => Verdict::allow(),
-        },
+            let owners = cluster
+                .metadata(Peer::KpackBuild, namespace, build)
+                .map(|meta| build_owners(&meta))
+                .unwrap_or_default();
+            terminating_owner(cluster, namespace, owners)
+                .await
+                .map_or_else(Verdict::allow, |(peer, owner)| deny("build pod", pod, peer, namespace, &owner))
+        }
         (("kpack.io", "images"), Operation::Update, Some(image)) => match request.old_object.as_ref() {
             Some(old) if old.metadata.deletion_timestamp.is_some() && old.data.get("spec") != image.data.get("spec") => {
                 Decision::Deny(format!(
@@ -83,21 +98,25 @@ async fn terminating_owner(
     owners: Vec<(Peer, String)>,
 ) -> Option<(Peer, String)> {
     for (peer, name) in owners {
-        if cluster.terminating_now(peer, namespace, &name).await == Some(true) {
+        if cluster.presence_now(peer, namespace, &name).await == Presence::Terminating {
             return Some((peer, name));
         }
     }
     None
 }
 
-/// The objects a Build is made for, in the order they are checked (its Image first).
-fn build_owners(build: &ObjectMeta) -> Vec<(Peer, String)> {
-    let controller_image = build
-        .owner_references
+/// The name of the object's controller of `kind`.
+fn controller_named<'a>(meta: &'a ObjectMeta, kind: &str) -> Option<&'a str> {
+    meta.owner_references
         .iter()
         .flatten()
-        .find(|r| r.controller == Some(true) && r.kind == "Image")
-        .map(|r| r.name.clone());
+        .find(|r| r.controller == Some(true) && r.kind == kind)
+        .map(|r| r.name.as_str())
+}
+
+/// The objects a Build is made for, in the order they are checked (its Image first).
+fn build_owners(build: &ObjectMeta) -> Vec<(Peer, String)> {
+    let controller_image = controller_named(build, "Image").map(str::to_owned);
     let labels = build.labels.as_ref();
     let image = controller_image.or_else(|| labels.and_then(|l| l.get(IMAGE_LABEL)).cloned());
     let mut owners = Vec::new();
@@ -115,21 +134,38 @@ fn label<'a>(object: &'a DynamicObject, key: &str) -> Option<&'a str> {
     object.metadata.labels.as_ref()?.get(key).map(String::as_str)
 }
 
-fn deny(what: &str, object: &DynamicObject, peer: Peer, namespace: &str, owner: &str) -> Verdict {
-    let name = object
+fn gone(what: &str, object: &DynamicObject, peer: Peer, namespace: &str, owner: &str) -> Verdict {
+    Decision::Deny(format!(
+        "{what} {namespace}/{} not created: its {} {namespace}/{owner} no longer exists (holdfast terminating guard)",
+        name_of(object),
+        kind_name(peer)
+    ))
+    .into()
+}
+
+fn name_of(object: &DynamicObject) -> &str {
+    object
         .metadata
         .name
         .as_deref()
         .or(object.metadata.generate_name.as_deref())
-        .unwrap_or("");
-    let kind = match peer {
+        .unwrap_or("")
+}
+
+fn kind_name(peer: Peer) -> &'static str {
+    match peer {
         Peer::CfApp => "CFApp",
         Peer::BuildWorkload => "BuildWorkload",
         Peer::KpackImage => "kpack Image",
         Peer::KpackBuild => "kpack Build",
-    };
+    }
+}
+
+fn deny(what: &str, object: &DynamicObject, peer: Peer, namespace: &str, owner: &str) -> Verdict {
     Decision::Deny(format!(
-        "{what} {namespace}/{name} not created: its {kind} {namespace}/{owner} is being deleted (holdfast terminating guard)"
+        "{what} {namespace}/{} not created: its {} {namespace}/{owner} is being deleted (holdfast terminating guard)",
+        name_of(object),
+        kind_name(peer)
     ))
     .into()
 }
@@ -248,6 +284,50 @@ mod tests {
             matches!(verdict.decision, Decision::Deny(ref m) if m.contains("kpack Image space/app")),
             "{verdict:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_pod_or_build_for_an_owner_that_is_gone_is_denied_only_when_it_is_their_controller() {
+        let gone = |peer, name: &str| StaticCluster {
+            gone: vec![(peer, "space".into(), name.to_string())],
+            ..Default::default()
+        };
+        let owned = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "app-build-2-build-pod",
+            "labels": {"kpack.io/build": "app-build-2"},
+            "ownerReferences": [{"apiVersion": "kpack.io/v1alpha2", "kind": "Build", "name": "app-build-2", "uid": "b", "controller": true}]}});
+        let verdict = evaluate(
+            &request("", "pods", "CREATE", owned, json!(null)),
+            &gone(Peer::KpackBuild, "app-build-2"),
+        )
+        .await;
+        assert!(
+            matches!(verdict.decision, Decision::Deny(ref m) if m.contains("kpack Build space/app-build-2 no longer exists")),
+            "{verdict:?}"
+        );
+        // Only labelled, not owned: not holdfast's to judge.
+        let labelled = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"kpack.io/build": "app-build-2"}}});
+        let verdict = evaluate(
+            &request("", "pods", "CREATE", labelled, json!(null)),
+            &gone(Peer::KpackBuild, "app-build-2"),
+        )
+        .await;
+        assert_eq!(verdict, Verdict::allow());
+        let verdict = evaluate(
+            &request("kpack.io", "builds", "CREATE", build(), json!(null)),
+            &gone(Peer::KpackImage, "app"),
+        )
+        .await;
+        assert!(
+            matches!(verdict.decision, Decision::Deny(ref m) if m.contains("kpack Image space/app no longer exists")),
+            "{verdict:?}"
+        );
+        // A CFApp that does not exist (an Image that is not Korifi's) denies nothing.
+        let verdict = evaluate(
+            &request("kpack.io", "builds", "CREATE", build(), json!(null)),
+            &gone(Peer::CfApp, "app"),
+        )
+        .await;
+        assert_eq!(verdict, Verdict::allow());
     }
 
     #[tokio::test]
