@@ -6,11 +6,14 @@
 //!   interval, then has every tracked object reconciled from the refreshed cache.
 //! - [`finalizer`]: the fast finalizer: deletes an app's kpack Image as soon as the app (or its
 //!   last BuildWorkload, or its namespace) is being deleted, and the pods of terminating Builds.
+//! - [`mirror`]: copies the content of pinned digests into a cache registry (the mirror),
+//!   records each copy on its cache entry and has objects re-pinned to the copy.
 //! - [`run`]: all of them on the replica that holds the Lease ([`leader`]), as the binary runs them.
 
 pub mod backoff;
 pub mod finalizer;
 pub mod leader;
+pub mod mirror;
 pub mod pinning;
 pub mod refresher;
 pub mod run;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use clap::Parser;
-use holdfast_controller::run::Settings;
+use holdfast_controller::{mirror::MirrorSettings, run::Settings};
 use holdfast_pins::args::RegistryArgs;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -29,6 +29,21 @@ struct Args {
     /// while the webhook's callers are not authenticated (SECURITY.md).
     #[arg(long, env = "HOLDFAST_READ_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
     read_secrets: bool,
+    /// Secret in holdfast's namespace with the credentials for the mirror (--mirror-registry):
+    /// kubernetes.io/dockerconfigjson, or username/password. Without one the mirror is used
+    /// anonymously.
+    #[arg(long, env = "HOLDFAST_MIRROR_SECRET")]
+    mirror_secret: Option<String>,
+    /// Source registries (host[:port]) whose content is mirrored; all when none is given.
+    #[arg(
+        long = "mirror-source-registry",
+        env = "HOLDFAST_MIRROR_SOURCE_REGISTRIES",
+        value_delimiter = ','
+    )]
+    mirror_source_registries: Vec<String>,
+    /// Copies into the mirror running at the same time.
+    #[arg(long, env = "HOLDFAST_MIRROR_CONCURRENCY", default_value_t = 2)]
+    mirror_concurrency: usize,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -51,6 +66,24 @@ async fn main() -> Result<()> {
         .await
         .context("connecting to the Kubernetes API")?;
 
+    let mirror = args
+        .registry
+        .mirror()
+        .context("--mirror-registry / --mirror-prefix")?
+        .map(|location| MirrorSettings {
+            location,
+            registries: args.mirror_source_registries.clone(),
+            secret: args.mirror_secret.clone(),
+            concurrency: args.mirror_concurrency,
+        });
+    if let Some(mirror) = &mirror {
+        tracing::info!(
+            mirror = mirror.location.registry(),
+            prefix = mirror.location.prefix(),
+            sources = ?mirror.registries,
+            "mirroring pinned content"
+        );
+    }
     let settings = Settings {
         namespace: args.namespace,
         refresh: Duration::from_secs(args.refresh_seconds),
@@ -70,6 +103,6 @@ async fn main() -> Result<()> {
         }
         stop.cancel();
     });
-    holdfast_controller::run::run(client, settings, cancel).await?;
+    holdfast_controller::run::run_with_mirror(client, settings, mirror, cancel).await?;
     Ok(())
 }

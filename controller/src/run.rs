@@ -1,6 +1,7 @@
 //! The whole controller as `holdfast-controller` runs it: the shared digest cache followed from
 //! holdfast's namespace, then, while this replica holds the Lease, the refresher, the pinning
-//! reconcilers and the fast finalizer. The binary and the e2e suites run this same function.
+//! reconcilers, the fast finalizer and (when a mirror is configured) the mirror copier. The
+//! binary and the e2e suites run this same function.
 
 use std::{sync::Arc, time::Duration};
 
@@ -13,7 +14,10 @@ use holdfast_registry::{
 use kube::Client;
 use tokio_util::sync::CancellationToken;
 
-use crate::leader::{self, Election};
+use crate::{
+    leader::{self, Election},
+    mirror::MirrorSettings,
+};
 
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -42,6 +46,17 @@ pub enum Error {
 
 /// Runs until `cancel` (then hands the Lease back) or until leadership is lost.
 pub async fn run(client: Client, settings: Settings, cancel: CancellationToken) -> Result<(), Error> {
+    run_with_mirror(client, settings, None, cancel).await
+}
+
+/// [`run`], copying pinned content into `mirror` (none: mirroring off) and pinning to the copies.
+pub async fn run_with_mirror(
+    client: Client,
+    settings: Settings,
+    mirror: Option<MirrorSettings>,
+    cancel: CancellationToken,
+) -> Result<(), Error> {
+    let resolver_config = settings.resolver.clone();
     let resolver = Resolver::new(settings.resolver).map_err(|e| Error::Resolver(e.to_string()))?;
     let entries = cluster_store::api(client.clone(), &settings.namespace);
     let sink = ClusterSink::start(entries.clone(), cancel.clone());
@@ -52,19 +67,37 @@ pub async fn run(client: Client, settings: Settings, cancel: CancellationToken) 
         _ = synced.wait_for(|s| *s) => {}
     }
     let secrets = settings.read_secrets.then(|| client.clone());
-    let pinner = Arc::new(Pinner::new(cache, secrets));
+    let pinner = Arc::new(
+        Pinner::new(cache.clone(), secrets).with_mirror(mirror.as_ref().map(|m| m.location.clone())),
+    );
 
     let (interval, namespace, work_client) = (settings.refresh, settings.namespace.clone(), client.clone());
     // Everything that writes runs only on the leader.
     let work = move |leading: CancellationToken| async move {
         let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
+        // A completed copy has every object reconciled, as a refresh round does.
+        let copies = {
+            let (client, namespace, cache, mirror) = (
+                work_client.clone(),
+                namespace.clone(),
+                cache.clone(),
+                mirror.clone(),
+            );
+            let (resolver, reconcile, leading) =
+                (resolver_config.clone(), rounds_tx.clone(), leading.clone());
+            async move {
+                if let Some(mirror) = mirror {
+                    crate::mirror::run(client, namespace, cache, mirror, resolver, reconcile, leading).await;
+                }
+            }
+        };
         let refresher = {
             let (pinner, leading) = (pinner.clone(), leading.clone());
             async move { crate::refresher::run(&pinner, interval, rounds_tx, leading).await }
         };
         let pinning = crate::pinning::run(work_client.clone(), namespace, pinner, rounds, leading.clone());
         let finalizer = crate::finalizer::run(work_client, leading);
-        tokio::join!(refresher, pinning, finalizer);
+        tokio::join!(refresher, pinning, finalizer, copies);
     };
     let election = Election {
         namespace: settings.namespace,

@@ -1,10 +1,11 @@
 //! holdfast's pinning controller run in-process against the local control plane, as
 //! `holdfast-controller` wires it: a resolver for the test registries, the digest cache persisted
-//! in its own namespace, Secrets read for `secretRef`s.
+//! in its own namespace, Secrets read for `secretRef`s; optionally the mirror copier.
 
 use std::sync::Arc;
 
 use anyhow::Result;
+use holdfast_controller::mirror::MirrorSettings;
 use holdfast_pins::Pinner;
 use holdfast_registry::{
     Resolver, ResolverConfig,
@@ -59,15 +60,29 @@ impl LocalController {
         namespace: String,
         insecure_registries: &[String],
     ) -> Result<Self> {
+        Self::start_mirroring(env, client, namespace, insecure_registries, None).await
+    }
+
+    /// [`start_in`](Self::start_in), with the mirror copier when `mirror` is set (as
+    /// `holdfast-controller --mirror-registry` runs it): copies recorded on the cache entries,
+    /// every object reconciled after each copy, pins to the copies.
+    pub async fn start_mirroring(
+        env: &Env,
+        client: Client,
+        namespace: String,
+        insecure_registries: &[String],
+        mirror: Option<MirrorSettings>,
+    ) -> Result<Self> {
         let cancel = CancellationToken::new();
-        let resolver = Resolver::new(ResolverConfig {
+        let resolver_config = ResolverConfig {
             insecure_registries: insecure_registries
                 .iter()
                 .cloned()
                 .chain([env.registry().to_string()])
                 .collect(),
             ..Default::default()
-        })?;
+        };
+        let resolver = Resolver::new(resolver_config.clone())?;
         let entries = cluster_store::api(client.clone(), &namespace);
         let sink = ClusterSink::start(entries.clone(), cancel.clone());
         let cache = Arc::new(DigestCache::new(
@@ -77,15 +92,38 @@ impl LocalController {
         ));
         let mut synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
         let _ = synced.wait_for(|s| *s).await;
-        let pinner = Arc::new(Pinner::new(cache, Some(client.clone())));
+        let pinner = Arc::new(
+            Pinner::new(cache.clone(), Some(client.clone()))
+                .with_mirror(mirror.as_ref().map(|m| m.location.clone())),
+        );
         let (rounds, rounds_rx) = watch::channel(0u64);
-        let task = tokio::spawn(holdfast_controller::pinning::run(
-            client,
+        let pinning = holdfast_controller::pinning::run(
+            client.clone(),
             namespace.clone(),
             pinner.clone(),
             rounds_rx,
             cancel.clone(),
-        ));
+        );
+        let copies = {
+            let (namespace, reconcile, cancel) = (namespace.clone(), rounds.clone(), cancel.clone());
+            async move {
+                if let Some(mirror) = mirror {
+                    holdfast_controller::mirror::run(
+                        client,
+                        namespace,
+                        cache,
+                        mirror,
+                        resolver_config,
+                        reconcile,
+                        cancel,
+                    )
+                    .await;
+                }
+            }
+        };
+        let task = tokio::spawn(async move {
+            tokio::join!(pinning, copies);
+        });
         Ok(Self {
             namespace,
             pinner,

@@ -2,7 +2,10 @@
 //! upstream and a mirror: an image and an imgpkg bundle are copied byte for byte, the bundle with
 //! the images of its ImagesLock relocated into its own repository; a copy cut off by a mirror
 //! outage completes afterwards without sending again what had arrived; and a 200 MiB bundle is
-//! copied by a process whose peak resident memory stays under 64 MiB.
+//! copied by a process whose peak resident memory stays under 64 MiB. With the webhook and the
+//! controller: an App admitted with a tag is pinned upstream, the controller copies the content
+//! and re-pins the App to the mirror, and the emulated kapp-controller, restarted with an empty
+//! cache, syncs it without a single request to the upstream registry, up or stopped.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -11,18 +14,28 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
+use holdfast_controller::mirror::MirrorSettings;
 use holdfast_e2e::{
     Env,
     control_plane::SpareRegistry,
+    controller::LocalController,
     e2e_main,
+    emulators::kapp_controller::{DEFAULT_SYNC_PERIOD, KappController},
     images::{self, IMGPKG_BUNDLE_LABEL, Image, OCI_LAYER_TAR},
+    objects::api_for,
+    wait,
+    webhook::{LocalWebhook, Registration, rule},
 };
+use holdfast_pins::{ORIGINAL_REFS_ANNOTATION, PinnedKind};
 use holdfast_registry::{
-    Credentials, Reference, Resolver, ResolverConfig,
+    Credentials, Reference, Resolver, ResolverConfig, cluster_store,
     mirror::{Copier, CopierConfig, CopyEvent, MirrorLocation, host_component},
 };
+use kube::api::{DynamicObject, ListParams, PostParams};
+use serde_json::json;
 
 e2e_main!(serial:
+    an_app_is_repinned_to_the_mirror_and_syncs_without_upstream,
     copies_an_image_and_relocates_a_bundle_byte_for_byte,
     an_interrupted_copy_resumes_without_resending_blobs,
     a_200_mib_bundle_is_copied_in_under_64_mib_of_memory,
@@ -373,5 +386,189 @@ async fn a_200_mib_bundle_is_copied_in_under_64_mib_of_memory(env: Arc<Env>) -> 
             .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         ensure!(length == Some(layer.size), "{url}: {length:?} bytes");
     }
+    Ok(())
+}
+
+fn url_of(app: Option<&DynamicObject>) -> Option<String> {
+    app.and_then(|a| a.data.pointer("/spec/fetch/0/image/url"))
+        .and_then(|u| u.as_str())
+        .map(str::to_owned)
+}
+
+/// The emulated kapp-controller started afresh (empty vendir caches) on `namespace`'s one App,
+/// run for 95 emulated seconds (four syncs); its counters. It runs on a thread of its own: its
+/// sync loop is not `Send`.
+async fn fresh_kapp_controller(client: kube::Client, namespace: &str) -> Result<[u64; 4]> {
+    let namespace = namespace.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let mut kapp = KappController::start(client, &namespace, DEFAULT_SYNC_PERIOD).await?;
+            kapp.wait_for_apps(1).await?;
+            kapp.run_until(Duration::from_secs(95)).await?;
+            Ok(kapp.stats.snapshot())
+        })
+    })
+    .await?
+}
+
+/// Every request to a registry's API in its access log.
+const ANY_REQUEST: &str = " /v2/";
+
+async fn an_app_is_repinned_to_the_mirror_and_syncs_without_upstream(env: Arc<Env>) -> Result<()> {
+    let mut upstream = env.spare_registry().await?;
+    let mirror = env.spare_registry().await?;
+    let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
+    let web = Image::with_files(&[("config/web.yml", b"kind: web\n")])?;
+    let digest = images::push(&up, "apps/web", "1.0", &web).await?;
+    let client = env.client().await?;
+
+    // The webhook as deployed without --mirror-registry pins upstream; the controller mirrors.
+    let mut registration = Registration::rules(vec![rule(
+        "kappctrl.k14s.io",
+        "v1alpha1",
+        &["apps"],
+        &["CREATE", "UPDATE"],
+    )]);
+    registration.insecure_registries = vec![up.clone(), m.clone()];
+    let webhook = LocalWebhook::start(env.clone(), registration).await?;
+    let settings = MirrorSettings {
+        location: MirrorLocation::new(&m, PREFIX)?,
+        registries: vec![up.clone()],
+        secret: None,
+        concurrency: 2,
+    };
+    let controller = LocalController::start_mirroring(
+        &env,
+        client.clone(),
+        webhook.system_namespace.clone(),
+        &[up.clone(), m.clone()],
+        Some(settings),
+    )
+    .await?;
+    let result = repin_and_sync(&env, &webhook, &controller, &mut upstream, &mirror, &digest).await;
+    controller.stop().await;
+    webhook.stop().await?;
+    result
+}
+
+async fn repin_and_sync(
+    env: &Env,
+    webhook: &LocalWebhook,
+    controller: &LocalController,
+    upstream: &mut SpareRegistry,
+    mirror: &SpareRegistry,
+    digest: &str,
+) -> Result<()> {
+    let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
+    let client = env.client().await?;
+    let ns = webhook.namespace("mirror-pin").await?;
+    let written = format!("{up}/apps/web:1.0");
+    let app: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kappctrl.k14s.io/v1alpha1",
+        "kind": "App",
+        "metadata": {"name": "web"},
+        "spec": {"serviceAccountName": "default", "fetch": [{"image": {"url": written}}],
+                 "template": [{"ytt": {}}], "deploy": [{"kapp": {}}]},
+    }))?;
+    let api = api_for(&client, &app, Some(&ns)).await?;
+    let created = api.create(&PostParams::default(), &app).await?;
+    ensure!(
+        url_of(Some(&created)) == Some(format!("{up}/apps/web@{digest}")),
+        "admitted pinned upstream (the copy had not run yet): {:?}",
+        url_of(Some(&created))
+    );
+
+    // The controller copies, records the copy, and re-pins the App to the mirror.
+    let repo = mirrored(&up, "apps/web");
+    let location = format!("{m}/{repo}@{digest}");
+    let expected = location.clone();
+    let repinned = wait::until(&api, "web", move |a: Option<&DynamicObject>| {
+        url_of(a).as_deref() == Some(expected.as_str())
+    })
+    .await?
+    .context("the App is gone")?;
+    let annotation = repinned
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ORIGINAL_REFS_ANNOTATION))
+        .context("no original-refs annotation")?;
+    let recorded: serde_json::Value = serde_json::from_str(annotation)?;
+    ensure!(
+        recorded["/spec/fetch/0/image/url"]
+            == json!({"ref": written, "digest": digest, "mirror": format!("{m}/{repo}")}),
+        "original-refs: {recorded}"
+    );
+
+    // The copy is recorded on the persisted entry, and `kubectl get hfdigest` shows it.
+    let entries = cluster_store::api(client.clone(), &webhook.system_namespace)
+        .list(&ListParams::default())
+        .await?;
+    let entry = entries
+        .items
+        .iter()
+        .find(|e| e.data["spec"]["reference"] == json!(format!("{up}/apps/web:1.0")))
+        .context("no cache entry for the tag")?;
+    ensure!(
+        entry.data["spec"]["mirror"] == json!(location) && entry.data["spec"]["mirroredAt"].is_string(),
+        "entry spec: {}",
+        entry.data["spec"]
+    );
+    let table = env
+        .kubectl()
+        .args(["get", "hfdigest", "-n", &webhook.system_namespace])
+        .output()?;
+    let table = String::from_utf8_lossy(&table.stdout);
+    ensure!(
+        table.contains("MIRROR") && table.contains(&location),
+        "kubectl get hfdigest:\n{table}"
+    );
+
+    // Byte for byte in the mirror.
+    let compared = same_content((&up, "apps/web"), (&m, &repo), digest).await?;
+    ensure!(compared == (1, 2), "compared {compared:?}");
+
+    // A new object with the same tag is pinned straight to the mirror by a pinner that knows it
+    // (the webhook with --mirror-registry runs this same Pinner).
+    let fresh = json!({"metadata": {"name": "web-2"}, "spec": {"fetch": [{"image": {"url": written}}]}});
+    let outcome = controller.pinner.pin(PinnedKind::App, &ns, &fresh, None).await;
+    ensure!(
+        outcome
+            .ops
+            .iter()
+            .any(|op| serde_json::to_value(op).is_ok_and(|op| op["value"] == json!(location))),
+        "direct pin: {:?}",
+        outcome.ops
+    );
+
+    // kapp-controller restarted (empty vendir cache): every sync fetches from the mirror only.
+    let before = upstream.requests_matching(ANY_REQUEST);
+    let from_mirror = mirror.requests_matching(&format!("/v2/{repo}/"));
+    let [syncs, failed, _, _] = fresh_kapp_controller(client.clone(), &ns).await?;
+    ensure!(syncs >= 3 && failed == 0, "syncs {syncs}, failed {failed}");
+    ensure!(
+        upstream.requests_matching(ANY_REQUEST) == before,
+        "kapp-controller asked the upstream registry"
+    );
+    ensure!(
+        mirror.requests_matching(&format!("/v2/{repo}/")) > from_mirror,
+        "kapp-controller did not fetch from the mirror"
+    );
+
+    // Upstream down, kapp-controller restarted again: still every sync succeeds.
+    upstream.stop();
+    let [syncs, failed, _, _] = fresh_kapp_controller(client, &ns).await?;
+    ensure!(
+        syncs >= 3 && failed == 0,
+        "upstream stopped: syncs {syncs}, failed {failed}"
+    );
+    ensure!(
+        upstream.requests_matching(ANY_REQUEST) == before,
+        "requests reached the upstream registry"
+    );
+    upstream.start().await?;
     Ok(())
 }

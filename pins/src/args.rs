@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use holdfast_registry::mirror::{MirrorLocation, NamingError};
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct RegistryArgs {
     /// Registries reached over plain HTTP (host[:port]); every other registry is HTTPS only.
@@ -23,9 +25,26 @@ pub struct RegistryArgs {
     /// How long a failed lookup of an uncached reference is remembered.
     #[arg(long, env = "HOLDFAST_CACHE_NEGATIVE_TTL_SECONDS", default_value_t = 10)]
     pub cache_negative_ttl_seconds: u64,
+    /// The cache registry (host[:port]) that content is mirrored into; mirroring is off without
+    /// one. Set the same value on the webhook and the controller: references whose content the
+    /// controller copied are pinned to the mirror. Plain HTTP only if also an --insecure-registry.
+    #[arg(long, env = "HOLDFAST_MIRROR_REGISTRY")]
+    pub mirror_registry: Option<String>,
+    /// Repository prefix in the mirror: content goes to
+    /// <mirror>/<prefix>/<source host>/<source repository>.
+    #[arg(long, env = "HOLDFAST_MIRROR_PREFIX", default_value = "holdfast")]
+    pub mirror_prefix: String,
 }
 
 impl RegistryArgs {
+    /// The mirror, when one is configured.
+    pub fn mirror(&self) -> Result<Option<MirrorLocation>, NamingError> {
+        self.mirror_registry
+            .as_deref()
+            .map(|registry| MirrorLocation::new(registry, &self.mirror_prefix))
+            .transpose()
+    }
+
     pub fn cache_config(&self) -> holdfast_registry::cache::CacheConfig {
         holdfast_registry::cache::CacheConfig {
             max_age: Duration::from_secs(self.cache_max_age_seconds),
@@ -40,5 +59,36 @@ impl RegistryArgs {
             insecure_registries: self.insecure_registries.iter().cloned().collect(),
             ..Default::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Flags {
+        #[command(flatten)]
+        registry: RegistryArgs,
+    }
+
+    #[test]
+    fn the_mirror_is_off_by_default_and_checked_when_set() {
+        let off = Flags::try_parse_from(["x"]).unwrap();
+        assert_eq!(off.registry.mirror().unwrap(), None);
+        let on = Flags::try_parse_from([
+            "x",
+            "--mirror-registry",
+            "cache.corp.com:5000",
+            "--mirror-prefix",
+            "/m/",
+        ])
+        .unwrap();
+        let mirror = on.registry.mirror().unwrap().unwrap();
+        assert_eq!((mirror.registry(), mirror.prefix()), ("cache.corp.com:5000", "m"));
+        let bad = Flags::try_parse_from(["x", "--mirror-registry", "no-dot-or-port"]).unwrap();
+        assert!(bad.registry.mirror().is_err());
     }
 }

@@ -72,7 +72,9 @@
 //!
 //! - `ref`: the reference exactly as the user wrote it; `tagSelection`: the user's
 //!   `tagSelection` JSON, verbatim, if there was one; `tag`: the tag the selection chose;
-//!   `digest`: the digest holdfast pinned to. `ref` pinned to `digest` is what the field holds.
+//!   `digest`: the digest holdfast pinned to. `ref` pinned to `digest` is what the field holds;
+//!   `mirror`, when set, is the mirror repository holdfast pinned to instead (the content was
+//!   copied there, see `holdfast_registry::mirror`): then the field holds `mirror@digest`.
 //! - An entry is kept only while it is **in place**: the field still holds `ref`'s repository
 //!   pinned to `digest`. So an entry re-pinned now is overwritten with what the user wrote now;
 //!   an entry whose field the user replaced (by their own digest, another tag, or by removing

@@ -26,17 +26,27 @@ pub struct OriginalRef {
     /// The tag the `tagSelection` chose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
+    /// The mirror repository the field was pinned to instead of `ref`'s, when the digest's
+    /// content was mirrored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<String>,
 }
 
 impl OriginalRef {
-    /// What holdfast wrote into the field: `ref`'s repository, as spelt, pinned to `digest`.
-    /// `None` if `ref` does not parse or is itself a digest reference (not an entry holdfast
-    /// writes).
+    /// What holdfast wrote into the field: `ref`'s repository, as spelt (or `mirror`, when
+    /// set), pinned to `digest`. `None` if `ref` does not parse or is itself a digest reference
+    /// (not an entry holdfast writes), or `mirror` is not a bare repository.
     pub fn pinned(&self) -> Option<String> {
-        Reference::parse(&self.reference)
+        let original = Reference::parse(&self.reference)
             .ok()
-            .filter(|r| !r.is_pinned())
-            .map(|r| r.pinned(&self.digest))
+            .filter(|r| !r.is_pinned())?;
+        match &self.mirror {
+            None => Some(original.pinned(&self.digest)),
+            Some(mirror) => Reference::parse(mirror)
+                .ok()
+                .filter(|m| !m.is_pinned() && m.tag().is_none())
+                .map(|m| m.pinned(&self.digest)),
+        }
     }
 
     /// Whether `object` still holds this pin at `pointer`.
@@ -114,6 +124,7 @@ impl OriginalRefs {
         entry.is_original_of(site).then(|| Resolution {
             digest: entry.digest.clone(),
             selected_tag: entry.tag.clone(),
+            mirror: entry.mirror.clone(),
         })
     }
 }

@@ -19,6 +19,9 @@ pub struct Resolution {
     pub digest: Digest,
     /// The tag a `tagSelection` chose (recorded in the annotation); `None` for a plain tag.
     pub selected_tag: Option<String>,
+    /// The mirror repository (`<mirror>/<prefix>/<source host>/<source repository>`) holding
+    /// the digest's content: the field is pinned there instead of the user's repository.
+    pub mirror: Option<String>,
 }
 
 /// The patch for one object and the warnings for the client.
@@ -72,27 +75,20 @@ pub fn pin_patch(
             ));
             continue;
         }
-        let reference = match plan(site) {
-            Ok(Need::Tag(reference) | Need::Select(reference, _)) => reference,
+        match plan(site) {
+            Ok(Need::Tag(_) | Need::Select(..)) => {}
             Ok(Need::AlreadyPinned) => continue,
             Err(error) => {
                 outcome.warnings.push(error.to_string());
                 continue;
             }
-        };
+        }
         if object.pointer(site.pointer.as_str()).and_then(Value::as_str) != Some(site.reference.as_str()) {
             outcome.warnings.push(format!(
                 "holdfast internal error: {} does not hold {:?}; left unpinned",
                 site.field, site.reference
             ));
             continue;
-        }
-        replacements.push(PatchOperation::Replace(ReplaceOperation {
-            path: site.pointer.clone(),
-            value: Value::String(reference.pinned(&resolution.digest)),
-        }));
-        if let Some(path) = &site.tag_selection_pointer {
-            removals.push(PatchOperation::Remove(RemoveOperation { path: path.clone() }));
         }
         let entry = OriginalRef {
             reference: site.reference.clone(),
@@ -102,7 +98,22 @@ pub fn pin_patch(
                 .tag_selection_json
                 .as_ref()
                 .and(resolution.selected_tag.clone()),
+            mirror: resolution.mirror.clone(),
         };
+        let Some(pinned) = entry.pinned() else {
+            outcome.warnings.push(format!(
+                "holdfast internal error: {} cannot be pinned to the mirror repository {:?}; left unpinned",
+                site.field, resolution.mirror
+            ));
+            continue;
+        };
+        replacements.push(PatchOperation::Replace(ReplaceOperation {
+            path: site.pointer.clone(),
+            value: Value::String(pinned),
+        }));
+        if let Some(path) = &site.tag_selection_pointer {
+            removals.push(PatchOperation::Remove(RemoveOperation { path: path.clone() }));
+        }
         match serde_json::to_value(&entry) {
             Ok(value) => {
                 fresh.insert(site.pointer.to_string(), canonical(&value));

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use futures::{FutureExt, future::BoxFuture};
 use holdfast_registry::{
-    Credentials,
-    cache::{CacheError, CacheKey, DigestCache, Origin, Scope},
+    Credentials, Digest, Reference,
+    cache::{CacheError, CacheKey, DigestCache, Mirrored, Origin, Scope},
+    mirror::MirrorLocation,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
@@ -51,11 +52,29 @@ pub struct Pinner {
     /// Reads `secretRef` Secrets; `None` where holdfast may not read Secrets (then objects with a
     /// `secretRef` are pinned only from anonymous cache entries).
     secrets: Option<Client>,
+    /// The mirror whose copies (recorded in the cache) are pinned instead of the upstream.
+    mirror: Option<MirrorLocation>,
 }
 
 impl Pinner {
     pub fn new(cache: Arc<DigestCache>, secrets: Option<Client>) -> Self {
-        Self { cache, secrets }
+        Self {
+            cache,
+            secrets,
+            mirror: None,
+        }
+    }
+
+    /// Pins references whose content the controller copied into `mirror` to the mirror's copy
+    /// (`<mirror>/<prefix>/<source host>/<source repository>@sha256:…`), for sites without a
+    /// `secretRef` (whose credentials are for the upstream registry, not for the mirror).
+    pub fn with_mirror(mut self, mirror: Option<MirrorLocation>) -> Self {
+        self.mirror = mirror;
+        self
+    }
+
+    pub fn mirror(&self) -> Option<&MirrorLocation> {
+        self.mirror.as_ref()
     }
 
     pub fn cache(&self) -> &Arc<DigestCache> {
@@ -215,22 +234,52 @@ impl Pinner {
             }
         };
         let secrets = self.secrets.clone();
+        let anonymous = scope == Scope::Anonymous;
         let answer = self
             .cache
-            .lookup(key, target, selection, move || load_credentials(secrets, scope))
+            .lookup(key, target.clone(), selection, move || {
+                load_credentials(secrets, scope)
+            })
             .await?;
+        let mirror = match (&self.mirror, anonymous) {
+            (Some(mirror), true) => {
+                mirror_repository(mirror, &target, &answer.digest, answer.mirrored.as_ref())
+            }
+            _ => None,
+        };
         Ok((
             Resolution {
                 digest: answer.digest,
                 selected_tag: answer.tag,
+                mirror,
             },
             answer.origin,
         ))
     }
 }
 
-/// The Secret a `secretRef` names, read as vendir reads it; anonymous without one.
-fn load_credentials(
+/// The mirror repository to pin `source` at `digest` to: `Some` only when `recorded` is the
+/// copy of exactly that content in `mirror` (a record of another mirror, prefix or digest is
+/// not used).
+pub fn mirror_repository(
+    mirror: &MirrorLocation,
+    source: &Reference,
+    digest: &Digest,
+    recorded: Option<&Mirrored>,
+) -> Option<String> {
+    let recorded = recorded?;
+    let expected = mirror.pinned_for(source, digest).ok()?;
+    if recorded.location != expected {
+        return None;
+    }
+    expected
+        .rsplit_once('@')
+        .map(|(repository, _)| repository.to_owned())
+}
+
+/// The Secret a `secretRef` names (or any Secret, by scope), read as vendir reads it;
+/// anonymous without one.
+pub fn load_credentials(
     client: Option<Client>,
     scope: Scope,
 ) -> BoxFuture<'static, Result<Credentials, CacheError>> {

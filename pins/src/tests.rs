@@ -52,6 +52,7 @@ impl Registry {
             Need::Tag(reference) => Some(Resolution {
                 digest: self.digest_of(&reference.name(), reference.identifier())?,
                 selected_tag: None,
+                mirror: None,
             }),
             Need::Select(repository, selection) => {
                 let tags: Vec<&str> = self
@@ -64,6 +65,7 @@ impl Registry {
                 Some(Resolution {
                     digest: self.digest_of(&repository.name(), tag)?,
                     selected_tag: Some(tag.to_owned()),
+                    mirror: None,
                 })
             }
         }
@@ -954,6 +956,7 @@ fn opted_out_objects_get_no_operations() {
     let resolution = Resolution {
         digest: digest(6),
         selected_tag: None,
+        mirror: None,
     };
     let outcome = pin_patch(&object, &sites, &[(0, resolution)], PinPolicy::Disabled);
     assert_eq!(outcome, PinOutcome::default());
@@ -980,6 +983,7 @@ fn objects_being_deleted_are_never_patched() {
     let resolution = Resolution {
         digest: digest(6),
         selected_tag: None,
+        mirror: None,
     };
     let outcome = pin_patch(&object, &sites, &[(0, resolution)], PinPolicy::Follow);
     assert_eq!(outcome, PinOutcome::default());
@@ -1205,6 +1209,7 @@ fn resolutions_that_do_not_fit_are_ignored_with_a_warning() {
     let r = |n| Resolution {
         digest: digest(n),
         selected_tag: None,
+        mirror: None,
     };
     let outcome = pin_patch(
         &object,
@@ -1229,4 +1234,140 @@ fn resolutions_that_do_not_fit_are_ignored_with_a_warning() {
     let outcome = pin_patch(&other, &sites, &[(0, r(6))], PinPolicy::Follow);
     assert_eq!(outcome.ops, vec![]);
     assert_eq!(outcome.warnings.len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mirror
+
+const MIRROR_REPO: &str = "cache.corp.com:5000/mirror/registry.corp.com/team/app-config";
+
+/// Pins the App's one tagged image to `resolution`, as the controller does after a copy.
+fn pin_one(object: &Value, resolution: Resolution) -> PinOutcome {
+    let plan = ObjectPlan::new(PinnedKind::App, object, None);
+    pin_patch(object, &plan.sites, &[(0, resolution)], plan.policy)
+}
+
+#[test]
+fn a_mirrored_digest_is_pinned_to_the_mirror_and_the_original_kept() {
+    let object = app(json!([{"image": {"url": "registry.corp.com/team/app-config:v1.2.0"}}]));
+    let mirrored = Resolution {
+        digest: digest(1),
+        selected_tag: None,
+        mirror: Some(MIRROR_REPO.into()),
+    };
+    let pinned = apply(&object, &pin_one(&object, mirrored.clone()).ops);
+    assert_eq!(
+        pinned["spec"]["fetch"][0]["image"]["url"],
+        json!(format!("{MIRROR_REPO}@{}", sha(1)))
+    );
+    assert_eq!(
+        annotation_of(&pinned),
+        json!({"/spec/fetch/0/image/url": {"ref": "registry.corp.com/team/app-config:v1.2.0", "digest": sha(1), "mirror": MIRROR_REPO}})
+    );
+    // In place: nothing more to do, and the controller tracks it (the original comes back).
+    assert_eq!(
+        run(PinnedKind::App, &pinned, Some(&pinned), &registry()).ops,
+        vec![]
+    );
+    let recorded = OriginalRefs::from_object(&pinned).unwrap();
+    assert_eq!(recorded.in_place(&pinned).count(), 1);
+    assert_eq!(
+        repin::unpinned(&pinned)["spec"]["fetch"][0]["image"]["url"],
+        "registry.corp.com/team/app-config:v1.2.0"
+    );
+    // `freeze` on an UPDATE that brings the tag back reuses the mirror pin as recorded.
+    let frozen = with_metadata(pinned.clone(), "labels", json!({PIN_KEY: "freeze"}));
+    let back = with_tags_back(
+        &frozen,
+        &[(
+            "/spec/fetch/0/image/url",
+            "registry.corp.com/team/app-config:v1.2.0",
+        )],
+        None,
+    );
+    let plan = ObjectPlan::new(PinnedKind::App, &back, Some(&frozen));
+    assert_eq!(plan.steps, vec![Step::Reuse(mirrored)]);
+}
+
+#[test]
+fn an_upstream_pin_moves_to_the_mirror_once_mirrored() {
+    let object = app(json!([{"image": {"url": "registry.corp.com/team/app-config:v1.2.0"}}]));
+    let upstream = apply(&object, &run(PinnedKind::App, &object, None, &registry()).ops);
+    // The controller's reconcile: back to the tag, pinned again from the cache, now mirrored.
+    let desired = repin::unpinned(&upstream);
+    let mirrored = Resolution {
+        digest: digest(1),
+        selected_tag: None,
+        mirror: Some(MIRROR_REPO.into()),
+    };
+    let desired = apply(&desired, &pin_one(&desired, mirrored).ops);
+    let ops = repin::update(&upstream, &desired);
+    let moved = apply(&upstream, &ops);
+    assert_eq!(
+        moved["spec"]["fetch"][0]["image"]["url"],
+        json!(format!("{MIRROR_REPO}@{}", sha(1)))
+    );
+    assert_eq!(
+        annotation_of(&moved)["/spec/fetch/0/image/url"]["mirror"],
+        MIRROR_REPO
+    );
+}
+
+#[test]
+fn a_mirror_that_is_not_a_bare_repository_is_never_written() {
+    let object = app(json!([{"image": {"url": "registry.corp.com/team/app-config:v1.2.0"}}]));
+    let outcome = pin_one(
+        &object,
+        Resolution {
+            digest: digest(1),
+            selected_tag: None,
+            mirror: Some(format!("{MIRROR_REPO}:tag")),
+        },
+    );
+    assert_eq!(outcome.ops, vec![]);
+    assert!(
+        outcome.warnings[0].contains("internal error"),
+        "{:?}",
+        outcome.warnings
+    );
+}
+
+#[test]
+fn only_a_record_of_this_mirror_and_digest_is_used() {
+    use holdfast_registry::{Reference, cache::Mirrored, mirror::MirrorLocation};
+    use std::time::SystemTime;
+
+    let mirror = MirrorLocation::new("cache.corp.com:5000", "mirror").unwrap();
+    let source = Reference::parse("registry.corp.com/team/app-config:v1.2.0").unwrap();
+    let record = |location: String| Mirrored {
+        location,
+        at: SystemTime::now(),
+    };
+    let here = record(format!("{MIRROR_REPO}@{}", sha(1)));
+    assert_eq!(
+        resolve::mirror_repository(&mirror, &source, &digest(1), Some(&here)),
+        Some(MIRROR_REPO.to_owned())
+    );
+    assert_eq!(
+        resolve::mirror_repository(&mirror, &source, &digest(1), None),
+        None
+    );
+    // Another digest (the tag moved), another prefix, another mirror.
+    assert_eq!(
+        resolve::mirror_repository(&mirror, &source, &digest(2), Some(&here)),
+        None
+    );
+    let other_prefix = MirrorLocation::new("cache.corp.com:5000", "other").unwrap();
+    assert_eq!(
+        resolve::mirror_repository(&other_prefix, &source, &digest(1), Some(&here)),
+        None
+    );
+    let elsewhere = record(format!(
+        "old-cache.corp.com/mirror/registry.corp.com/team/app-config@{}",
+        sha(1)
+    ));
+    assert_eq!(
+        resolve::mirror_repository(&mirror, &source, &digest(1), Some(&elsewhere)),
+        None
+    );
 }

@@ -10,6 +10,13 @@
 //! Persistence is the caller's: an [`EntrySink`] receives every changed entry (the cluster store
 //! writes it as a `DigestCacheEntry` object) and [`DigestCache::insert`] loads entries back
 //! (from a watch of those objects), so replicas and restarts share one cache.
+//!
+//! The controller also records, per entry, where the entry's content was copied into the
+//! mirror ([`Mirrored`], see `crate::mirror`): kept beside the entries (a [`CacheEntry`] is
+//! the registry's answer, the mirror record is the controller's), persisted through
+//! [`EntrySink::persist_mirrored`] and loaded with [`DigestCache::insert_mirrored`], and handed
+//! out with every [`Answer`]. A record names the digest it holds (`…@sha256:…`), so a tag that
+//! moved is never answered with the old digest's mirror location.
 
 use std::{
     collections::HashMap,
@@ -119,6 +126,25 @@ pub struct CacheEntry {
     pub error: Option<String>,
 }
 
+/// Where an entry's content was copied in the mirror, and when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mirrored {
+    /// `<mirror>/<prefix>/<source host>/<source repository>@sha256:…`.
+    pub location: String,
+    /// When the copy completed.
+    pub at: SystemTime,
+}
+
+impl Mirrored {
+    /// Whether this records a copy of `digest` (not of a digest the tag held before).
+    pub fn holds(&self, digest: &Digest) -> bool {
+        self.location
+            .rsplit_once('@')
+            .is_some_and(|(_, held)| held == digest.as_str())
+    }
+}
+
 /// Where an answer came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
@@ -136,6 +162,8 @@ pub struct Answer {
     pub digest: Digest,
     pub tag: Option<String>,
     pub origin: Origin,
+    /// Where `digest`'s content is in the mirror, when the controller copied it.
+    pub mirrored: Option<Mirrored>,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -183,6 +211,8 @@ impl Default for CacheConfig {
 /// Receives every entry the cache changed, to persist it.
 pub trait EntrySink: Send + Sync {
     fn persist(&self, entry: &CacheEntry);
+    /// Persists the mirror record of the entry with `key` (an entry already persisted).
+    fn persist_mirrored(&self, _key: &CacheKey, _mirrored: &Mirrored) {}
 }
 
 /// The registry operations the cache needs; [`Resolver`] is the real one.
@@ -236,6 +266,9 @@ pub struct DigestCache {
     source: Arc<dyn Source>,
     config: CacheConfig,
     entries: RwLock<HashMap<CacheKey, CacheEntry>>,
+    mirrored: RwLock<HashMap<CacheKey, Mirrored>>,
+    /// Bumped on every change of an entry or a mirror record.
+    changes: tokio::sync::watch::Sender<u64>,
     negative: Mutex<HashMap<CacheKey, (Instant, CacheError)>>,
     flights: Mutex<HashMap<CacheKey, Flight>>,
     sink: Option<Arc<dyn EntrySink>>,
@@ -248,6 +281,8 @@ impl DigestCache {
             source,
             config,
             entries: RwLock::default(),
+            mirrored: RwLock::default(),
+            changes: tokio::sync::watch::Sender::new(0),
             negative: Mutex::default(),
             flights: Mutex::default(),
             sink,
@@ -262,8 +297,58 @@ impl DigestCache {
             Some(held) if held.checked_at >= entry.checked_at => {}
             _ => {
                 entries.insert(entry.key.clone(), entry);
+                drop(entries);
+                self.changed();
             }
         }
+    }
+
+    /// Loads the mirror record of `key` (from the persisted store); a later copy already held wins.
+    pub fn insert_mirrored(&self, key: CacheKey, mirrored: Mirrored) {
+        let mut records = self.mirrored.write().unwrap_or_else(|e| e.into_inner());
+        match records.get(&key) {
+            Some(held) if *held == mirrored || (held.at > mirrored.at) => {}
+            _ => {
+                records.insert(key, mirrored);
+                drop(records);
+                self.changed();
+            }
+        }
+    }
+
+    /// Records that the content of `key`'s entry is in the mirror, and persists the record.
+    pub fn record_mirrored(&self, key: &CacheKey, mirrored: Mirrored) {
+        if let Some(sink) = &self.sink {
+            sink.persist_mirrored(key, &mirrored);
+        }
+        self.mirrored
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), mirrored);
+        self.changed();
+    }
+
+    /// The mirror record of the entry with exactly `key` (no anonymous fallback).
+    pub fn mirrored(&self, key: &CacheKey) -> Option<Mirrored> {
+        self.mirrored
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .cloned()
+    }
+
+    /// Changes whenever an entry or a mirror record changes (loaded, resolved or recorded).
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// `key`'s mirror record if it holds `digest`.
+    fn mirror_of(&self, key: &CacheKey, digest: &Digest) -> Option<Mirrored> {
+        self.mirrored(key).filter(|m| m.holds(digest))
     }
 
     /// The entry serving `key`: its own, else the anonymous one (public content serves all).
@@ -339,6 +424,7 @@ impl DigestCache {
                 digest: entry.digest.clone(),
                 tag: entry.tag.clone(),
                 origin: Origin::Cache,
+                mirrored: self.mirror_of(&entry.key, &entry.digest),
             });
         }
         if held.is_none() {
@@ -352,6 +438,7 @@ impl DigestCache {
         let checked_at = SystemTime::now();
         match result {
             Ok((digest, tag)) => {
+                let mirrored = self.mirror_of(&key, &digest);
                 let entry = CacheEntry {
                     key,
                     digest: digest.clone(),
@@ -365,6 +452,7 @@ impl DigestCache {
                     digest,
                     tag,
                     origin: Origin::Registry,
+                    mirrored,
                 })
             }
             Err(error) => {
@@ -379,6 +467,7 @@ impl DigestCache {
                                 error: error.to_string(),
                                 age: age(entry.resolved_at, checked_at),
                             },
+                            mirrored: self.mirror_of(&entry.key, &entry.digest),
                         };
                         self.store(CacheEntry {
                             checked_at,
@@ -427,6 +516,7 @@ impl DigestCache {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(entry.key.clone(), entry);
+        self.changed();
     }
 
     /// Joins the flight for `key`, or starts it.
@@ -823,5 +913,53 @@ mod tests {
         cache.insert(entry("new", now));
         cache.insert(entry("old", now - Duration::from_secs(5)));
         assert_eq!(cache.get(&key).unwrap().digest, digest("new"));
+    }
+
+    #[tokio::test]
+    async fn answers_carry_the_mirror_record_of_their_digest_only() {
+        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
+        let mut changes = cache.changes();
+        assert_eq!(
+            lookup(&cache, APP, Scope::Anonymous).await.unwrap().mirrored,
+            None
+        );
+        assert!(changes.has_changed().unwrap(), "a resolved entry is a change");
+        changes.mark_unchanged();
+
+        let record = Mirrored {
+            location: format!("cache.example/m/registry.example/team/app@{}", digest("v1")),
+            at: SystemTime::now(),
+        };
+        cache.record_mirrored(&key, record.clone());
+        assert!(changes.has_changed().unwrap());
+        assert_eq!(
+            lookup(&cache, APP, Scope::Anonymous).await.unwrap().mirrored,
+            Some(record.clone())
+        );
+
+        // The tag moves: the record is of the old digest and is not handed out with the new one.
+        source.digests.lock().unwrap().insert(APP.into(), digest("v2"));
+        let moved = cache.refresh(&key, anonymous).await.unwrap();
+        assert_eq!((moved.digest, moved.mirrored), (digest("v2"), None));
+        assert_eq!(cache.mirrored(&key), Some(record));
+    }
+
+    #[test]
+    fn a_loaded_mirror_record_never_replaces_a_later_copy() {
+        let (_, cache) = cache(FakeSource::default(), CacheConfig::default());
+        let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
+        let now = SystemTime::now();
+        let record = |d: &str, at: SystemTime| Mirrored {
+            location: format!("cache.example/x@{}", digest(d)),
+            at,
+        };
+        cache.insert_mirrored(key.clone(), record("new", now));
+        let changes = cache.changes();
+        cache.insert_mirrored(key.clone(), record("old", now - Duration::from_secs(5)));
+        cache.insert_mirrored(key.clone(), record("new", now));
+        assert!(!changes.has_changed().unwrap(), "nothing new was loaded");
+        assert!(cache.mirrored(&key).unwrap().holds(&digest("new")));
+        assert!(!cache.mirrored(&key).unwrap().holds(&digest("old")));
     }
 }

@@ -1,6 +1,10 @@
 //! The digest cache persisted in the cluster: each entry is a `DigestCacheEntry` object in
 //! holdfast's namespace (CRD in `manifests/crds/`), written by server-side apply in the background
 //! and read back through a watch into every replica's [`DigestCache`].
+//!
+//! The mirror record of an entry (`spec.mirror`, `spec.mirroredAt`) is written by a field manager
+//! of its own, [`MIRROR_FIELD_MANAGER`]: the entry's own applies (every refresh) leave it alone,
+//! and it names the digest it holds, so a moved tag never serves a stale record.
 
 use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
@@ -18,10 +22,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     Digest,
-    cache::{CacheEntry, CacheKey, DigestCache, EntrySink, Scope},
+    cache::{CacheEntry, CacheKey, DigestCache, EntrySink, Mirrored, Scope},
 };
 
 pub const FIELD_MANAGER: &str = "holdfast";
+/// Owner of `spec.mirror` and `spec.mirroredAt` (the controller's mirror copies).
+pub const MIRROR_FIELD_MANAGER: &str = "holdfast-mirror";
 
 pub fn resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -88,6 +94,26 @@ pub fn to_object(entry: &CacheEntry) -> Value {
     })
 }
 
+/// The apply configuration that records `mirrored` on the object of `key`: only the fields
+/// [`MIRROR_FIELD_MANAGER`] owns.
+pub fn mirror_patch(key: &CacheKey, mirrored: &Mirrored) -> Value {
+    json!({
+        "apiVersion": "holdfast.dev/v1alpha1",
+        "kind": "DigestCacheEntry",
+        "metadata": {"name": object_name(key)},
+        "spec": {"mirror": mirrored.location, "mirroredAt": rfc3339(mirrored.at)},
+    })
+}
+
+/// The mirror record an object holds, if any.
+pub fn mirrored_from_object(object: &DynamicObject) -> Option<Mirrored> {
+    let spec = object.data.get("spec")?;
+    Some(Mirrored {
+        location: spec.get("mirror")?.as_str()?.to_owned(),
+        at: parse_time(spec.get("mirroredAt")?)?,
+    })
+}
+
 /// The entry an object holds; `None` for an object holdfast did not write.
 pub fn from_object(object: &DynamicObject) -> Option<CacheEntry> {
     let spec = object.data.get("spec")?;
@@ -109,27 +135,58 @@ pub fn from_object(object: &DynamicObject) -> Option<CacheEntry> {
 /// Persists entries in the background: `persist` never waits for the API server, and a burst of
 /// changes to one key is written once.
 pub struct ClusterSink {
-    tx: mpsc::UnboundedSender<CacheEntry>,
+    tx: mpsc::UnboundedSender<Write>,
+}
+
+/// What the sink writes.
+enum Write {
+    Entry(CacheEntry),
+    Mirrored(CacheKey, Mirrored),
 }
 
 impl ClusterSink {
     pub fn start(api: Api<DynamicObject>, cancel: CancellationToken) -> Arc<Self> {
-        let (tx, mut rx) = mpsc::unbounded_channel::<CacheEntry>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Write>();
         tokio::spawn(async move {
             let params = PatchParams::apply(FIELD_MANAGER).force();
+            let mirror_params = PatchParams::apply(MIRROR_FIELD_MANAGER).force();
             loop {
                 let first = tokio::select! {
                     _ = cancel.cancelled() => return,
-                    next = rx.recv() => match next { Some(entry) => entry, None => return },
+                    next = rx.recv() => match next { Some(write) => write, None => return },
                 };
-                let mut batch: HashMap<CacheKey, CacheEntry> = HashMap::from([(first.key.clone(), first)]);
-                while let Ok(entry) = rx.try_recv() {
-                    batch.insert(entry.key.clone(), entry);
+                let mut entries: HashMap<CacheKey, CacheEntry> = HashMap::new();
+                let mut records: HashMap<CacheKey, Mirrored> = HashMap::new();
+                let mut next = Some(first);
+                while let Some(write) = next {
+                    match write {
+                        Write::Entry(entry) => {
+                            entries.insert(entry.key.clone(), entry);
+                        }
+                        Write::Mirrored(key, mirrored) => {
+                            records.insert(key, mirrored);
+                        }
+                    }
+                    next = rx.try_recv().ok();
                 }
-                for entry in batch.into_values() {
+                // Entries first: a record applies to an object that exists.
+                for entry in entries.into_values() {
                     let name = object_name(&entry.key);
                     if let Err(error) = api.patch(&name, &params, &Patch::Apply(to_object(&entry))).await {
                         tracing::warn!(%error, reference = %entry.key.reference, "could not persist a digest cache entry");
+                    }
+                }
+                for (key, mirrored) in records {
+                    let name = object_name(&key);
+                    if let Err(error) = api
+                        .patch(
+                            &name,
+                            &mirror_params,
+                            &Patch::Apply(mirror_patch(&key, &mirrored)),
+                        )
+                        .await
+                    {
+                        tracing::warn!(%error, reference = %key.reference, location = %mirrored.location, "could not persist a mirror record");
                     }
                 }
             }
@@ -140,7 +197,11 @@ impl ClusterSink {
 
 impl EntrySink for ClusterSink {
     fn persist(&self, entry: &CacheEntry) {
-        let _ = self.tx.send(entry.clone());
+        let _ = self.tx.send(Write::Entry(entry.clone()));
+    }
+
+    fn persist_mirrored(&self, key: &CacheKey, mirrored: &Mirrored) {
+        let _ = self.tx.send(Write::Mirrored(key.clone(), mirrored.clone()));
     }
 }
 
@@ -159,7 +220,11 @@ pub fn follow(
             match event {
                 Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
                     if let Some(entry) = from_object(&object) {
+                        let key = entry.key.clone();
                         cache.insert(entry);
+                        if let Some(mirrored) = mirrored_from_object(&object) {
+                            cache.insert_mirrored(key, mirrored);
+                        }
                     }
                 }
                 Ok(watcher::Event::InitDone) => {
@@ -213,6 +278,42 @@ mod tests {
         assert_eq!(back.checked_at, entry.checked_at);
         assert_eq!(object.data["spec"]["state"], "Stale");
         assert!(object.metadata.name.unwrap().starts_with("d-"));
+    }
+
+    #[test]
+    fn mirror_records_are_applied_alone_and_read_back() {
+        let now = SystemTime::now();
+        let key = CacheKey {
+            reference: "registry.example/team/app:1.0".into(),
+            selection: None,
+            scope: Scope::Anonymous,
+        };
+        let entry = CacheEntry {
+            key: key.clone(),
+            digest: Digest::sha256_of(b"x"),
+            tag: None,
+            resolved_at: now,
+            checked_at: now,
+            error: None,
+        };
+        let mirrored = Mirrored {
+            location: format!("cache.example/m/registry.example/team/app@{}", entry.digest),
+            at: now,
+        };
+        let patch = mirror_patch(&key, &mirrored);
+        // Only the record's fields: the entry's own applies keep owning the rest.
+        let mut fields: Vec<&String> = patch["spec"].as_object().unwrap().keys().collect();
+        fields.sort();
+        assert_eq!(fields, ["mirror", "mirroredAt"]);
+        assert_eq!(patch["metadata"]["name"], json!(object_name(&key)));
+
+        let mut object = to_object(&entry);
+        assert!(mirrored_from_object(&serde_json::from_value(object.clone()).unwrap()).is_none());
+        object["spec"]["mirror"] = patch["spec"]["mirror"].clone();
+        object["spec"]["mirroredAt"] = patch["spec"]["mirroredAt"].clone();
+        let object: DynamicObject = serde_json::from_value(object).unwrap();
+        assert_eq!(mirrored_from_object(&object), Some(mirrored));
+        assert_eq!(from_object(&object), Some(entry));
     }
 
     #[test]

@@ -31,6 +31,11 @@ async fn main() -> Result<()> {
         .map_err(|_| anyhow!("a rustls crypto provider was already installed"))?;
     let args = Args::parse();
     init_tracing(args.log_format);
+    // Pins to the mirror's copies the controller recorded (the controller does the copying).
+    let mirror = args
+        .registry
+        .mirror()
+        .context("--mirror-registry / --mirror-prefix")?;
     let mut terminate = signal(SignalKind::terminate())?;
     let cancel = CancellationToken::new();
     let client = kube::Client::try_default()
@@ -64,7 +69,7 @@ async fn main() -> Result<()> {
     let context = RuleContext {
         policy,
         cluster: Arc::new(cluster.clone()),
-        pinner: Arc::new(Pinner::new(cache, None)),
+        pinner: Arc::new(Pinner::new(cache, None).with_mirror(mirror)),
     };
     let synced = async move {
         cluster.synced().await;
