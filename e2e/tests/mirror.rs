@@ -3,9 +3,10 @@
 //! the images of its ImagesLock relocated into its own repository; a copy cut off by a mirror
 //! outage completes afterwards without sending again what had arrived; and a 200 MiB bundle is
 //! copied by a process whose peak resident memory stays under 64 MiB. With the webhook and the
-//! controller: an App admitted with a tag is pinned upstream, the controller copies the content
-//! and re-pins the App to the mirror, and the emulated kapp-controller, restarted with an empty
-//! cache, syncs it without a single request to the upstream registry, up or stopped.
+//! controller: Apps admitted with a tagged image and a tagged imgpkg bundle are pinned upstream,
+//! the controller copies the content (the bundle relocated) and re-pins them to the mirror, and
+//! the emulated kapp-controller (image fetches only), restarted with an empty cache, syncs the
+//! image App without a single request to the upstream registry, up or stopped.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -35,7 +36,7 @@ use kube::api::{DynamicObject, ListParams, PostParams};
 use serde_json::json;
 
 e2e_main!(serial:
-    an_app_is_repinned_to_the_mirror_and_syncs_without_upstream,
+    apps_are_repinned_to_the_mirror_and_sync_without_upstream,
     copies_an_image_and_relocates_a_bundle_byte_for_byte,
     an_interrupted_copy_resumes_without_resending_blobs,
     a_200_mib_bundle_is_copied_in_under_64_mib_of_memory,
@@ -389,10 +390,63 @@ async fn a_200_mib_bundle_is_copied_in_under_64_mib_of_memory(env: Arc<Env>) -> 
     Ok(())
 }
 
+/// The reference of an App's first fetch entry: `image.url` or `imgpkgBundle.image`.
 fn url_of(app: Option<&DynamicObject>) -> Option<String> {
-    app.and_then(|a| a.data.pointer("/spec/fetch/0/image/url"))
+    let fetch = app?.data.pointer("/spec/fetch/0")?;
+    fetch
+        .pointer("/image/url")
+        .or_else(|| fetch.pointer("/imgpkgBundle/image"))
         .and_then(|u| u.as_str())
         .map(str::to_owned)
+}
+
+/// An App named `name` with the one fetch entry `fetch`.
+fn app_object(name: &str, fetch: serde_json::Value) -> Result<DynamicObject> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "kappctrl.k14s.io/v1alpha1",
+        "kind": "App",
+        "metadata": {"name": name},
+        "spec": {"serviceAccountName": "default", "fetch": [fetch],
+                 "template": [{"ytt": {}}], "deploy": [{"kapp": {}}]},
+    }))?)
+}
+
+/// An App with a tagged imgpkg bundle whose ImagesLock lists an image in another repository:
+/// re-pinned to the mirror, where the bundle and that image are in the bundle's one repository
+/// (fully relocated), byte for byte.
+async fn bundle_is_repinned_relocated(
+    env: &Env,
+    webhook: &LocalWebhook,
+    upstream: &SpareRegistry,
+    mirror: &SpareRegistry,
+) -> Result<()> {
+    let (up, m) = (upstream.addr.as_str(), mirror.addr.as_str());
+    let one = Image::with_files(&[("one.yml", b"one: 1\n")])?;
+    let one_digest = images::push(up, "images/one", "1", &one).await?;
+    let bundle = Image::bundle(
+        &[("config/app.yml", b"app: 1\n")],
+        &[format!("{up}/images/one@{one_digest}")],
+    )?;
+    let bundle_digest = images::push(up, "bundles/app", "1.0", &bundle).await?;
+    let client = env.client().await?;
+    let ns = webhook.namespace("mirror-bundle").await?;
+    let app = app_object(
+        "bundle",
+        json!({"imgpkgBundle": {"image": format!("{up}/bundles/app:1.0")}}),
+    )?;
+    let api = api_for(&client, &app, Some(&ns)).await?;
+    api.create(&PostParams::default(), &app).await?;
+    let repo = mirrored(up, "bundles/app");
+    let expected = format!("{m}/{repo}@{bundle_digest}");
+    wait::until(&api, "bundle", move |a: Option<&DynamicObject>| {
+        url_of(a).as_deref() == Some(expected.as_str())
+    })
+    .await?;
+    let compared = same_content((up, "bundles/app"), (m, &repo), &bundle_digest).await?;
+    ensure!(compared == (1, 2), "bundle: compared {compared:?}");
+    let compared = same_content((up, "images/one"), (m, &repo), &one_digest).await?;
+    ensure!(compared == (1, 2), "locked image: compared {compared:?}");
+    Ok(())
 }
 
 /// The emulated kapp-controller started afresh (empty vendir caches) on `namespace`'s one App,
@@ -417,7 +471,7 @@ async fn fresh_kapp_controller(client: kube::Client, namespace: &str) -> Result<
 /// Every request to a registry's API in its access log.
 const ANY_REQUEST: &str = " /v2/";
 
-async fn an_app_is_repinned_to_the_mirror_and_syncs_without_upstream(env: Arc<Env>) -> Result<()> {
+async fn apps_are_repinned_to_the_mirror_and_sync_without_upstream(env: Arc<Env>) -> Result<()> {
     let mut upstream = env.spare_registry().await?;
     let mirror = env.spare_registry().await?;
     let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
@@ -448,7 +502,10 @@ async fn an_app_is_repinned_to_the_mirror_and_syncs_without_upstream(env: Arc<En
         Some(settings),
     )
     .await?;
-    let result = repin_and_sync(&env, &webhook, &controller, &mut upstream, &mirror, &digest).await;
+    let result = match bundle_is_repinned_relocated(&env, &webhook, &upstream, &mirror).await {
+        Ok(()) => repin_and_sync(&env, &webhook, &controller, &mut upstream, &mirror, &digest).await,
+        Err(error) => Err(error),
+    };
     controller.stop().await;
     webhook.stop().await?;
     result
@@ -466,13 +523,7 @@ async fn repin_and_sync(
     let client = env.client().await?;
     let ns = webhook.namespace("mirror-pin").await?;
     let written = format!("{up}/apps/web:1.0");
-    let app: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "kappctrl.k14s.io/v1alpha1",
-        "kind": "App",
-        "metadata": {"name": "web"},
-        "spec": {"serviceAccountName": "default", "fetch": [{"image": {"url": written}}],
-                 "template": [{"ytt": {}}], "deploy": [{"kapp": {}}]},
-    }))?;
+    let app = app_object("web", json!({"image": {"url": written}}))?;
     let api = api_for(&client, &app, Some(&ns)).await?;
     let created = api.create(&PostParams::default(), &app).await?;
     ensure!(
