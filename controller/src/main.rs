@@ -34,7 +34,7 @@ struct Args {
     /// anonymously.
     #[arg(long, env = "HOLDFAST_MIRROR_SECRET")]
     mirror_secret: Option<String>,
-    /// Source registries (host[:port]) whose content is mirrored; all when none is given.
+    /// Source registries (a host, or host:port) whose content is mirrored; all when none is given.
     #[arg(
         long = "mirror-source-registry",
         env = "HOLDFAST_MIRROR_SOURCE_REGISTRIES",

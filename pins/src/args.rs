@@ -25,13 +25,14 @@ pub struct RegistryArgs {
     /// How long a failed lookup of an uncached reference is remembered.
     #[arg(long, env = "HOLDFAST_CACHE_NEGATIVE_TTL_SECONDS", default_value_t = 10)]
     pub cache_negative_ttl_seconds: u64,
-    /// The cache registry (host[:port]) that content is mirrored into; mirroring is off without
-    /// one. Set the same value on the webhook and the controller: references whose content the
-    /// controller copied are pinned to the mirror. Plain HTTP only if also an --insecure-registry.
+    /// The cache registry (a host, or host:port) that content is mirrored into; mirroring is off
+    /// without one. Set the same value on the webhook and the controller: references whose
+    /// content the controller copied are pinned to the mirror. Plain HTTP only if also an
+    /// --insecure-registry.
     #[arg(long, env = "HOLDFAST_MIRROR_REGISTRY")]
     pub mirror_registry: Option<String>,
     /// Repository prefix in the mirror: content goes to
-    /// <mirror>/<prefix>/<source host>/<source repository>.
+    /// MIRROR/PREFIX/SOURCE-HOST/SOURCE-REPOSITORY.
     #[arg(long, env = "HOLDFAST_MIRROR_PREFIX", default_value = "holdfast")]
     pub mirror_prefix: String,
 }
