@@ -182,11 +182,12 @@ async fn one_registry_lookup_per_unique_tag(env: Arc<Env>) -> Result<()> {
     let heads = upstream.requests_matching("HEAD /v2/team/shared/manifests/1.0.0");
     let gets = upstream.requests_matching("GET /v2/team/shared/manifests/1.0.0");
     ensure!(lookups == 1, "{lookups} registry lookups for one tag");
-    // How many arrive within the held second and a half depends on the API server's pace (about
-    // 200 here); a handful proves they shared the one request rather than queued behind it.
+    // How many arrive within the held second and a half depends on the API server's pace: 200–300
+    // on a quiet machine, as few as 6 with the other suites running beside it. Two already prove
+    // that a second admission joined the first one's registry request instead of making its own.
     ensure!(
-        waited >= 10,
-        "only {waited} admissions overlapped the registry request"
+        waited >= 2,
+        "only {waited} admission(s) overlapped the registry request"
     );
     ensure!(
         heads == 1 && gets == 0,
