@@ -13,6 +13,7 @@ use holdfast_registry::{
     Resolver, ResolverConfig,
     cache::{CacheConfig, DigestCache},
     cluster_store::{self, ClusterSink},
+    mirror::MirrorLocation,
 };
 use holdfast_webhook::{
     cluster::Cluster,
@@ -70,6 +71,8 @@ pub struct Registration {
     /// Run as installed from `manifests/` instead of as the cluster admin in a namespace of its
     /// own (none: the admin's client, a fresh namespace and configuration name).
     pub installed: Option<Installed>,
+    /// `--mirror-registry`/`--mirror-prefix`: pin to the mirror copies the controller recorded.
+    pub mirror: Option<MirrorLocation>,
 }
 
 /// The webhook's identity and names as `manifests/` installs it: its ServiceAccount's client,
@@ -92,6 +95,7 @@ impl Registration {
             validating_rules: Vec::new(),
             policy: Policy::default(),
             installed: None,
+            mirror: None,
         }
     }
 }
@@ -267,7 +271,7 @@ impl LocalWebhook {
         let context = RuleContext {
             policy: registration.policy,
             cluster: Arc::new(cluster.clone()),
-            pinner: Arc::new(Pinner::new(cache.clone(), None)),
+            pinner: Arc::new(Pinner::new(cache.clone(), None).with_mirror(registration.mirror)),
         };
         let synced = {
             let cluster = cluster.clone();

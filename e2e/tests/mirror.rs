@@ -27,9 +27,11 @@ use holdfast_e2e::{
     wait,
     webhook::{LocalWebhook, Registration, rule},
 };
-use holdfast_pins::{ORIGINAL_REFS_ANNOTATION, PinnedKind};
+use holdfast_pins::ORIGINAL_REFS_ANNOTATION;
 use holdfast_registry::{
-    Credentials, Reference, Resolver, ResolverConfig, cluster_store,
+    Credentials, Digest, Reference, Resolver, ResolverConfig,
+    cache::{CacheKey, Scope},
+    cluster_store,
     mirror::{Copier, CopierConfig, CopyEvent, MirrorLocation, host_component},
 };
 use kube::api::{DynamicObject, ListParams, PostParams};
@@ -479,7 +481,8 @@ async fn apps_are_repinned_to_the_mirror_and_sync_without_upstream(env: Arc<Env>
     let digest = images::push(&up, "apps/web", "1.0", &web).await?;
     let client = env.client().await?;
 
-    // The webhook as deployed without --mirror-registry pins upstream; the controller mirrors.
+    // The webhook with --mirror-registry: it pins upstream until the controller has recorded a
+    // copy, then straight to the mirror.
     let mut registration = Registration::rules(vec![rule(
         "kappctrl.k14s.io",
         "v1alpha1",
@@ -487,6 +490,7 @@ async fn apps_are_repinned_to_the_mirror_and_sync_without_upstream(env: Arc<Env>
         &["CREATE", "UPDATE"],
     )]);
     registration.insecure_registries = vec![up.clone(), m.clone()];
+    registration.mirror = Some(MirrorLocation::new(&m, PREFIX)?);
     let webhook = LocalWebhook::start(env.clone(), registration).await?;
     let settings = MirrorSettings {
         location: MirrorLocation::new(&m, PREFIX)?,
@@ -503,7 +507,7 @@ async fn apps_are_repinned_to_the_mirror_and_sync_without_upstream(env: Arc<Env>
     )
     .await?;
     let result = match bundle_is_repinned_relocated(&env, &webhook, &upstream, &mirror).await {
-        Ok(()) => repin_and_sync(&env, &webhook, &controller, &mut upstream, &mirror, &digest).await,
+        Ok(()) => repin_and_sync(&env, &webhook, &mut upstream, &mirror, &digest).await,
         Err(error) => Err(error),
     };
     controller.stop().await;
@@ -514,7 +518,6 @@ async fn apps_are_repinned_to_the_mirror_and_sync_without_upstream(env: Arc<Env>
 async fn repin_and_sync(
     env: &Env,
     webhook: &LocalWebhook,
-    controller: &LocalController,
     upstream: &mut SpareRegistry,
     mirror: &SpareRegistry,
     digest: &str,
@@ -582,17 +585,26 @@ async fn repin_and_sync(
     let compared = same_content((&up, "apps/web"), (&m, &repo), digest).await?;
     ensure!(compared == (1, 2), "compared {compared:?}");
 
-    // A new object with the same tag is pinned straight to the mirror by a pinner that knows it
-    // (the webhook with --mirror-registry runs this same Pinner).
-    let fresh = json!({"metadata": {"name": "web-2"}, "spec": {"fetch": [{"image": {"url": written}}]}});
-    let outcome = controller.pinner.pin(PinnedKind::App, &ns, &fresh, None).await;
+    // A new App with the same tag, once the webhook's copy of the shared cache has the record, is
+    // admitted pinned straight to the mirror.
+    let key = CacheKey::tag(&Reference::parse(&written)?, Scope::Anonymous);
+    let held = Digest::parse(digest)?;
+    let mut changes = webhook.cache.changes();
+    tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while !webhook.cache.mirrored(&key).is_some_and(|m| m.holds(&held)) {
+            if changes.changed().await.is_err() {
+                break;
+            }
+        }
+    })
+    .await
+    .context("the mirror record never reached the webhook's cache")?;
+    let fresh = app_object("web-2", json!({"image": {"url": written}}))?;
+    let admitted = api.create(&PostParams::default(), &fresh).await?;
     ensure!(
-        outcome
-            .ops
-            .iter()
-            .any(|op| serde_json::to_value(op).is_ok_and(|op| op["value"] == json!(location))),
-        "direct pin: {:?}",
-        outcome.ops
+        url_of(Some(&admitted)) == Some(location.clone()),
+        "admitted: {:?}",
+        url_of(Some(&admitted))
     );
 
     // kapp-controller restarted (empty vendir cache): every sync fetches from the mirror only.
