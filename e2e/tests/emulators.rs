@@ -33,7 +33,7 @@ use holdfast_e2e::{
         korifi::KorifiCounts,
         kpack::{self, Created, KpackCounts, KpackVersion},
         resources,
-        scenario::{FastDeletion, Peers},
+        scenario::{FastDeletion, Peers, until},
     },
 };
 use kube::{
@@ -72,19 +72,6 @@ fn api(client: &Client, resource: &kube::api::ApiResource, namespace: &str) -> A
 
 fn namespaces(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &resources::namespace())
-}
-
-/// Waits, on a watch, until `name` satisfies `condition`.
-async fn until(
-    api: &Api<DynamicObject>,
-    name: &str,
-    limit: Duration,
-    condition: impl Fn(Option<&DynamicObject>) -> bool,
-) -> Result<()> {
-    tokio::time::timeout(limit, await_condition(api.clone(), name, condition))
-        .await
-        .with_context(|| format!("timed out after {limit:?} waiting for {name}"))??;
-    Ok(())
 }
 
 /// Waits, on a watch, until `name` is gone (at once if it already is).

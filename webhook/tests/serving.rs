@@ -31,6 +31,11 @@ struct Fixture {
 }
 
 async fn start() -> Fixture {
+    start_with(Default::default()).await
+}
+
+/// A server whose pinning resolves through `registry`; ready once `release_sync` fires.
+async fn start_with(registry: support::FixedRegistry) -> Fixture {
     let ca = CertificateAuthority::generate(&CaOptions::default()).unwrap();
     let leaf = ca
         .issue_serving(
@@ -48,7 +53,7 @@ async fn start() -> Fixture {
     };
     let running = server::start(
         settings,
-        support::context(StaticCluster::default(), Default::default()),
+        support::context(StaticCluster::default(), registry),
         async move {
             let _ = synced.await;
         },
@@ -177,28 +182,11 @@ async fn shutdown_lets_an_admission_in_flight_finish_and_then_refuses_connection
         asked: Some(asked.clone()),
         ..Default::default()
     };
-    let ca = CertificateAuthority::generate(&CaOptions::default()).unwrap();
-    let leaf = ca
-        .issue_serving(
-            &ServingOptions::for_service("holdfast-webhook", "holdfast-system")
-                .with_ip([127, 0, 0, 1].into()),
-        )
-        .unwrap();
-    let settings = Settings {
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        deadline: Duration::from_secs(3),
-        body_limit: 1 << 20,
-        handshake_timeout: Duration::from_secs(2),
-    };
-    let running = server::start(
-        settings,
-        support::context(StaticCluster::default(), registry),
-        async {},
-        Arc::new(SwappableCert::new(&leaf).unwrap()),
-    )
-    .await
-    .unwrap();
+    let mut fx = start_with(registry).await;
+    if let Some(release) = fx.release_sync.take() {
+        let _ = release.send(());
+    }
+    let running = fx.running;
     let addr = running.addr;
     let readiness = running.readiness.clone();
 
@@ -216,7 +204,7 @@ async fn shutdown_lets_an_admission_in_flight_finish_and_then_refuses_connection
         }
     })
     .to_string();
-    let mut config = client(ca.cert_pem(), &rustls::version::TLS13);
+    let mut config = client(&fx.bundle, &rustls::version::TLS13);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     let connector = TlsConnector::from(Arc::new(config));
     let tcp = TcpStream::connect(addr).await.unwrap();

@@ -32,7 +32,7 @@ use crate::{
 pub const STAGING_LIMIT: Duration = Duration::from_secs(60);
 
 /// Waits, on a watch, until `name` satisfies `condition`.
-async fn until(
+pub async fn until(
     api: &Api<DynamicObject>,
     name: &str,
     limit: Duration,
