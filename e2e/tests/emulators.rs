@@ -33,17 +33,13 @@ use holdfast_e2e::{
         korifi::KorifiCounts,
         kpack::{self, Created, KpackCounts, KpackVersion},
         resources,
-        scenario::{FastDeletion, Peers, until},
+        scenario::{FastDeletion, Peers, until, until_gone},
     },
 };
 use kube::{
     Api, Client, ResourceExt,
     api::{DynamicObject, Patch, PatchParams},
-    runtime::{
-        WatchStreamExt,
-        wait::{await_condition, conditions},
-        watcher,
-    },
+    runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
 
@@ -72,21 +68,6 @@ fn api(client: &Client, resource: &kube::api::ApiResource, namespace: &str) -> A
 
 fn namespaces(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &resources::namespace())
-}
-
-/// Waits, on a watch, until `name` is gone (at once if it already is).
-async fn until_gone(api: &Api<DynamicObject>, name: &str, limit: Duration) -> Result<()> {
-    let Some(object) = api.get_opt(name).await? else {
-        return Ok(());
-    };
-    let uid = object.uid().context("no uid")?;
-    tokio::time::timeout(
-        limit,
-        await_condition(api.clone(), name, conditions::is_deleted(&uid)),
-    )
-    .await
-    .with_context(|| format!("timed out after {limit:?} waiting for {name} to be deleted"))??;
-    Ok(())
 }
 
 /// Waits, on a watch, for a build pod of `apps` in `namespace` that did not exist when the wait

@@ -23,14 +23,10 @@ use holdfast_e2e::{
         Scope,
         kpack::{Created, KpackVersion},
         resources,
-        scenario::{FastDeletion, Peers},
+        scenario::{FastDeletion, Peers, until_gone},
     },
 };
-use kube::{
-    Api, ResourceExt,
-    api::DynamicObject,
-    runtime::wait::{await_condition, conditions},
-};
+use kube::Api;
 
 /// Korifi's default `spaceFinalizerAppDeletionTimeout` (ref §3).
 const SPACE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -80,21 +76,6 @@ fn app_counts() -> Result<Vec<usize>> {
         bail!("BENCH_DELETION_APPS is empty");
     }
     Ok(counts)
-}
-
-/// Waits, on a watch, until `name` is gone (at once if it already is).
-async fn until_gone(api: &Api<DynamicObject>, name: &str, limit: Duration) -> Result<()> {
-    let Some(object) = api.get_opt(name).await? else {
-        return Ok(());
-    };
-    let uid = object.uid().context("no uid")?;
-    tokio::time::timeout(
-        limit,
-        await_condition(api.clone(), name, conditions::is_deleted(&uid)),
-    )
-    .await
-    .with_context(|| format!("timed out after {limit:?} waiting for {name} to be deleted"))??;
-    Ok(())
 }
 
 /// One org deletion: stage `apps` apps, delete the CFOrg, wait for it and its namespaces to go.

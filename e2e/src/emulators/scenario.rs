@@ -11,7 +11,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube::{
     Api, Client, ResourceExt,
     api::{DynamicObject, Patch, PatchParams},
-    runtime::wait::await_condition,
+    runtime::wait::{await_condition, conditions},
 };
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -41,6 +41,21 @@ pub async fn until(
     tokio::time::timeout(limit, await_condition(api.clone(), name, condition))
         .await
         .with_context(|| format!("timed out after {limit:?} waiting for {name}"))??;
+    Ok(())
+}
+
+/// Waits, on a watch, until `name` is gone (at once if it already is).
+pub async fn until_gone(api: &Api<DynamicObject>, name: &str, limit: Duration) -> Result<()> {
+    let Some(object) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    let uid = object.uid().context("no uid")?;
+    tokio::time::timeout(
+        limit,
+        await_condition(api.clone(), name, conditions::is_deleted(&uid)),
+    )
+    .await
+    .with_context(|| format!("timed out after {limit:?} waiting for {name} to be deleted"))??;
     Ok(())
 }
 
