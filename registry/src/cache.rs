@@ -145,6 +145,16 @@ impl Mirrored {
     }
 }
 
+/// A mirror copy the controller deleted (retention, see `holdfast_controller::retention`):
+/// recorded on every entry whose record named it, so that no replica pins to it any more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MirrorDeletion {
+    /// The deleted copy (`<mirror>/<prefix>/…@sha256:…`).
+    pub location: String,
+    /// When it was decided; a copy recorded later (the content was copied again) wins.
+    pub at: SystemTime,
+}
+
 /// Where an answer came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
@@ -213,6 +223,8 @@ pub trait EntrySink: Send + Sync {
     fn persist(&self, entry: &CacheEntry);
     /// Persists the mirror record of the entry with `key` (an entry already persisted).
     fn persist_mirrored(&self, _key: &CacheKey, _mirrored: &Mirrored) {}
+    /// Persists that the copy the entry with `key` recorded was deleted from the mirror.
+    fn persist_mirror_deleted(&self, _key: &CacheKey, _deleted: &MirrorDeletion) {}
 }
 
 /// The registry operations the cache needs; [`Resolver`] is the real one.
@@ -326,6 +338,39 @@ impl DigestCache {
             .unwrap_or_else(|e| e.into_inner())
             .insert(key.clone(), mirrored);
         self.changed();
+    }
+
+    /// Records that `deleted.location` is being deleted from the mirror: `key`'s record of that
+    /// copy is dropped (answers stop naming it) and the deletion is persisted.
+    pub fn record_mirror_deleted(&self, key: &CacheKey, deleted: MirrorDeletion) {
+        if let Some(sink) = &self.sink {
+            sink.persist_mirror_deleted(key, &deleted);
+        }
+        self.insert_mirror_deleted(key, &deleted);
+    }
+
+    /// Loads a deletion (from the persisted store): drops `key`'s record of that copy, unless
+    /// the record is of a later copy.
+    pub fn insert_mirror_deleted(&self, key: &CacheKey, deleted: &MirrorDeletion) {
+        let mut records = self.mirrored.write().unwrap_or_else(|e| e.into_inner());
+        if records
+            .get(key)
+            .is_some_and(|held| held.location == deleted.location && held.at <= deleted.at)
+        {
+            records.remove(key);
+            drop(records);
+            self.changed();
+        }
+    }
+
+    /// Every mirror record, with the key of its entry.
+    pub fn mirror_records(&self) -> Vec<(CacheKey, Mirrored)> {
+        self.mirrored
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(key, record)| (key.clone(), record.clone()))
+            .collect()
     }
 
     /// The mirror record of the entry with exactly `key` (no anonymous fallback).
@@ -961,5 +1006,54 @@ mod tests {
         assert!(!changes.has_changed().unwrap(), "nothing new was loaded");
         assert!(cache.mirrored(&key).unwrap().holds(&digest("new")));
         assert!(!cache.mirrored(&key).unwrap().holds(&digest("old")));
+    }
+
+    #[tokio::test]
+    async fn a_deleted_copy_is_no_longer_answered_but_a_later_copy_is() {
+        let (_, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
+        let now = SystemTime::now();
+        let copy = Mirrored {
+            location: format!("cache.example/m/registry.example/team/app@{}", digest("v1")),
+            at: now,
+        };
+        let deletion = |at| MirrorDeletion {
+            location: copy.location.clone(),
+            at,
+        };
+        cache.record_mirrored(&key, copy.clone());
+        // A deletion decided before this copy was recorded (an old persisted one) changes nothing.
+        cache.insert_mirror_deleted(&key, &deletion(now - Duration::from_secs(1)));
+        assert_eq!(cache.mirrored(&key), Some(copy.clone()));
+        // Another copy's deletion neither.
+        cache.insert_mirror_deleted(
+            &key,
+            &MirrorDeletion {
+                location: "cache.example/m/other@sha256:0".into(),
+                at: now,
+            },
+        );
+        assert_eq!(cache.mirror_records(), [(key.clone(), copy.clone())]);
+
+        let mut changes = cache.changes();
+        changes.mark_unchanged();
+        cache.record_mirror_deleted(&key, deletion(now + Duration::from_secs(1)));
+        assert!(changes.has_changed().unwrap());
+        assert_eq!(cache.mirrored(&key), None);
+        assert_eq!(
+            lookup(&cache, APP, Scope::Anonymous).await.unwrap().mirrored,
+            None,
+            "answers stop naming the deleted copy"
+        );
+        // Copied again later: answered again.
+        let again = Mirrored {
+            at: now + Duration::from_secs(2),
+            ..copy
+        };
+        cache.insert_mirrored(key.clone(), again.clone());
+        assert_eq!(
+            lookup(&cache, APP, Scope::Anonymous).await.unwrap().mirrored,
+            Some(again)
+        );
     }
 }

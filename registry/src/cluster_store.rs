@@ -4,7 +4,11 @@
 //!
 //! The mirror record of an entry (`spec.mirror`, `spec.mirroredAt`) is written by a field manager
 //! of its own, [`MIRROR_FIELD_MANAGER`]: the entry's own applies (every refresh) leave it alone,
-//! and it names the digest it holds, so a moved tag never serves a stale record.
+//! and it names the digest it holds, so a moved tag never serves a stale record. When the
+//! controller deletes a copy from the mirror (retention), the same manager applies
+//! `spec.mirrorDeleted` and `spec.mirrorDeletedAt` instead, which drops `spec.mirror` and
+//! `spec.mirroredAt` (fields a manager stops applying are removed) and tells every replica to
+//! stop pinning to the copy.
 
 use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
@@ -22,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     Digest,
-    cache::{CacheEntry, CacheKey, DigestCache, EntrySink, Mirrored, Scope},
+    cache::{CacheEntry, CacheKey, DigestCache, EntrySink, MirrorDeletion, Mirrored, Scope},
 };
 
 pub const FIELD_MANAGER: &str = "holdfast";
@@ -105,6 +109,27 @@ pub fn mirror_patch(key: &CacheKey, mirrored: &Mirrored) -> Value {
     })
 }
 
+/// The apply configuration that records, on the object of `key`, that its copy was deleted
+/// from the mirror: the [`MIRROR_FIELD_MANAGER`]'s fields become these two, so its
+/// `spec.mirror` and `spec.mirroredAt` are removed.
+pub fn mirror_deleted_patch(key: &CacheKey, deleted: &MirrorDeletion) -> Value {
+    json!({
+        "apiVersion": "holdfast.dev/v1alpha1",
+        "kind": "DigestCacheEntry",
+        "metadata": {"name": object_name(key)},
+        "spec": {"mirrorDeleted": deleted.location, "mirrorDeletedAt": rfc3339(deleted.at)},
+    })
+}
+
+/// The mirror deletion an object records, if any.
+pub fn mirror_deleted_from_object(object: &DynamicObject) -> Option<MirrorDeletion> {
+    let spec = object.data.get("spec")?;
+    Some(MirrorDeletion {
+        location: spec.get("mirrorDeleted")?.as_str()?.to_owned(),
+        at: parse_time(spec.get("mirrorDeletedAt")?)?,
+    })
+}
+
 /// The mirror record an object holds, if any.
 pub fn mirrored_from_object(object: &DynamicObject) -> Option<Mirrored> {
     let spec = object.data.get("spec")?;
@@ -141,7 +166,13 @@ pub struct ClusterSink {
 /// What the sink writes.
 enum Write {
     Entry(CacheEntry),
-    Mirrored(CacheKey, Mirrored),
+    Mirror(CacheKey, MirrorWrite),
+}
+
+/// The [`MIRROR_FIELD_MANAGER`]'s fields of one object: the last one asked for wins.
+enum MirrorWrite {
+    Copied(Mirrored),
+    Deleted(MirrorDeletion),
 }
 
 impl ClusterSink {
@@ -156,15 +187,15 @@ impl ClusterSink {
                     next = rx.recv() => match next { Some(write) => write, None => return },
                 };
                 let mut entries: HashMap<CacheKey, CacheEntry> = HashMap::new();
-                let mut records: HashMap<CacheKey, Mirrored> = HashMap::new();
+                let mut records: HashMap<CacheKey, MirrorWrite> = HashMap::new();
                 let mut next = Some(first);
                 while let Some(write) = next {
                     match write {
                         Write::Entry(entry) => {
                             entries.insert(entry.key.clone(), entry);
                         }
-                        Write::Mirrored(key, mirrored) => {
-                            records.insert(key, mirrored);
+                        Write::Mirror(key, write) => {
+                            records.insert(key, write);
                         }
                     }
                     next = rx.try_recv().ok();
@@ -176,17 +207,16 @@ impl ClusterSink {
                         tracing::warn!(%error, reference = %entry.key.reference, "could not persist a digest cache entry");
                     }
                 }
-                for (key, mirrored) in records {
+                for (key, write) in records {
                     let name = object_name(&key);
-                    if let Err(error) = api
-                        .patch(
-                            &name,
-                            &mirror_params,
-                            &Patch::Apply(mirror_patch(&key, &mirrored)),
-                        )
-                        .await
-                    {
-                        tracing::warn!(%error, reference = %key.reference, location = %mirrored.location, "could not persist a mirror record");
+                    let (patch, location) = match &write {
+                        MirrorWrite::Copied(mirrored) => (mirror_patch(&key, mirrored), &mirrored.location),
+                        MirrorWrite::Deleted(deleted) => {
+                            (mirror_deleted_patch(&key, deleted), &deleted.location)
+                        }
+                    };
+                    if let Err(error) = api.patch(&name, &mirror_params, &Patch::Apply(patch)).await {
+                        tracing::warn!(%error, reference = %key.reference, %location, "could not persist a mirror record");
                     }
                 }
             }
@@ -201,7 +231,15 @@ impl EntrySink for ClusterSink {
     }
 
     fn persist_mirrored(&self, key: &CacheKey, mirrored: &Mirrored) {
-        let _ = self.tx.send(Write::Mirrored(key.clone(), mirrored.clone()));
+        let _ = self
+            .tx
+            .send(Write::Mirror(key.clone(), MirrorWrite::Copied(mirrored.clone())));
+    }
+
+    fn persist_mirror_deleted(&self, key: &CacheKey, deleted: &MirrorDeletion) {
+        let _ = self
+            .tx
+            .send(Write::Mirror(key.clone(), MirrorWrite::Deleted(deleted.clone())));
     }
 }
 
@@ -222,6 +260,9 @@ pub fn follow(
                     if let Some(entry) = from_object(&object) {
                         let key = entry.key.clone();
                         cache.insert(entry);
+                        if let Some(deleted) = mirror_deleted_from_object(&object) {
+                            cache.insert_mirror_deleted(&key, &deleted);
+                        }
                         if let Some(mirrored) = mirrored_from_object(&object) {
                             cache.insert_mirrored(key, mirrored);
                         }
@@ -312,8 +353,24 @@ mod tests {
         object["spec"]["mirror"] = patch["spec"]["mirror"].clone();
         object["spec"]["mirroredAt"] = patch["spec"]["mirroredAt"].clone();
         let object: DynamicObject = serde_json::from_value(object).unwrap();
-        assert_eq!(mirrored_from_object(&object), Some(mirrored));
-        assert_eq!(from_object(&object), Some(entry));
+        assert_eq!(mirrored_from_object(&object), Some(mirrored.clone()));
+        assert_eq!(from_object(&object), Some(entry.clone()));
+
+        // A deletion: the manager's fields are the deletion's only, so the record goes.
+        let deleted = MirrorDeletion {
+            location: mirrored.location,
+            at: now + Duration::from_secs(1),
+        };
+        let patch = mirror_deleted_patch(&key, &deleted);
+        let mut fields: Vec<&String> = patch["spec"].as_object().unwrap().keys().collect();
+        fields.sort();
+        assert_eq!(fields, ["mirrorDeleted", "mirrorDeletedAt"]);
+        let mut object = to_object(&entry);
+        object["spec"]["mirrorDeleted"] = patch["spec"]["mirrorDeleted"].clone();
+        object["spec"]["mirrorDeletedAt"] = patch["spec"]["mirrorDeletedAt"].clone();
+        let object: DynamicObject = serde_json::from_value(object).unwrap();
+        assert_eq!(mirror_deleted_from_object(&object), Some(deleted));
+        assert!(mirrored_from_object(&object).is_none());
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! does not match its digest — something a real registry never does — and records what arrives
 //! on the mirror side: the copy must fail with a verification error, and the bad blob must never
 //! complete an upload (the copier withholds the last chunk, so the mirror sees an aborted body),
-//! nor may any manifest be pushed. The happy paths run against real registries in
-//! `e2e/tests/mirror.rs`.
+//! nor may any manifest be pushed. Deleting a copy is checked against a fake mirror for the
+//! answers a real one gives only when misconfigured (405: deletes disabled). The happy paths run
+//! against real registries in `e2e/tests/mirror.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{
@@ -24,7 +25,7 @@ use axum::{
 use futures::StreamExt as _;
 use holdfast_registry::{
     Credentials, Digest, Reference, Resolver, ResolverConfig,
-    mirror::{Copier, CopierConfig, CopyError, MirrorLocation, VerifyError},
+    mirror::{Copier, CopierConfig, CopyError, DeleteError, Deletion, MirrorLocation, VerifyError},
 };
 use tokio::sync::Notify;
 
@@ -193,4 +194,83 @@ async fn content_that_does_not_match_its_digest_never_completes_an_upload() {
         0,
         "no manifest may reference it"
     );
+}
+
+/// A fake mirror's answers to `DELETE /v2/<repository>/manifests/<digest>`: `mirror/…/kept` had
+/// the manifest (202), `mirror/…/gone` did not (404), `mirror/…/locked` does not allow deletes
+/// (405 with Distribution's `UNSUPPORTED` error).
+async fn deletes(
+    State(seen): State<Arc<std::sync::Mutex<Vec<String>>>>,
+    method: Method,
+    uri: Uri,
+) -> Response {
+    seen.lock().unwrap().push(format!("{method} {}", uri.path()));
+    match (method, uri.path()) {
+        (Method::DELETE, path) if path.contains("/kept/manifests/") => StatusCode::ACCEPTED.into_response(),
+        (Method::DELETE, path) if path.contains("/locked/manifests/") => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            r#"{"errors":[{"code":"UNSUPPORTED","message":"The operation is unsupported."}]}"#,
+        )
+            .into_response(),
+        _ => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+#[tokio::test]
+async fn deleting_a_copy_says_whether_it_was_there_and_when_the_mirror_refuses() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let app = Router::new().fallback(deletes).with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let resolver = Resolver::new(ResolverConfig {
+        insecure_registries: [addr.clone()].into(),
+        ..ResolverConfig::default()
+    })
+    .unwrap();
+    let copier = Copier::new(
+        resolver,
+        CopierConfig::new(MirrorLocation::new(&addr, "mirror").unwrap()),
+        Credentials::anonymous(),
+    );
+    let digest = Digest::sha256_of(b"manifest");
+    let copy =
+        |repository: &str| Reference::parse(&format!("{addr}/mirror/up_5000/{repository}@{digest}")).unwrap();
+
+    assert_eq!(copier.delete(&copy("kept")).await.unwrap(), Deletion::Deleted);
+    assert_eq!(copier.delete(&copy("gone")).await.unwrap(), Deletion::Absent);
+    let refused = copier.delete(&copy("locked")).await.unwrap_err();
+    assert!(matches!(refused, DeleteError::Unsupported { .. }), "{refused:?}");
+    assert!(
+        refused
+            .to_string()
+            .contains("REGISTRY_STORAGE_DELETE_ENABLED=true"),
+        "{refused}"
+    );
+    assert_eq!(
+        seen.lock().unwrap().clone(),
+        [
+            format!("DELETE /v2/mirror/up_5000/kept/manifests/{digest}"),
+            format!("DELETE /v2/mirror/up_5000/gone/manifests/{digest}"),
+            format!("DELETE /v2/mirror/up_5000/locked/manifests/{digest}"),
+        ]
+    );
+
+    // Never anything outside the mirror's prefix, nor a tag: refused without a request.
+    for outside in [
+        format!("{addr}/elsewhere/app@{digest}"),
+        format!("{addr}/mirror/up_5000/kept:1.0"),
+        format!("upstream.example/mirror/app@{digest}"),
+    ] {
+        let refused = copier
+            .delete(&Reference::parse(&outside).unwrap())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, DeleteError::NotInMirror(_)),
+            "{outside}: {refused:?}"
+        );
+    }
+    assert_eq!(seen.lock().unwrap().len(), 3);
 }

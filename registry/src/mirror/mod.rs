@@ -177,6 +177,50 @@ impl CopyError {
             | Self::TooDeep { .. } => false,
         }
     }
+
+    /// Whether copying the same digest again cannot succeed until the content upstream changes:
+    /// the source does not have it (404), it does not match its digest, or it is a manifest,
+    /// bundle or nesting the copier cannot copy. Such a copy is not retried while the cache
+    /// entry keeps that digest. Everything else (outages, rate limits, credentials, anything the
+    /// mirror answered) may pass later and is retried with backoff.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            Self::Source(e) => matches!(
+                e,
+                ResolveError::NotFound { .. } | ResolveError::InvalidDigest { .. }
+            ),
+            Self::Mirror(_) => false,
+            Self::NotPinned(_)
+            | Self::Naming(_)
+            | Self::Verify { .. }
+            | Self::Manifest { .. }
+            | Self::Bundle { .. }
+            | Self::TooDeep { .. } => true,
+        }
+    }
+}
+
+/// What [`Copier::delete`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deletion {
+    /// The mirror accepted the deletion (`202`).
+    Deleted,
+    /// The mirror did not have the manifest (`404`): nothing to delete.
+    Absent,
+}
+
+/// Why a manifest could not be deleted from the mirror.
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteError {
+    #[error("{0} is not a digest reference in this mirror; only the mirror's own copies are deleted")]
+    NotInMirror(String),
+    #[error(
+        "{location}: the mirror does not allow deletes (HTTP 405); a Distribution registry needs \
+         storage.delete.enabled: true (REGISTRY_STORAGE_DELETE_ENABLED=true)"
+    )]
+    Unsupported { location: String },
+    #[error("deleting from the mirror: {0}")]
+    Mirror(ResolveError),
 }
 
 /// Copies pinned content into one mirror. Cheap to share (`Arc`); copies may run concurrently.
@@ -247,6 +291,49 @@ impl Copier {
         report.target = target;
         tracing::debug!(?report, "copied");
         Ok(report)
+    }
+
+    /// Deletes the manifest `location` (`<mirror>/<prefix>/…@sha256:…`, a copy this mirror
+    /// holds) with `DELETE /v2/<repository>/manifests/<digest>`. Only that manifest: the
+    /// registry's garbage collection frees the blobs no manifest references any more; platform
+    /// manifests of an index and the images of a bundle's ImagesLock stay (they may be shared
+    /// with other copies in the same repository).
+    pub async fn delete(&self, location: &Reference) -> Result<Deletion, DeleteError> {
+        let not_ours = || DeleteError::NotInMirror(location.to_string());
+        let digest = location.digest().ok_or_else(not_ours)?;
+        if !self.config.mirror.contains(location) {
+            return Err(not_ours());
+        }
+        let target = self.resolver.target(location, &self.mirror_credentials);
+        let url = target
+            .url(&format!("manifests/{digest}"))
+            .map_err(DeleteError::Mirror)?;
+        let accept = MANIFEST_MEDIA_TYPES.join(", ");
+        let request = Request {
+            method: Method::DELETE,
+            url: &url,
+            accept: &accept,
+            body: None,
+            read: Read::UpTo(ERROR_BODY_BYTES),
+            timeout: Some(self.config.request_timeout),
+        };
+        let answer = self
+            .resolver
+            .send(&target, request)
+            .await
+            .map_err(DeleteError::Mirror)?;
+        match answer.status {
+            status if status.is_success() => Ok(Deletion::Deleted),
+            StatusCode::NOT_FOUND => Ok(Deletion::Absent),
+            StatusCode::METHOD_NOT_ALLOWED => Err(DeleteError::Unsupported {
+                location: location.to_string(),
+            }),
+            status => Err(DeleteError::Mirror(target.status_error(
+                status,
+                digest.as_str(),
+                &answer.body,
+            ))),
+        }
     }
 
     fn emit(&self, event: CopyEvent) {
@@ -987,5 +1074,68 @@ mod tests {
         };
         assert!(!verify.is_transient());
         assert!(!CopyError::NotPinned("r.io/a:1".into()).is_transient());
+    }
+
+    #[test]
+    fn content_problems_are_permanent_and_registry_problems_are_not() {
+        let (registry, repository) = ("r.io".to_owned(), "a".to_owned());
+        let not_found = ResolveError::NotFound {
+            registry: registry.clone(),
+            repository: repository.clone(),
+            reference: "sha256:…".into(),
+        };
+        let unauthorized = ResolveError::Unauthorized {
+            registry: registry.clone(),
+            repository: repository.clone(),
+            status: 401,
+            detail: "denied".into(),
+        };
+        let outage = ResolveError::Timeout {
+            registry: registry.clone(),
+            repository: repository.clone(),
+            after: Duration::from_secs(30),
+        };
+        let rejected = ResolveError::BadResponse {
+            registry,
+            repository,
+            status: 400,
+            detail: ": MANIFEST_INVALID".into(),
+        };
+        // Manifest unknown upstream: the digest is gone from the source.
+        assert!(CopyError::Source(not_found.clone()).is_permanent());
+        // Content that does not match its digest, and manifests the copier cannot copy.
+        let mismatch = CopyError::Verify {
+            location: "r.io/a@x".into(),
+            error: VerifyError::Size {
+                expected: Digest::sha256_of(b""),
+                size: 1,
+                actual: 2,
+            },
+        };
+        assert!(mismatch.is_permanent());
+        let unsupported = CopyError::Manifest {
+            location: "r.io/a@x".into(),
+            detail: "schemaVersion 1 is not supported (only 2)".into(),
+        };
+        assert!(unsupported.is_permanent());
+        assert!(
+            CopyError::TooDeep {
+                location: "r.io/a@x".into(),
+                max: 8
+            }
+            .is_permanent()
+        );
+        // An outage, credentials (a Secret may be fixed) and whatever the mirror answers
+        // (its configuration or state, not this content) are retried.
+        for error in [
+            CopyError::Source(outage.clone()),
+            CopyError::Source(unauthorized.clone()),
+            CopyError::Mirror(outage),
+            CopyError::Mirror(unauthorized),
+            CopyError::Mirror(not_found),
+            CopyError::Mirror(rejected),
+        ] {
+            assert!(!error.is_permanent(), "{error}");
+        }
     }
 }
