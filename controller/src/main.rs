@@ -66,21 +66,21 @@ async fn main() -> Result<()> {
         .await
         .context("connecting to the Kubernetes API")?;
 
-    let mirror = args
-        .registry
-        .mirror()
-        .context("--mirror-registry / --mirror-prefix")?
-        .map(|location| MirrorSettings {
-            location,
-            registries: args.mirror_source_registries.clone(),
-            secret: args.mirror_secret.clone(),
-            concurrency: args.mirror_concurrency,
-        });
+    let mirror = args.registry.mirror()?.map(|pins| MirrorSettings {
+        location: pins.location,
+        namespaces: pins.namespaces,
+        pull_secret: pins.pull_secret,
+        registries: args.mirror_source_registries.clone(),
+        secret: args.mirror_secret.clone(),
+        concurrency: args.mirror_concurrency,
+    });
     if let Some(mirror) = &mirror {
         tracing::info!(
             mirror = mirror.location.registry(),
             prefix = mirror.location.prefix(),
             sources = ?mirror.registries,
+            namespaces = %mirror.namespaces,
+            pull_secret = ?mirror.pull_secret,
             "mirroring pinned content"
         );
     }

@@ -24,7 +24,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use holdfast_pins::resolve::load_credentials;
+use holdfast_pins::{MirrorPins, NamespaceSelector, resolve::load_credentials};
 use holdfast_registry::{
     Credentials, Reference, Resolver, ResolverConfig,
     cache::{CacheEntry, CacheKey, DigestCache, Mirrored, Scope},
@@ -44,12 +44,27 @@ const RETRY_CEILING: Duration = Duration::from_secs(300);
 #[derive(Debug, Clone)]
 pub struct MirrorSettings {
     pub location: MirrorLocation,
+    /// Namespaces whose objects are pinned to the mirror (`--mirror-namespace-selector`).
+    pub namespaces: NamespaceSelector,
+    /// The mirror pull Secret private pins name (`--mirror-pull-secret`).
+    pub pull_secret: Option<String>,
     /// Source registries (`host[:port]`) whose content is mirrored; empty: all.
     pub registries: Vec<String>,
     /// Secret in holdfast's namespace with the mirror's credentials (pull and push).
     pub secret: Option<String>,
     /// Copies running at the same time.
     pub concurrency: usize,
+}
+
+impl MirrorSettings {
+    /// The mirror as the pinner sees it.
+    pub fn pins(&self) -> MirrorPins {
+        MirrorPins {
+            location: self.location.clone(),
+            namespaces: self.namespaces.clone(),
+            pull_secret: self.pull_secret.clone(),
+        }
+    }
 }
 
 /// One copy to make: `source` (`repo@sha256:…`) to `target`, recorded on every key in `keys`.
@@ -311,6 +326,8 @@ mod tests {
     fn settings(registries: &[&str]) -> MirrorSettings {
         MirrorSettings {
             location: MirrorLocation::new("cache.corp.com:5000", "m").unwrap(),
+            namespaces: NamespaceSelector::default(),
+            pull_secret: None,
             registries: registries.iter().map(|r| r.to_string()).collect(),
             secret: None,
             concurrency: 2,

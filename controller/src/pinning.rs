@@ -2,7 +2,7 @@
 //! unpinned, and moving `follow` pins after their tags moved. Objects being deleted are never
 //! touched: a spec change would only bump the generation of an object on its way out.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use holdfast_pins::{
@@ -108,15 +108,18 @@ fn round_ends(rounds: watch::Receiver<u64>) -> impl Stream<Item = ()> + Send {
 }
 
 impl Ctx {
-    /// The namespaces the webhooks never see: kube-system, holdfast's own, and opted-out ones.
-    async fn excluded(&self, namespace: &str) -> Result<bool, Error> {
+    /// The labels of the namespace of an object to pin (they select the mirror); `None` for the
+    /// namespaces the webhooks never see: kube-system, holdfast's own, and opted-out ones.
+    async fn pinned_namespace(&self, namespace: &str) -> Result<Option<BTreeMap<String, String>>, Error> {
         if namespace == "kube-system" || namespace == self.own_namespace {
-            return Ok(true);
+            return Ok(None);
         }
         let meta = Api::<Namespace>::all(self.client.clone())
             .get_metadata(namespace)
             .await?;
-        Ok(meta.labels().get(IGNORE_LABEL).is_some_and(|v| v == "true"))
+        let labels = meta.labels();
+        let opted_out = labels.get(IGNORE_LABEL).is_some_and(|v| v == "true");
+        Ok((!opted_out).then(|| labels.clone()))
     }
 }
 
@@ -125,12 +128,15 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
         return Ok(Action::await_change());
     }
     let namespace = object.namespace().ok_or(Error::NoNamespace)?;
-    if ctx.excluded(&namespace).await? {
+    let Some(labels) = ctx.pinned_namespace(&namespace).await? else {
         return Ok(Action::await_change());
-    }
+    };
     let name = object.name_any();
     let stored = serde_json::to_value(object.as_ref()).unwrap_or_default();
-    let update = ctx.pinner.reconcile(ctx.kind, &namespace, &stored).await?;
+    let update = ctx
+        .pinner
+        .reconcile(ctx.kind, &namespace, &labels, &stored)
+        .await?;
     for warning in &update.warnings {
         tracing::debug!(kind = ctx.kind.kind(), %namespace, %name, %warning, "unpinned reference");
     }

@@ -67,9 +67,8 @@ pub async fn run_with_mirror(
         _ = synced.wait_for(|s| *s) => {}
     }
     let secrets = settings.read_secrets.then(|| client.clone());
-    let pinner = Arc::new(
-        Pinner::new(cache.clone(), secrets).with_mirror(mirror.as_ref().map(|m| m.location.clone())),
-    );
+    let pinner =
+        Arc::new(Pinner::new(cache.clone(), secrets).with_mirror(mirror.as_ref().map(MirrorSettings::pins)));
 
     let (interval, namespace, work_client) = (settings.refresh, settings.namespace.clone(), client.clone());
     // Everything that writes runs only on the leader.

@@ -94,7 +94,7 @@ impl LocalController {
         let _ = synced.wait_for(|s| *s).await;
         let pinner = Arc::new(
             Pinner::new(cache.clone(), Some(client.clone()))
-                .with_mirror(mirror.as_ref().map(|m| m.location.clone())),
+                .with_mirror(mirror.as_ref().map(MirrorSettings::pins)),
         );
         let (rounds, rounds_rx) = watch::channel(0u64);
         let pinning = holdfast_controller::pinning::run(

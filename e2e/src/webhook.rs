@@ -8,12 +8,11 @@ use holdfast_certs::{
     CaOptions, ServingOptions,
     kube_store::{KubeCertStore, StoreConfig},
 };
-use holdfast_pins::Pinner;
+use holdfast_pins::{MirrorPins, Pinner};
 use holdfast_registry::{
     Resolver, ResolverConfig,
     cache::{CacheConfig, DigestCache},
     cluster_store::{self, ClusterSink},
-    mirror::MirrorLocation,
 };
 use holdfast_webhook::{
     cluster::Cluster,
@@ -71,8 +70,8 @@ pub struct Registration {
     /// Run as installed from `manifests/` instead of as the cluster admin in a namespace of its
     /// own (none: the admin's client, a fresh namespace and configuration name).
     pub installed: Option<Installed>,
-    /// `--mirror-registry`/`--mirror-prefix`: pin to the mirror copies the controller recorded.
-    pub mirror: Option<MirrorLocation>,
+    /// `--mirror-*`: pin to the mirror copies the controller recorded.
+    pub mirror: Option<MirrorPins>,
 }
 
 /// The webhook's identity and names as `manifests/` installs it: its ServiceAccount's client,

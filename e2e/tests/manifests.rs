@@ -870,9 +870,14 @@ type RbacRow = (
     BTreeSet<String>,
 );
 
-fn rbac_from_doc(markdown: &str) -> Result<BTreeSet<RbacRow>> {
+/// The header of SECURITY.md's table of the base's RBAC.
+const RBAC_TABLE: &str = "| Role | API group | Resources | Names | Verbs |";
+/// The header of its table of the RBAC objects components add (same columns).
+const COMPONENT_RBAC_TABLE: &str = "| Role (component) | API group | Resources | Names | Verbs |";
+
+fn rbac_from_doc(markdown: &str, header: &str) -> Result<BTreeSet<RbacRow>> {
     let mut rows = BTreeSet::new();
-    for cells in table(markdown, "| Role | API group | Resources | Names | Verbs |")? {
+    for cells in table(markdown, header)? {
         ensure!(cells.len() >= 5, "short RBAC row {cells:?}");
         let role = plain(&cells[0])
             .split_whitespace()
@@ -979,10 +984,30 @@ fn the_base_keeps_every_promise() -> Result<()> {
 
 #[test]
 fn the_rbac_table_in_security_md_is_the_rbac_of_the_manifests() -> Result<()> {
-    let doc = rbac_from_doc(&security_md()?)?;
+    let doc = rbac_from_doc(&security_md()?, RBAC_TABLE)?;
     let manifests = rbac_from_manifests(&base()?);
     ensure!(manifests.len() > 10, "only {} RBAC rules found", manifests.len());
     assert_clean("SECURITY.md vs manifests (RBAC)", &compare_rbac(&doc, &manifests));
+    Ok(())
+}
+
+/// The Roles components add (their own `resources:`, e.g. `no-secret-reads`' Role for the
+/// mirror Secret) are SECURITY.md's component RBAC table, row for row.
+#[test]
+fn the_component_rbac_table_in_security_md_is_the_rbac_components_add() -> Result<()> {
+    let doc = rbac_from_doc(&security_md()?, COMPONENT_RBAC_TABLE)?;
+    let mut added = Vec::new();
+    for component in subdirectories(&manifests().join("components"))? {
+        added.extend(load_kustomization(
+            &manifests().join("components").join(component),
+        )?);
+    }
+    let manifests = rbac_from_manifests(&added);
+    ensure!(!manifests.is_empty(), "no component adds RBAC");
+    assert_clean(
+        "SECURITY.md vs components (RBAC)",
+        &compare_rbac(&doc, &manifests),
+    );
     Ok(())
 }
 
@@ -1579,7 +1604,7 @@ fn containers_that_are_not_restricted_are_caught() -> Result<()> {
 
 #[test]
 fn a_drifted_rbac_table_is_caught() -> Result<()> {
-    let doc = rbac_from_doc(&security_md()?)?;
+    let doc = rbac_from_doc(&security_md()?, RBAC_TABLE)?;
     let mut objects = base()?;
     let verbs = at_mut(
         find_mut(&mut objects, "ClusterRole", "holdfast-controller")?,

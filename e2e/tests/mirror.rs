@@ -27,7 +27,7 @@ use holdfast_e2e::{
     wait,
     webhook::{LocalWebhook, Registration, rule},
 };
-use holdfast_pins::ORIGINAL_REFS_ANNOTATION;
+use holdfast_pins::{MirrorPins, NamespaceSelector, ORIGINAL_REFS_ANNOTATION, PinnedKind};
 use holdfast_registry::{
     Credentials, Digest, Reference, Resolver, ResolverConfig,
     cache::{CacheKey, Scope},
@@ -39,6 +39,7 @@ use serde_json::json;
 
 e2e_main!(serial:
     apps_are_repinned_to_the_mirror_and_sync_without_upstream,
+    only_selected_namespaces_are_pinned_to_the_mirror,
     copies_an_image_and_relocates_a_bundle_byte_for_byte,
     an_interrupted_copy_resumes_without_resending_blobs,
     a_200_mib_bundle_is_copied_in_under_64_mib_of_memory,
@@ -490,10 +491,12 @@ async fn apps_are_repinned_to_the_mirror_and_sync_without_upstream(env: Arc<Env>
         &["CREATE", "UPDATE"],
     )]);
     registration.insecure_registries = vec![up.clone(), m.clone()];
-    registration.mirror = Some(MirrorLocation::new(&m, PREFIX)?);
+    registration.mirror = Some(MirrorPins::new(MirrorLocation::new(&m, PREFIX)?));
     let webhook = LocalWebhook::start(env.clone(), registration).await?;
     let settings = MirrorSettings {
         location: MirrorLocation::new(&m, PREFIX)?,
+        namespaces: NamespaceSelector::default(),
+        pull_secret: None,
         registries: vec![up.clone()],
         secret: None,
         concurrency: 2,
@@ -587,18 +590,7 @@ async fn repin_and_sync(
 
     // A new App with the same tag, once the webhook's copy of the shared cache has the record, is
     // admitted pinned straight to the mirror.
-    let key = CacheKey::tag(&Reference::parse(&written)?, Scope::Anonymous);
-    let held = Digest::parse(digest)?;
-    let mut changes = webhook.cache.changes();
-    tokio::time::timeout(std::time::Duration::from_secs(30), async {
-        while !webhook.cache.mirrored(&key).is_some_and(|m| m.holds(&held)) {
-            if changes.changed().await.is_err() {
-                break;
-            }
-        }
-    })
-    .await
-    .context("the mirror record never reached the webhook's cache")?;
+    until_recorded(webhook, &written, digest).await?;
     let fresh = app_object("web-2", json!({"image": {"url": written}}))?;
     let admitted = api.create(&PostParams::default(), &fresh).await?;
     ensure!(
@@ -633,5 +625,147 @@ async fn repin_and_sync(
         "requests reached the upstream registry"
     );
     upstream.start().await?;
+    Ok(())
+}
+
+/// Waits (on the cache's change channel) until the webhook's copy of the shared cache has the
+/// controller's record of the copy of `digest` for the anonymous entry of `tag`.
+async fn until_recorded(webhook: &LocalWebhook, tag: &str, digest: &str) -> Result<()> {
+    let key = CacheKey::tag(&Reference::parse(tag)?, Scope::Anonymous);
+    let held = Digest::parse(digest)?;
+    let mut changes = webhook.cache.changes();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while !webhook.cache.mirrored(&key).is_some_and(|m| m.holds(&held)) {
+            if changes.changed().await.is_err() {
+                break;
+            }
+        }
+    })
+    .await
+    .context("the mirror record never reached the webhook's cache")
+}
+
+/// The namespace label the selection test selects on.
+const MIRROR_LABEL: (&str, &str) = ("holdfast.dev/mirror", "true");
+
+/// Webhook and controller with `--mirror-namespace-selector holdfast.dev/mirror=true`: the same
+/// tagged image in a labelled and an unlabelled namespace. After the copy, the labelled
+/// namespace's App is re-pinned to the mirror and a new App there is admitted pinned to it; in
+/// the other namespace a new App is admitted pinned upstream and the controller's decision for
+/// the first one is to leave it upstream. Unlabelling the namespace would move the pin back.
+async fn only_selected_namespaces_are_pinned_to_the_mirror(env: Arc<Env>) -> Result<()> {
+    let upstream = env.spare_registry().await?;
+    let mirror = env.spare_registry().await?;
+    let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
+    let web = Image::with_files(&[("config/web.yml", b"kind: selected\n")])?;
+    let digest = images::push(&up, "apps/selected", "1.0", &web).await?;
+    let client = env.client().await?;
+    let pins = MirrorPins {
+        namespaces: format!("{}={}", MIRROR_LABEL.0, MIRROR_LABEL.1).parse()?,
+        ..MirrorPins::new(MirrorLocation::new(&m, PREFIX)?)
+    };
+    let mut registration = Registration::rules(vec![rule(
+        "kappctrl.k14s.io",
+        "v1alpha1",
+        &["apps"],
+        &["CREATE", "UPDATE"],
+    )]);
+    registration.insecure_registries = vec![up.clone(), m.clone()];
+    registration.mirror = Some(pins.clone());
+    let webhook = LocalWebhook::start(env.clone(), registration).await?;
+    let settings = MirrorSettings {
+        location: pins.location.clone(),
+        namespaces: pins.namespaces.clone(),
+        pull_secret: None,
+        registries: vec![up.clone()],
+        secret: None,
+        concurrency: 2,
+    };
+    let controller = LocalController::start_mirroring(
+        &env,
+        client.clone(),
+        webhook.system_namespace.clone(),
+        &[up.clone(), m.clone()],
+        Some(settings),
+    )
+    .await?;
+    let result = selection(&webhook, &controller, &client, &up, &m, &digest).await;
+    controller.stop().await;
+    webhook.stop().await?;
+    result
+}
+
+async fn selection(
+    webhook: &LocalWebhook,
+    controller: &LocalController,
+    client: &kube::Client,
+    up: &str,
+    m: &str,
+    digest: &str,
+) -> Result<()> {
+    let selected = webhook.namespace_labelled("mirror-on", &[MIRROR_LABEL]).await?;
+    let other = webhook.namespace("mirror-off").await?;
+    let written = format!("{up}/apps/selected:1.0");
+    let upstream_pin = format!("{up}/apps/selected@{digest}");
+    let mirror_pin = format!("{m}/{}@{digest}", mirrored(up, "apps/selected"));
+    let app = app_object("web", json!({"image": {"url": written}}))?;
+    let on = api_for(client, &app, Some(&selected)).await?;
+    let off = api_for(client, &app, Some(&other)).await?;
+    on.create(&PostParams::default(), &app).await?;
+    let first_off = off.create(&PostParams::default(), &app).await?;
+    ensure!(
+        url_of(Some(&first_off)) == Some(upstream_pin.clone()),
+        "{:?}",
+        url_of(Some(&first_off))
+    );
+
+    // The copy is made (public content), and the labelled namespace's App moves to it.
+    let expected = mirror_pin.clone();
+    wait::until(&on, "web", move |a: Option<&DynamicObject>| {
+        url_of(a).as_deref() == Some(expected.as_str())
+    })
+    .await?;
+
+    // Once the webhook's cache has the record: admitted to the mirror only where selected.
+    until_recorded(webhook, &written, digest).await?;
+    let second = app_object("web-2", json!({"image": {"url": written}}))?;
+    let admitted_on = on.create(&PostParams::default(), &second).await?;
+    ensure!(
+        url_of(Some(&admitted_on)) == Some(mirror_pin.clone()),
+        "selected namespace: {:?}",
+        url_of(Some(&admitted_on))
+    );
+    let admitted_off = off.create(&PostParams::default(), &second).await?;
+    ensure!(
+        url_of(Some(&admitted_off)) == Some(upstream_pin.clone()),
+        "unselected namespace: {:?}",
+        url_of(Some(&admitted_off))
+    );
+
+    // The controller's decision, from the same cache: the unselected App stays upstream; the
+    // selected one, were its namespace unlabelled, would go back upstream.
+    let stored = serde_json::to_value(off.get("web").await?)?;
+    let none = Default::default();
+    let update = controller
+        .pinner
+        .reconcile(PinnedKind::App, &other, &none, &stored)
+        .await?;
+    ensure!(
+        update.ops.is_empty(),
+        "the unselected App would change: {:?}",
+        update.ops
+    );
+    ensure!(url_of(Some(&off.get("web").await?)) == Some(upstream_pin.clone()));
+    let stored = serde_json::to_value(on.get("web").await?)?;
+    let update = controller
+        .pinner
+        .reconcile(PinnedKind::App, &selected, &none, &stored)
+        .await?;
+    let ops = serde_json::to_value(&update.ops)?;
+    let back = json!({"op": "replace", "path": "/spec/fetch/0/image/url", "value": upstream_pin});
+    ensure!(
+        ops.as_array().is_some_and(|ops| ops.contains(&back)),
+        "unlabelled, the selected App would get {ops}"
+    );
     Ok(())
 }

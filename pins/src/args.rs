@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use holdfast_registry::mirror::{MirrorLocation, NamingError};
 
+use crate::mirror_scope::{MirrorPins, NamespaceSelector, SelectorError};
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct RegistryArgs {
     /// Registries reached over plain HTTP (host[:port]); every other registry is HTTPS only.
@@ -35,15 +37,38 @@ pub struct RegistryArgs {
     /// MIRROR/PREFIX/SOURCE-HOST/SOURCE-REPOSITORY.
     #[arg(long, env = "HOLDFAST_MIRROR_PREFIX", default_value = "holdfast")]
     pub mirror_prefix: String,
+    /// Pin to the mirror only objects in namespaces whose labels match this selector
+    /// (kubectl's -l syntax, e.g. holdfast.dev/mirror=true); empty: every namespace. Objects
+    /// elsewhere stay pinned upstream.
+    #[arg(long, env = "HOLDFAST_MIRROR_NAMESPACE_SELECTOR", default_value = "")]
+    pub mirror_namespace_selector: String,
+    /// Secret, in every selected namespace, with credentials that pull from the mirror. With it,
+    /// references with a secretRef are mirrored too (into the namespace's own mirror path) and
+    /// their secretRef is rewritten to name this Secret; without it they stay pinned upstream.
+    #[arg(long, env = "HOLDFAST_MIRROR_PULL_SECRET")]
+    pub mirror_pull_secret: Option<String>,
+}
+
+/// Why the mirror flags are not usable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MirrorArgsError {
+    #[error("--mirror-registry / --mirror-prefix: {0}")]
+    Location(#[from] NamingError),
+    #[error("--mirror-namespace-selector: {0}")]
+    Selector(#[from] SelectorError),
 }
 
 impl RegistryArgs {
     /// The mirror, when one is configured.
-    pub fn mirror(&self) -> Result<Option<MirrorLocation>, NamingError> {
-        self.mirror_registry
-            .as_deref()
-            .map(|registry| MirrorLocation::new(registry, &self.mirror_prefix))
-            .transpose()
+    pub fn mirror(&self) -> Result<Option<MirrorPins>, MirrorArgsError> {
+        let Some(registry) = self.mirror_registry.as_deref() else {
+            return Ok(None);
+        };
+        Ok(Some(MirrorPins {
+            location: MirrorLocation::new(registry, &self.mirror_prefix)?,
+            namespaces: self.mirror_namespace_selector.parse::<NamespaceSelector>()?,
+            pull_secret: self.mirror_pull_secret.clone().filter(|s| !s.is_empty()),
+        }))
     }
 
     pub fn cache_config(&self) -> holdfast_registry::cache::CacheConfig {
@@ -88,8 +113,40 @@ mod tests {
         ])
         .unwrap();
         let mirror = on.registry.mirror().unwrap().unwrap();
-        assert_eq!((mirror.registry(), mirror.prefix()), ("cache.corp.com:5000", "m"));
+        let location = &mirror.location;
+        assert_eq!(
+            (location.registry(), location.prefix()),
+            ("cache.corp.com:5000", "m")
+        );
+        assert!(mirror.namespaces.selects_all() && mirror.pull_secret.is_none());
         let bad = Flags::try_parse_from(["x", "--mirror-registry", "no-dot-or-port"]).unwrap();
-        assert!(bad.registry.mirror().is_err());
+        assert!(matches!(bad.registry.mirror(), Err(MirrorArgsError::Location(_))));
+    }
+
+    #[test]
+    fn namespaces_and_the_pull_secret_are_read_with_the_mirror() {
+        let on = Flags::try_parse_from([
+            "x",
+            "--mirror-registry",
+            "cache.corp.com",
+            "--mirror-namespace-selector",
+            "holdfast.dev/mirror=true",
+            "--mirror-pull-secret",
+            "mirror-pull",
+        ])
+        .unwrap();
+        let mirror = on.registry.mirror().unwrap().unwrap();
+        assert_eq!(mirror.namespaces.to_string(), "holdfast.dev/mirror=true");
+        assert!(!mirror.selects(&Default::default()));
+        assert_eq!(mirror.pull_secret.as_deref(), Some("mirror-pull"));
+        let bad = Flags::try_parse_from([
+            "x",
+            "--mirror-registry",
+            "cache.corp.com",
+            "--mirror-namespace-selector",
+            "tier in prod",
+        ])
+        .unwrap();
+        assert!(matches!(bad.registry.mirror(), Err(MirrorArgsError::Selector(_))));
     }
 }

@@ -75,6 +75,8 @@
 //!   `digest`: the digest holdfast pinned to. `ref` pinned to `digest` is what the field holds;
 //!   `mirror`, when set, is the mirror repository holdfast pinned to instead (the content was
 //!   copied there, see `holdfast_registry::mirror`): then the field holds `mirror@digest`.
+//!   `secretRef` and `pullSecret`, when set: the source's `secretRef.name` was the user's
+//!   `secretRef` and now names the mirror pull Secret `pullSecret` (see [`mirror_scope`]).
 //! - An entry is kept only while it is **in place**: the field still holds `ref`'s repository
 //!   pinned to `digest`. So an entry re-pinned now is overwritten with what the user wrote now;
 //!   an entry whose field the user replaced (by their own digest, another tag, or by removing
@@ -93,6 +95,7 @@
 //! gives the same digest, and then the annotation is left byte-for-byte as it was.
 
 pub mod args;
+pub mod mirror_scope;
 mod original_refs;
 mod patch;
 mod policy;
@@ -105,6 +108,7 @@ mod tests;
 use holdfast_registry::{Reference, ReferenceError, VersionSelection};
 use serde_json::Value;
 
+pub use mirror_scope::{MirrorPins, NamespaceSelector};
 pub use original_refs::{ORIGINAL_REFS_ANNOTATION, OriginalRef, OriginalRefs, OriginalRefsError};
 pub use patch::{PinOutcome, Resolution, pin_patch};
 pub use policy::{PIN_KEY, PinPolicy, UnknownPinPolicy};

@@ -6,7 +6,9 @@ use holdfast_registry::{Digest, Reference};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{FetchSite, Resolution};
+use json_patch::jsonptr::Pointer;
+
+use super::{FetchSite, Resolution, sites::secret_name_pointer};
 
 /// Annotation recording the originals of the pins holdfast put in place (format in the module
 /// docs of `pin_refs`).
@@ -30,6 +32,13 @@ pub struct OriginalRef {
     /// content was mirrored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<String>,
+    /// The user's `secretRef.name`, when holdfast replaced it with `pullSecret` (a pin to the
+    /// mirror copy of private content: the user's Secret is for the upstream registry).
+    #[serde(rename = "secretRef", default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<String>,
+    /// The mirror pull Secret the source's `secretRef` names instead of `secretRef`.
+    #[serde(rename = "pullSecret", default, skip_serializing_if = "Option::is_none")]
+    pub pull_secret: Option<String>,
 }
 
 impl OriginalRef {
@@ -49,10 +58,16 @@ impl OriginalRef {
         }
     }
 
-    /// Whether `object` still holds this pin at `pointer`.
+    /// Whether `object` still holds this pin at `pointer` (and the pull Secret, if one was written).
     pub fn is_in_place(&self, object: &Value, pointer: &str) -> bool {
+        let holds = |at: &str, value: &str| object.pointer(at).and_then(Value::as_str) == Some(value);
+        let secret_in_place = || match (&self.pull_secret, Pointer::parse(pointer)) {
+            (None, _) => true,
+            (Some(pull), Ok(reference)) => holds(secret_name_pointer(reference).as_str(), pull),
+            (Some(_), Err(_)) => false,
+        };
         self.pinned()
-            .is_some_and(|pinned| object.pointer(pointer).and_then(Value::as_str) == Some(pinned.as_str()))
+            .is_some_and(|pinned| holds(pointer, &pinned) && secret_in_place())
     }
 
     /// Whether this records a pin of exactly what `site` holds now (same pointer assumed):
@@ -125,6 +140,7 @@ impl OriginalRefs {
             digest: entry.digest.clone(),
             selected_tag: entry.tag.clone(),
             mirror: entry.mirror.clone(),
+            pull_secret: entry.pull_secret.clone(),
         })
     }
 }

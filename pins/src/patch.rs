@@ -22,6 +22,9 @@ pub struct Resolution {
     /// The mirror repository (`<mirror>/<prefix>/<source host>/<source repository>`) holding
     /// the digest's content: the field is pinned there instead of the user's repository.
     pub mirror: Option<String>,
+    /// The mirror pull Secret the source's `secretRef` names when pinned to `mirror` (the
+    /// user's Secret is for the upstream registry); only for a source with a `secretRef`.
+    pub pull_secret: Option<String>,
 }
 
 /// The patch for one object and the warnings for the client.
@@ -90,7 +93,7 @@ pub fn pin_patch(
             ));
             continue;
         }
-        let entry = OriginalRef {
+        let mut entry = OriginalRef {
             reference: site.reference.clone(),
             tag_selection: site.tag_selection_json.clone(),
             digest: resolution.digest.clone(),
@@ -99,6 +102,8 @@ pub fn pin_patch(
                 .as_ref()
                 .and(resolution.selected_tag.clone()),
             mirror: resolution.mirror.clone(),
+            secret_ref: None,
+            pull_secret: None,
         };
         let Some(pinned) = entry.pinned() else {
             outcome.warnings.push(format!(
@@ -111,6 +116,17 @@ pub fn pin_patch(
             path: site.pointer.clone(),
             value: Value::String(pinned),
         }));
+        // A pin to a mirror copy pulls with the mirror's Secret; the user's name is recorded.
+        if let (Some(pull), Some(user), Some(_)) = (&resolution.pull_secret, &site.secret_ref, &entry.mirror)
+            && pull != user
+        {
+            replacements.push(PatchOperation::Replace(ReplaceOperation {
+                path: site.secret_name_pointer(),
+                value: Value::String(pull.clone()),
+            }));
+            entry.secret_ref = Some(user.clone());
+            entry.pull_secret = Some(pull.clone());
+        }
         if let Some(path) = &site.tag_selection_pointer {
             removals.push(PatchOperation::Remove(RemoveOperation { path: path.clone() }));
         }

@@ -1,13 +1,16 @@
 //! Re-pinning stored objects (the controller's side): what an object would hold had holdfast
 //! never pinned it, and the update that takes it from what it holds to what it should hold.
 
-use json_patch::{PatchOperation, TestOperation, jsonptr::PointerBuf};
+use json_patch::{
+    PatchOperation, TestOperation,
+    jsonptr::{Pointer, PointerBuf},
+};
 use serde_json::Value;
 
-use crate::{OriginalRefs, PinPolicy};
+use crate::{OriginalRefs, PinPolicy, sites::secret_name_pointer};
 
-/// `object` with every pin holdfast has in place put back to what the user wrote (reference and
-/// `tagSelection`), when its policy is `follow`; pinning that again follows moved tags. Other
+/// `object` with every pin holdfast has in place put back to what the user wrote (reference,
+/// `tagSelection` and a `secretRef` replaced by the mirror pull Secret), when its policy is `follow`; pinning that again follows moved tags. Other
 /// policies, and pins the user replaced, are left as they are.
 pub fn unpinned(object: &Value) -> Value {
     let (policy, _) = PinPolicy::from_object(object);
@@ -21,6 +24,11 @@ pub fn unpinned(object: &Value) -> Value {
     for (pointer, original) in recorded.in_place(object) {
         if let Some(field) = out.pointer_mut(pointer) {
             *field = Value::String(original.reference.clone());
+        }
+        if let (Some(user), Ok(reference)) = (&original.secret_ref, Pointer::parse(pointer))
+            && let Some(field) = out.pointer_mut(secret_name_pointer(reference).as_str())
+        {
+            *field = Value::String(user.clone());
         }
         if let (Some(selection), Some((parent, _))) = (&original.tag_selection, pointer.rsplit_once('/'))
             && let Some(Value::Object(source)) = out.pointer_mut(parent)

@@ -2,7 +2,7 @@
 //! cache (the registry only on a miss), credentials from the object's `secretRef` only when the
 //! registry must be asked. The decisions are this crate's pure functions.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use futures::{FutureExt, future::BoxFuture};
 use holdfast_registry::{
@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 use serde_json::Value;
 
-use crate::{Need, ObjectPlan, PinOutcome, PinnedKind, Resolution, Step, pin_patch};
+use crate::{MirrorPins, Need, ObjectPlan, PinOutcome, PinnedKind, Resolution, Step, pin_patch};
 
 /// What [`Pinner::reconcile`] found: the guarded JSON patch for the stored object, and why any
 /// reference stays unpinned.
@@ -53,7 +53,7 @@ pub struct Pinner {
     /// `secretRef` are pinned only from anonymous cache entries).
     secrets: Option<Client>,
     /// The mirror whose copies (recorded in the cache) are pinned instead of the upstream.
-    mirror: Option<MirrorLocation>,
+    mirror: Option<MirrorPins>,
 }
 
 impl Pinner {
@@ -65,15 +65,15 @@ impl Pinner {
         }
     }
 
-    /// Pins references whose content the controller copied into `mirror` to the mirror's copy
-    /// (`<mirror>/<prefix>/<source host>/<source repository>@sha256:…`), for sites without a
-    /// `secretRef` (whose credentials are for the upstream registry, not for the mirror).
-    pub fn with_mirror(mut self, mirror: Option<MirrorLocation>) -> Self {
+    /// Pins references whose content the controller copied into the mirror to the mirror's copy
+    /// (`<mirror>/<prefix>/<source host>/<source repository>@sha256:…`), in the namespaces the
+    /// mirror selects; private content only as [`MirrorPins`] allows.
+    pub fn with_mirror(mut self, mirror: Option<MirrorPins>) -> Self {
         self.mirror = mirror;
         self
     }
 
-    pub fn mirror(&self) -> Option<&MirrorLocation> {
+    pub fn mirror(&self) -> Option<&MirrorPins> {
         self.mirror.as_ref()
     }
 
@@ -123,14 +123,16 @@ impl Pinner {
     /// The update that brings a stored object to its pins: references admitted unpinned get
     /// pinned (catch-up), and `follow` pins move with their tags (from the cache, which the
     /// refresher keeps current). Empty when the object is as it should be.
+    /// `labels` are the namespace's (they decide whether the object is pinned to the mirror).
     pub async fn reconcile(
         &self,
         kind: PinnedKind,
         namespace: &str,
+        labels: &BTreeMap<String, String>,
         stored: &Value,
     ) -> Result<PinUpdate, json_patch::PatchError> {
         let mut desired = crate::repin::unpinned(stored);
-        let outcome = self.pin(kind, namespace, &desired, None).await;
+        let outcome = self.pin(kind, namespace, labels, &desired, None).await;
         json_patch::patch(&mut desired, &outcome.ops)?;
         let ops = crate::repin::update(stored, &desired);
         let change = (!ops.is_empty()).then(|| {
@@ -154,15 +156,17 @@ impl Pinner {
         })
     }
 
-    /// The patch that pins `object` (in `namespace`; `old` is the stored object on an update),
-    /// with a warning for every reference it could not pin.
+    /// The patch that pins `object` (in `namespace`, labelled `labels`; `old` is the stored
+    /// object on an update), with a warning for every reference it could not pin.
     pub async fn pin(
         &self,
         kind: PinnedKind,
         namespace: &str,
+        labels: &BTreeMap<String, String>,
         object: &Value,
         old: Option<&Value>,
     ) -> PinOutcome {
+        let mirror = self.mirror.as_ref().filter(|m| m.selects(labels));
         let plan = ObjectPlan::new(kind, object, old);
         let mut warnings = plan.warnings.clone();
         let (mut stale, mut unresolved) = (0, 0);
@@ -179,7 +183,7 @@ impl Pinner {
                         },
                         None => Scope::Anonymous,
                     };
-                    match self.resolve(need, scope).await {
+                    match self.resolve(need, scope, mirror).await {
                         Ok((resolution, origin)) => {
                             if let Origin::Stale { error, age } = origin {
                                 stale += 1;
@@ -218,7 +222,12 @@ impl Pinner {
         outcome
     }
 
-    async fn resolve(&self, need: &Need, scope: Scope) -> Result<(Resolution, Origin), CacheError> {
+    async fn resolve(
+        &self,
+        need: &Need,
+        scope: Scope,
+        mirror: Option<&MirrorPins>,
+    ) -> Result<(Resolution, Origin), CacheError> {
         let (key, target, selection) = match need {
             Need::Tag(reference) => (CacheKey::tag(reference, scope.clone()), reference.clone(), None),
             Need::Select(repository, selection) => (
@@ -234,24 +243,22 @@ impl Pinner {
             }
         };
         let secrets = self.secrets.clone();
-        let anonymous = scope == Scope::Anonymous;
         let answer = self
             .cache
-            .lookup(key, target.clone(), selection, move || {
-                load_credentials(secrets, scope)
+            .lookup(key, target.clone(), selection, {
+                let scope = scope.clone();
+                move || load_credentials(secrets, scope)
             })
             .await?;
-        let mirror = match (&self.mirror, anonymous) {
-            (Some(mirror), true) => {
-                mirror_repository(mirror, &target, &answer.digest, answer.mirrored.as_ref())
-            }
-            _ => None,
-        };
+        let (mirror, pull_secret) = mirror
+            .and_then(|m| m.pin_target(&scope, &target, &answer.digest, answer.mirrored.as_ref()))
+            .map_or((None, None), |(repository, pull)| (Some(repository), pull));
         Ok((
             Resolution {
                 digest: answer.digest,
                 selected_tag: answer.tag,
                 mirror,
+                pull_secret,
             },
             answer.origin,
         ))

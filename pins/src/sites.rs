@@ -122,6 +122,22 @@ pub struct FetchSite {
     pub secret_ref: Option<String>,
 }
 
+impl FetchSite {
+    /// JSON pointer of the source's `secretRef.name`.
+    pub fn secret_name_pointer(&self) -> PointerBuf {
+        secret_name_pointer(&self.pointer)
+    }
+}
+
+/// The `secretRef.name` beside the reference field at `reference` (`…/image/url` →
+/// `…/image/secretRef/name`).
+pub(crate) fn secret_name_pointer(reference: &json_patch::jsonptr::Pointer) -> PointerBuf {
+    let mut pointer = reference.parent().map(|p| p.to_buf()).unwrap_or_default();
+    pointer.push_back("secretRef");
+    pointer.push_back("name");
+    pointer
+}
+
 /// The pinnable references of `object`, in document order (per entry: `image` then
 /// `imgpkgBundle`). Entries of other sources (git, http, helmChart, inline) yield nothing; so
 /// does a source without a string reference (nothing to pin; the schema is the API server's

@@ -53,6 +53,7 @@ impl Registry {
                 digest: self.digest_of(&reference.name(), reference.identifier())?,
                 selected_tag: None,
                 mirror: None,
+                pull_secret: None,
             }),
             Need::Select(repository, selection) => {
                 let tags: Vec<&str> = self
@@ -66,6 +67,7 @@ impl Registry {
                     digest: self.digest_of(&repository.name(), tag)?,
                     selected_tag: Some(tag.to_owned()),
                     mirror: None,
+                    pull_secret: None,
                 })
             }
         }
@@ -957,6 +959,7 @@ fn opted_out_objects_get_no_operations() {
         digest: digest(6),
         selected_tag: None,
         mirror: None,
+        pull_secret: None,
     };
     let outcome = pin_patch(&object, &sites, &[(0, resolution)], PinPolicy::Disabled);
     assert_eq!(outcome, PinOutcome::default());
@@ -984,6 +987,7 @@ fn objects_being_deleted_are_never_patched() {
         digest: digest(6),
         selected_tag: None,
         mirror: None,
+        pull_secret: None,
     };
     let outcome = pin_patch(&object, &sites, &[(0, resolution)], PinPolicy::Follow);
     assert_eq!(outcome, PinOutcome::default());
@@ -1210,6 +1214,7 @@ fn resolutions_that_do_not_fit_are_ignored_with_a_warning() {
         digest: digest(n),
         selected_tag: None,
         mirror: None,
+        pull_secret: None,
     };
     let outcome = pin_patch(
         &object,
@@ -1254,6 +1259,7 @@ fn a_mirrored_digest_is_pinned_to_the_mirror_and_the_original_kept() {
         digest: digest(1),
         selected_tag: None,
         mirror: Some(MIRROR_REPO.into()),
+        pull_secret: None,
     };
     let pinned = apply(&object, &pin_one(&object, mirrored.clone()).ops);
     assert_eq!(
@@ -1299,6 +1305,7 @@ fn an_upstream_pin_moves_to_the_mirror_once_mirrored() {
         digest: digest(1),
         selected_tag: None,
         mirror: Some(MIRROR_REPO.into()),
+        pull_secret: None,
     };
     let desired = apply(&desired, &pin_one(&desired, mirrored).ops);
     let ops = repin::update(&upstream, &desired);
@@ -1322,6 +1329,7 @@ fn a_mirror_that_is_not_a_bare_repository_is_never_written() {
             digest: digest(1),
             selected_tag: None,
             mirror: Some(format!("{MIRROR_REPO}:tag")),
+            pull_secret: None,
         },
     );
     assert_eq!(outcome.ops, vec![]);
@@ -1369,5 +1377,99 @@ fn only_a_record_of_this_mirror_and_digest_is_used() {
     assert_eq!(
         resolve::mirror_repository(&mirror, &source, &digest(1), Some(&elsewhere)),
         None
+    );
+}
+
+/// Digest 1 in the mirror, pulled with the mirror pull Secret `mirror-pull`.
+fn private_mirror_pin() -> Resolution {
+    Resolution {
+        digest: digest(1),
+        selected_tag: None,
+        mirror: Some(MIRROR_REPO.into()),
+        pull_secret: Some("mirror-pull".into()),
+    }
+}
+
+#[test]
+fn a_private_pin_to_the_mirror_names_the_pull_secret_and_goes_back_with_the_users() {
+    let object = app(
+        json!([{"image": {"url": "registry.corp.com/team/app-config:v1.2.0",
+        "secretRef": {"name": "team-creds"}, "subPath": "config"}}]),
+    );
+    let mirrored = private_mirror_pin();
+    let pinned = apply(&object, &pin_one(&object, mirrored.clone()).ops);
+    let image = &pinned["spec"]["fetch"][0]["image"];
+    assert_eq!(image["url"], json!(format!("{MIRROR_REPO}@{}", sha(1))));
+    assert_eq!(image["secretRef"]["name"], "mirror-pull");
+    assert_eq!(image["subPath"], "config");
+    let recorded = &annotation_of(&pinned)["/spec/fetch/0/image/url"];
+    assert_eq!(
+        (&recorded["secretRef"], &recorded["pullSecret"]),
+        (&json!("team-creds"), &json!("mirror-pull"))
+    );
+    // In place: nothing more to do; the controller's unpinned view has the user's Secret back.
+    assert_eq!(pin_one(&pinned, mirrored.clone()).ops, vec![]);
+    let unpinned = repin::unpinned(&pinned);
+    assert_eq!(
+        unpinned["spec"]["fetch"][0]["image"],
+        object["spec"]["fetch"][0]["image"]
+    );
+    // Pinned again to the same copy: no update at all.
+    let again = apply(&unpinned, &pin_one(&unpinned, mirrored.clone()).ops);
+    assert_eq!(repin::update(&pinned, &again), vec![]);
+    // The namespace left the mirror: pinned upstream with the user's Secret, entry rewritten.
+    let upstream = Resolution {
+        mirror: None,
+        pull_secret: None,
+        ..mirrored
+    };
+    let back = apply(&unpinned, &pin_one(&unpinned, upstream).ops);
+    let moved = apply(&pinned, &repin::update(&pinned, &back));
+    let image = &moved["spec"]["fetch"][0]["image"];
+    assert_eq!(
+        image["url"],
+        json!(format!("registry.corp.com/team/app-config@{}", sha(1)))
+    );
+    assert_eq!(image["secretRef"]["name"], "team-creds");
+    assert_eq!(
+        annotation_of(&moved)["/spec/fetch/0/image/url"],
+        json!({"ref": "registry.corp.com/team/app-config:v1.2.0", "digest": sha(1)})
+    );
+}
+
+#[test]
+fn a_user_who_replaces_the_pull_secret_takes_the_pin_over() {
+    let object = app(
+        json!([{"imgpkgBundle": {"image": "registry.corp.com/team/app-config:v1.2.0",
+        "secretRef": {"name": "team-creds"}}}]),
+    );
+    let mirrored = private_mirror_pin();
+    let mut pinned = apply(&object, &pin_one(&object, mirrored).ops);
+    assert_eq!(
+        pinned["spec"]["fetch"][0]["imgpkgBundle"]["secretRef"]["name"],
+        "mirror-pull"
+    );
+    pinned["spec"]["fetch"][0]["imgpkgBundle"]["secretRef"]["name"] = json!("other");
+    // No longer holdfast's pin: the controller leaves it, and the entry is dropped.
+    assert_eq!(repin::unpinned(&pinned), pinned);
+    let plan = ObjectPlan::new(PinnedKind::App, &pinned, None);
+    let outcome = pin_patch(&pinned, &plan.sites, &[], plan.policy);
+    assert!(
+        matches!(&outcome.ops[..], [PatchOperation::Remove(r)] if r.path.as_str().ends_with("original-refs")),
+        "{:?}",
+        outcome.ops
+    );
+}
+
+#[test]
+fn a_site_without_a_secret_ref_gets_none_written() {
+    let object = app(json!([{"image": {"url": "registry.corp.com/team/app-config:v1.2.0"}}]));
+    let outcome = pin_one(&object, private_mirror_pin());
+    let pinned = apply(&object, &outcome.ops);
+    assert!(pinned["spec"]["fetch"][0]["image"].get("secretRef").is_none());
+    assert!(
+        annotation_of(&pinned)["/spec/fetch/0/image/url"]
+            .get("pullSecret")
+            .is_none()
     );
 }

@@ -4,6 +4,8 @@
 //! the cache has not seen yet ([`ClusterView::image_owner`]), and whether the owners of a new
 //! Build or build pod are being deleted, or gone ([`ClusterView::presence_now`]).
 
+use std::collections::BTreeMap;
+
 use futures::{FutureExt, StreamExt, future::BoxFuture};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{
@@ -21,8 +23,13 @@ pub trait ClusterView: Send + Sync {
     fn image_owner<'a>(&'a self, namespace: &'a str, image: &'a str)
     -> BoxFuture<'a, Option<OwnerReference>>;
 
+    /// A namespace's labels; empty when the namespace is not known (yet).
+    fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String>;
+
     /// The value of a namespace's label.
-    fn namespace_label(&self, namespace: &str, key: &str) -> Option<String>;
+    fn namespace_label(&self, namespace: &str, key: &str) -> Option<String> {
+        self.namespace_labels(namespace).remove(key)
+    }
 
     /// Whether the named peer object is being deleted; `None` when it is not known (absent, or
     /// its API is not installed).
@@ -234,10 +241,12 @@ impl ClusterView for Cluster {
         .boxed()
     }
 
-    fn namespace_label(&self, namespace: &str, key: &str) -> Option<String> {
+    fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String> {
         let (resource, store) = &self.namespaces;
-        let found = store.get(&ObjectRef::new_with(namespace, resource.clone()))?;
-        found.metadata.labels.as_ref()?.get(key).cloned()
+        store
+            .get(&ObjectRef::new_with(namespace, resource.clone()))
+            .and_then(|found| found.metadata.labels.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -302,12 +311,12 @@ impl ClusterView for StaticCluster {
         futures::future::ready(found.map(|(_, _, r)| r.clone())).boxed()
     }
 
-    fn namespace_label(&self, namespace: &str, key: &str) -> Option<String> {
-        let found = self
-            .namespace_labels
+    fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String> {
+        self.namespace_labels
             .iter()
-            .find(|(ns, k, _)| ns == namespace && k == key);
-        found.map(|(_, _, v)| v.clone())
+            .filter(|(ns, _, _)| ns == namespace)
+            .map(|(_, k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     fn terminating(&self, peer: Peer, namespace: &str, name: &str) -> Option<bool> {

@@ -32,10 +32,7 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     init_tracing(args.log_format);
     // Pins to the mirror's copies the controller recorded (the controller does the copying).
-    let mirror = args
-        .registry
-        .mirror()
-        .context("--mirror-registry / --mirror-prefix")?;
+    let mirror = args.registry.mirror()?;
     let mut terminate = signal(SignalKind::terminate())?;
     let cancel = CancellationToken::new();
     let client = kube::Client::try_default()

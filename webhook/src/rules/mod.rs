@@ -79,7 +79,9 @@ impl Rule {
     pub async fn evaluate(self, request: &AdmissionRequest<DynamicObject>, context: &RuleContext) -> Verdict {
         match self {
             Rule::StampOwners => stamp_owners::evaluate(request, context.cluster.as_ref()).await,
-            Rule::PinFetchRefs(kind) => pin_fetch_refs::evaluate(kind, request, &context.pinner).await,
+            Rule::PinFetchRefs(kind) => {
+                pin_fetch_refs::evaluate(kind, request, &context.pinner, context.cluster.as_ref()).await
+            }
             Rule::TerminatingGuard => terminating_guard::evaluate(request, context.cluster.as_ref()).await,
             Rule::Policy(kind) => policy::evaluate(kind, request, &context.policy, context.cluster.as_ref()),
         }

@@ -7,14 +7,20 @@ use kube::core::{
     admission::{AdmissionRequest, Operation},
 };
 
-use crate::decision::{Decision, Verdict};
+use crate::{
+    cluster::ClusterView,
+    decision::{Decision, Verdict},
+};
 
 pub use holdfast_pins::NAME;
 
+/// `cluster` gives the namespace's labels, which decide whether the object is pinned to the
+/// mirror (an unknown namespace is not selected: the controller re-pins once it sees it).
 pub async fn evaluate(
     kind: PinnedKind,
     request: &AdmissionRequest<DynamicObject>,
     pinner: &Pinner,
+    cluster: &dyn ClusterView,
 ) -> Verdict {
     let (Operation::Create | Operation::Update) = request.operation else {
         return Verdict::allow();
@@ -27,7 +33,11 @@ pub async fn evaluate(
         .as_ref()
         .and_then(|o| serde_json::to_value(o).ok());
     let namespace = request.namespace.as_deref().unwrap_or_default();
-    pinner.pin(kind, namespace, &object, old.as_ref()).await.into()
+    let labels = cluster.namespace_labels(namespace);
+    pinner
+        .pin(kind, namespace, &labels, &object, old.as_ref())
+        .await
+        .into()
 }
 
 impl From<PinOutcome> for Verdict {
