@@ -7,7 +7,9 @@
 //! - [`finalizer`]: the fast finalizer: deletes an app's kpack Image as soon as the app (or its
 //!   last BuildWorkload, or its namespace) is being deleted, and the pods of terminating Builds.
 //! - [`mirror`]: copies the content of pinned digests into a cache registry (the mirror),
-//!   records each copy on its cache entry and has objects re-pinned to the copy.
+//!   records each copy on its cache entry and has objects re-pinned to the copy;
+//!   [`references`] says which copies objects reference, [`retention`] deletes the others
+//!   after a grace period.
 //! - [`run`]: all of them on the replica that holds the Lease ([`leader`]), as the binary runs them.
 
 pub mod backoff;
@@ -15,5 +17,7 @@ pub mod finalizer;
 pub mod leader;
 pub mod mirror;
 pub mod pinning;
+pub mod references;
 pub mod refresher;
+pub mod retention;
 pub mod run;

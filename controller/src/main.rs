@@ -44,6 +44,10 @@ struct Args {
     /// Copies into the mirror running at the same time.
     #[arg(long, env = "HOLDFAST_MIRROR_CONCURRENCY", default_value_t = 2)]
     mirror_concurrency: usize,
+    /// Seconds a mirror copy that no App, PackageRepository or Package references stays in the
+    /// mirror before the controller deletes it (the mirror must allow deletes).
+    #[arg(long, env = "HOLDFAST_MIRROR_RETENTION_SECONDS", default_value_t = 86_400)]
+    mirror_retention_seconds: u64,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -73,6 +77,7 @@ async fn main() -> Result<()> {
         registries: args.mirror_source_registries.clone(),
         secret: args.mirror_secret.clone(),
         concurrency: args.mirror_concurrency,
+        retention: Duration::from_secs(args.mirror_retention_seconds),
     });
     if let Some(mirror) = &mirror {
         tracing::info!(
@@ -81,6 +86,7 @@ async fn main() -> Result<()> {
             sources = ?mirror.registries,
             namespaces = %mirror.namespaces,
             pull_secret = ?mirror.pull_secret,
+            retention = ?mirror.retention,
             "mirroring pinned content"
         );
     }

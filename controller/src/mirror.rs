@@ -5,15 +5,27 @@
 //! - **What**: entries of the anonymous scope (public content; a `secretRef`'s credentials are
 //!   for the upstream registry, so such references stay pinned upstream), from the configured
 //!   source registries (all when none is listed), not already in the mirror, whose record does
-//!   not name this mirror's copy of their current digest. One copy per mirror location, however
-//!   many keys (tags, selections) answer with that digest.
+//!   not name this mirror's copy of their current digest, and whose copy an object references
+//!   (`crate::references`: pinned to it, or to the same digest upstream), so that what
+//!   retention deletes is not copied again. One copy per mirror location, however many keys
+//!   (tags, selections) answer with that digest.
 //! - **When**: event-driven: whenever the cache changes (a new entry from the webhook, a moved
-//!   tag from the refresher, a record from another replica), and when a retry is due.
+//!   tag from the refresher, a record from another replica) or a pinned object changes, and
+//!   when a retry or a retention deadline is due.
 //! - **How**: at most `concurrency` copies at a time, each in a task of its own, so neither the
 //!   pinning reconcilers nor the refresher ever wait for one; a failed copy is retried with a
-//!   doubling delay per location (transient or not: a registry may come back, a manifest may be
-//!   fixed upstream under the same tag); a copy resumes where the last one stopped (the copier
-//!   skips what the mirror holds).
+//!   doubling delay per location (an outage, a rate limit, credentials, anything the mirror
+//!   answered), except a permanent failure ([`CopyError::is_permanent`]: the digest is gone
+//!   upstream, content that does not match it, a manifest the copier cannot copy), which is
+//!   reported once and not tried again while the entry holds that digest (a new leader, or the
+//!   copy becoming unwanted and wanted again, tries once more); a copy resumes where the last
+//!   one stopped (the copier skips what the mirror holds).
+//! - **Retention** (`crate::retention`): copies no object references for
+//!   `--mirror-retention-seconds` are deleted from the mirror.
+//! - **Events** on the cache entries (`kubectl describe hfdigest -n holdfast-system`):
+//!   `MirrorCopied`, `MirrorCopyFailed` (the first failure of a streak, and a permanent one),
+//!   `MirrorDeleted`, `MirrorDeleteFailed` (the first failure of a streak). The controller has
+//!   no metrics endpoint; these and the logs are what it reports.
 //! - **Credentials** for the mirror come from a Secret in holdfast's namespace (dockerconfigjson
 //!   or username/password, as vendir reads them), read before each batch of copies; without one
 //!   the mirror is used anonymously.
@@ -28,13 +40,23 @@ use holdfast_pins::{MirrorPins, NamespaceSelector, resolve::load_credentials};
 use holdfast_registry::{
     Credentials, Reference, Resolver, ResolverConfig,
     cache::{CacheEntry, CacheKey, DigestCache, Mirrored, Scope},
+    cluster_store,
     mirror::{Copier, CopierConfig, CopyError, CopyReport, MirrorLocation},
 };
-use kube::Client;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::{
+    Api, Client,
+    api::{DynamicObject, ListParams},
+    runtime::events::{Event, EventType, Recorder},
+};
 use tokio::{sync::watch, task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::backoff::Backoff;
+use crate::{
+    backoff::Backoff,
+    references::References,
+    retention::{self, Expired, Outcome, Retention},
+};
 
 /// First retry of a failed copy, doubling up to the ceiling.
 const FIRST_RETRY: Duration = Duration::from_secs(2);
@@ -54,6 +76,8 @@ pub struct MirrorSettings {
     pub secret: Option<String>,
     /// Copies running at the same time.
     pub concurrency: usize,
+    /// How long a copy no object references stays in the mirror.
+    pub retention: Duration,
 }
 
 impl MirrorSettings {
@@ -88,10 +112,12 @@ pub fn selects(registries: &[String], source: &Reference) -> bool {
 }
 
 /// The copies `entries` need: the pure decision of the reconciler. `recorded` gives an entry's
-/// mirror record; entries whose record names the mirror's copy of their digest need nothing.
+/// mirror record; entries whose record names the mirror's copy of their digest need nothing,
+/// nor do those whose copy no object references (`referenced`, see `crate::references`).
 pub fn wanted(
     entries: &[CacheEntry],
     recorded: impl Fn(&CacheKey) -> Option<Mirrored>,
+    referenced: &HashSet<String>,
     settings: &MirrorSettings,
 ) -> Vec<CopyJob> {
     let mut jobs: BTreeMap<String, CopyJob> = BTreeMap::new();
@@ -111,7 +137,7 @@ pub fn wanted(
         let Ok(location) = settings.location.pinned_for(&source, &entry.digest) else {
             continue;
         };
-        if recorded(&entry.key).is_some_and(|m| m.location == location) {
+        if !referenced.contains(&location) || recorded(&entry.key).is_some_and(|m| m.location == location) {
             continue;
         }
         jobs.entry(location.clone())
@@ -142,8 +168,8 @@ pub fn copier_resolver_config(
     }
 }
 
-/// Copies until `cancel`. `reconcile` is bumped after each completed copy so that the pinning
-/// reconcilers move `follow` pins to the mirror.
+/// Copies and deletes until `cancel`. `reconcile` is bumped after each completed copy so that
+/// the pinning reconcilers move `follow` pins to the mirror.
 pub async fn run(
     client: Client,
     namespace: String,
@@ -165,22 +191,62 @@ pub async fn run(
             return;
         }
     };
+    let kinds = crate::pinning::installed_kinds(&client).await;
+    let references = Arc::new(References::follow(client.clone(), kinds, cancel.clone()));
+    // Until every object is known, nothing is known to be referenced or unreferenced.
+    tokio::select! {
+        _ = cancel.cancelled() => return,
+        _ = references.ready() => {}
+    }
+    let announcer = Arc::new(Announcer::new(client.clone(), &namespace));
     let mut copier: Option<(Credentials, Arc<Copier>)> = None;
     let mut changes = cache.changes();
+    let mut objects = references.changes();
     let retries: Backoff<String> = Backoff::new(FIRST_RETRY, RETRY_CEILING);
     let mut retry_at: HashMap<String, Instant> = HashMap::new();
+    // Targets whose copy failed permanently, with why (reported once).
+    let mut given_up: HashMap<String, String> = HashMap::new();
     let mut running: HashSet<String> = HashSet::new();
     let mut copies: JoinSet<(CopyJob, Result<CopyReport, CopyError>)> = JoinSet::new();
     let limit = settings.concurrency.max(1);
+    let mut retention = Retention::default();
+    let delete_retries: Backoff<String> = Backoff::new(FIRST_RETRY, RETRY_CEILING);
+    let mut delete_retry_at: HashMap<String, Instant> = HashMap::new();
+    let mut deleting: HashSet<String> = HashSet::new();
+    let mut deletions: JoinSet<(Expired, Outcome)> = JoinSet::new();
     loop {
         let now = Instant::now();
-        let jobs: Vec<CopyJob> = wanted(&cache.entries(), |key| cache.mirrored(key), &settings)
+        let referenced = references.in_stores(&settings.location);
+        let needed = wanted(
+            &cache.entries(),
+            |key| cache.mirrored(key),
+            &referenced,
+            &settings,
+        );
+        given_up.retain(|target, _| needed.iter().any(|job| job.target == *target));
+        let jobs: Vec<CopyJob> = needed
             .into_iter()
-            .filter(|job| !running.contains(&job.target))
+            .filter(|job| {
+                !running.contains(&job.target)
+                    && !deleting.contains(&job.target)
+                    && !given_up.contains_key(&job.target)
+            })
             .filter(|job| retry_at.get(&job.target).is_none_or(|at| *at <= now))
             .take(limit.saturating_sub(running.len()))
             .collect();
-        if !jobs.is_empty() {
+        let expired: Vec<Expired> = retention
+            .expired(
+                &cache.mirror_records(),
+                &settings.location,
+                &referenced,
+                SystemTime::now(),
+                settings.retention,
+            )
+            .into_iter()
+            .filter(|e| !deleting.contains(&e.location) && !running.contains(&e.location))
+            .filter(|e| delete_retry_at.get(&e.location).is_none_or(|at| *at <= now))
+            .collect();
+        if !jobs.is_empty() || !expired.is_empty() {
             match current_copier(&client, &namespace, &settings, &resolver, &config, &mut copier).await {
                 Ok(current) => {
                     for job in jobs {
@@ -192,6 +258,21 @@ pub async fn run(
                             (job, result)
                         });
                     }
+                    for expired in expired {
+                        tracing::info!(location = %expired.location, grace = ?settings.retention, "mirror: no object references this copy; deleting it");
+                        deleting.insert(expired.location.clone());
+                        let (copier, cache, references, mirror) = (
+                            current.clone(),
+                            cache.clone(),
+                            references.clone(),
+                            settings.location.clone(),
+                        );
+                        deletions.spawn(async move {
+                            let outcome =
+                                retention::delete(&expired, &cache, &references, &mirror, &copier).await;
+                            (expired, outcome)
+                        });
+                    }
                 }
                 Err(error) => {
                     for job in jobs {
@@ -199,20 +280,40 @@ pub async fn run(
                         tracing::warn!(target = %job.target, %error, retry_in = ?delay, "mirror: no credentials for the mirror");
                         retry_at.insert(job.target, Instant::now() + delay);
                     }
+                    for expired in expired {
+                        let delay = delete_retries.failed(expired.location.clone());
+                        tracing::warn!(location = %expired.location, %error, retry_in = ?delay, "mirror: no credentials for the mirror");
+                        delete_retry_at.insert(expired.location, Instant::now() + delay);
+                    }
                 }
             }
         }
         let next_retry = retry_at
             .iter()
             .filter(|(target, _)| !running.contains(*target))
+            .chain(
+                delete_retry_at
+                    .iter()
+                    .filter(|(location, _)| !deleting.contains(*location)),
+            )
             .map(|(_, at)| *at)
             .min();
+        let next_due = retention
+            .next_due(settings.retention)
+            .map(|due| Instant::now() + due.duration_since(SystemTime::now()).unwrap_or_default());
+        let wake = next_retry.into_iter().chain(next_due).min();
         tokio::select! {
             _ = cancel.cancelled() => {
                 copies.abort_all();
+                deletions.abort_all();
                 return;
             }
             changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            changed = objects.changed() => {
                 if changed.is_err() {
                     return;
                 }
@@ -236,7 +337,33 @@ pub async fn run(
                             bundle_images = report.bundle_images,
                             "mirror: copied"
                         );
+                        let note = format!(
+                            "copied {} to {}: {} manifests and {} blobs ({} bytes) sent, {} blobs mounted, {} already there",
+                            job.source,
+                            report.target,
+                            report.manifests_copied,
+                            report.blobs_copied,
+                            report.bytes_copied,
+                            report.blobs_mounted,
+                            report.blobs_present,
+                        );
+                        announcer.spawn(job.keys.clone(), EventType::Normal, "MirrorCopied", "Copy", note);
                         reconcile.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                    Err(error) if error.is_permanent() => {
+                        retries.succeeded(&job.target);
+                        retry_at.remove(&job.target);
+                        tracing::error!(
+                            source = %job.source,
+                            target = %job.target,
+                            %error,
+                            "mirror: copy failed permanently; not retried while the tag holds this digest"
+                        );
+                        let note = format!(
+                            "{error}; not retried while the entry holds this digest (objects stay pinned upstream)"
+                        );
+                        announcer.spawn(job.keys.clone(), EventType::Warning, "MirrorCopyFailed", "Copy", note);
+                        given_up.insert(job.target, error.to_string());
                     }
                     Err(error) => {
                         let delay = retries.failed(job.target.clone());
@@ -248,11 +375,110 @@ pub async fn run(
                             retry_in = ?delay,
                             "mirror: copy failed"
                         );
+                        if delay == FIRST_RETRY {
+                            let note = format!("{error}; retrying with backoff (up to every {RETRY_CEILING:?})");
+                            announcer.spawn(job.keys.clone(), EventType::Warning, "MirrorCopyFailed", "Copy", note);
+                        }
                         retry_at.insert(job.target, Instant::now() + delay);
                     }
                 }
             }
-            _ = sleep_until(next_retry) => {}
+            Some(done) = deletions.join_next() => {
+                let Ok((expired, outcome)) = done else { continue };
+                deleting.remove(&expired.location);
+                match outcome {
+                    Outcome::Deleted(deletion) => {
+                        retention.forget(&expired.location);
+                        delete_retries.succeeded(&expired.location);
+                        delete_retry_at.remove(&expired.location);
+                        tracing::info!(location = %expired.location, ?deletion, "mirror: deleted an unreferenced copy");
+                        let note = format!(
+                            "deleted {} from the mirror: no object referenced it for {:?}",
+                            expired.location, settings.retention
+                        );
+                        announcer.spawn(expired.keys, EventType::Normal, "MirrorDeleted", "Delete", note);
+                    }
+                    Outcome::Referenced => {
+                        retention.forget(&expired.location);
+                        tracing::info!(location = %expired.location, "mirror: an object references the copy again; kept");
+                    }
+                    Outcome::Failed(error) => {
+                        let delay = delete_retries.failed(expired.location.clone());
+                        tracing::error!(location = %expired.location, %error, retry_in = ?delay, "mirror: could not delete an unreferenced copy; kept");
+                        if delay == FIRST_RETRY {
+                            let note = format!("{error}; kept, retrying with backoff");
+                            announcer.spawn(expired.keys, EventType::Warning, "MirrorDeleteFailed", "Delete", note);
+                        }
+                        delete_retry_at.insert(expired.location, Instant::now() + delay);
+                    }
+                }
+            }
+            _ = sleep_until(wake) => {}
+        }
+    }
+}
+
+/// Records Events on the cache entries a copy or a deletion concerns, in holdfast's namespace.
+struct Announcer {
+    recorder: Recorder,
+    entries: Api<DynamicObject>,
+    namespace: String,
+}
+
+impl Announcer {
+    fn new(client: Client, namespace: &str) -> Self {
+        Self {
+            recorder: Recorder::new(client.clone(), crate::pinning::REPORTER.into()),
+            entries: cluster_store::api(client, namespace),
+            namespace: namespace.to_owned(),
+        }
+    }
+
+    /// Publishes in the background: an Event is a courtesy, never a wait for the copier.
+    fn spawn(
+        self: &Arc<Self>,
+        keys: Vec<CacheKey>,
+        type_: EventType,
+        reason: &'static str,
+        action: &'static str,
+        note: String,
+    ) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let event = Event {
+                type_,
+                reason: reason.into(),
+                note: Some(crate::pinning::truncate(note)),
+                action: action.into(),
+                secondary: None,
+            };
+            for key in keys {
+                let reference = this.reference(&key).await;
+                if let Err(error) = this.recorder.publish(&event, &reference).await {
+                    tracing::warn!(reference = %key.reference, reason, %error, "recording an Event");
+                }
+            }
+        });
+    }
+
+    /// The entry's object reference, with its uid when the list finds it (`kubectl describe`
+    /// matches Events by uid; the Role has list, not get).
+    async fn reference(&self, key: &CacheKey) -> ObjectReference {
+        let name = cluster_store::object_name(key);
+        let uid = self
+            .entries
+            .list_metadata(&ListParams::default().fields(&format!("metadata.name={name}")))
+            .await
+            .ok()
+            .and_then(|list| list.items.into_iter().next())
+            .and_then(|object| object.metadata.uid);
+        ObjectReference {
+            api_version: Some("holdfast.dev/v1alpha1".into()),
+            kind: Some("DigestCacheEntry".into()),
+            name: Some(name),
+            namespace: Some(self.namespace.clone()),
+            uid,
+            ..ObjectReference::default()
         }
     }
 }
@@ -331,7 +557,27 @@ mod tests {
             registries: registries.iter().map(|r| r.to_string()).collect(),
             secret: None,
             concurrency: 2,
+            retention: Duration::from_secs(60),
         }
+    }
+
+    /// Every location the entries could be copied to, in every mirror the tests use: all
+    /// referenced.
+    fn referenced(entries: &[CacheEntry]) -> HashSet<String> {
+        let mirrors = [
+            MirrorLocation::new("cache.corp.com:5000", "m").unwrap(),
+            MirrorLocation::new("new-cache.corp.com", "m").unwrap(),
+        ];
+        entries
+            .iter()
+            .flat_map(|e| {
+                let (target, _) = e.key.target().unwrap();
+                mirrors
+                    .iter()
+                    .filter_map(|m| m.pinned_for(&target, &e.digest).ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     fn entry(reference: &str, scope: Scope, seed: &str) -> CacheEntry {
@@ -365,7 +611,7 @@ mod tests {
             // Already in the mirror.
             entry("cache.corp.com:5000/m/x/y:1", Scope::Anonymous, "m"),
         ];
-        let jobs = wanted(&entries, |_| None, &settings(&[]));
+        let jobs = wanted(&entries, |_| None, &referenced(&entries), &settings(&[]));
         let targets: Vec<&str> = jobs.iter().map(|j| j.target.as_str()).collect();
         let a = Digest::sha256_of(b"a");
         let n = Digest::sha256_of(b"n");
@@ -389,10 +635,11 @@ mod tests {
             entry("registry.corp.com/team/app:1.0", Scope::Anonymous, "a"),
             entry("nginx:1.25", Scope::Anonymous, "n"),
         ];
-        let jobs = wanted(&entries, |_| None, &settings(&["docker.io"]));
+        let all = referenced(&entries);
+        let jobs = wanted(&entries, |_| None, &all, &settings(&["docker.io"]));
         assert_eq!(jobs.len(), 1);
         assert!(jobs[0].source.is_docker_hub());
-        let jobs = wanted(&entries, |_| None, &settings(&["Registry.corp.com"]));
+        let jobs = wanted(&entries, |_| None, &all, &settings(&["Registry.corp.com"]));
         assert_eq!(jobs.len(), 1);
         assert_eq!(jobs[0].source.registry(), "registry.corp.com");
     }
@@ -401,20 +648,37 @@ mod tests {
     fn an_entry_recorded_for_its_digest_needs_nothing_and_a_moved_tag_is_copied_again() {
         let entries = [entry("registry.corp.com/team/app:1.0", Scope::Anonymous, "a")];
         let here = settings(&[]);
-        let jobs = wanted(&entries, |_| None, &here);
+        let moved = [entry("registry.corp.com/team/app:1.0", Scope::Anonymous, "b")];
+        let all: HashSet<String> = referenced(&entries)
+            .into_iter()
+            .chain(referenced(&moved))
+            .collect();
+        let jobs = wanted(&entries, |_| None, &all, &here);
         let record = Mirrored {
             location: jobs[0].target.clone(),
             at: SystemTime::now(),
         };
-        assert!(wanted(&entries, |_| Some(record.clone()), &here).is_empty());
-        let moved = [entry("registry.corp.com/team/app:1.0", Scope::Anonymous, "b")];
-        assert_eq!(wanted(&moved, |_| Some(record.clone()), &here).len(), 1);
+        assert!(wanted(&entries, |_| Some(record.clone()), &all, &here).is_empty());
+        assert_eq!(wanted(&moved, |_| Some(record.clone()), &all, &here).len(), 1);
         // A record of another mirror (the configuration changed) is copied again.
         let other = MirrorSettings {
             location: MirrorLocation::new("new-cache.corp.com", "m").unwrap(),
             ..here
         };
-        assert_eq!(wanted(&entries, |_| Some(record.clone()), &other).len(), 1);
+        assert_eq!(wanted(&entries, |_| Some(record.clone()), &all, &other).len(), 1);
+    }
+
+    #[test]
+    fn content_no_object_references_is_not_copied() {
+        let entries = [
+            entry("registry.corp.com/team/app:1.0", Scope::Anonymous, "a"),
+            entry("registry.corp.com/team/gone:1.0", Scope::Anonymous, "g"),
+        ];
+        let only_app: HashSet<String> = referenced(&entries[..1]);
+        let jobs = wanted(&entries, |_| None, &only_app, &settings(&[]));
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(jobs[0].keys, [entries[0].key.clone()]);
+        assert!(wanted(&entries, |_| None, &HashSet::new(), &settings(&[])).is_empty());
     }
 
     #[test]

@@ -41,8 +41,8 @@ pub enum Error {
 const FIRST_RETRY: Duration = Duration::from_secs(2);
 const RETRY_CEILING: Duration = Duration::from_secs(300);
 
-/// `reportingController` of the Events the reconciler records.
-const REPORTER: &str = "holdfast-controller";
+/// `reportingController` of the Events the controller records.
+pub(crate) const REPORTER: &str = "holdfast-controller";
 
 /// Namespaces labelled so are left alone, as the webhook configurations' namespaceSelector does.
 pub const IGNORE_LABEL: &str = "holdfast.dev/ignore";
@@ -68,15 +68,7 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let mut controllers = Vec::new();
-    for kind in PinnedKind::ALL {
-        let gvk = GroupVersionKind::gvk(kind.group(), "v1alpha1", kind.kind());
-        let (resource, _) = match discovery::pinned_kind(&client, &gvk).await {
-            Ok(found) => found,
-            Err(error) => {
-                tracing::warn!(kind = kind.kind(), %error, "API not available; not reconciling this kind");
-                continue;
-            }
-        };
+    for (kind, resource) in installed_kinds(&client).await {
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
         let ctx = Arc::new(Ctx {
             own_namespace: own_namespace.clone(),
@@ -99,6 +91,21 @@ pub async fn run(
         controllers.push(controller);
     }
     futures::future::join_all(controllers).await;
+}
+
+/// The pinned kinds whose API the cluster serves, with their resources.
+pub async fn installed_kinds(client: &Client) -> Vec<(PinnedKind, ApiResource)> {
+    let mut installed = Vec::new();
+    for kind in PinnedKind::ALL {
+        let gvk = GroupVersionKind::gvk(kind.group(), "v1alpha1", kind.kind());
+        match discovery::pinned_kind(client, &gvk).await {
+            Ok((resource, _)) => installed.push((kind, resource)),
+            Err(error) => {
+                tracing::warn!(kind = kind.kind(), %error, "API not available; not following this kind")
+            }
+        }
+    }
+    installed
 }
 
 fn round_ends(rounds: watch::Receiver<u64>) -> impl Stream<Item = ()> + Send {
@@ -203,7 +210,7 @@ fn events_for(update: &PinUpdate) -> Vec<Event> {
 }
 
 /// Event notes are limited to 1 kB.
-fn truncate(mut note: String) -> String {
+pub(crate) fn truncate(mut note: String) -> String {
     const MAX: usize = 1000;
     if note.len() > MAX {
         let mut end = MAX;

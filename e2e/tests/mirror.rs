@@ -30,7 +30,7 @@ use holdfast_e2e::{
 use holdfast_pins::{MirrorPins, NamespaceSelector, ORIGINAL_REFS_ANNOTATION, PinnedKind};
 use holdfast_registry::{
     Credentials, Digest, Reference, Resolver, ResolverConfig,
-    cache::{CacheKey, Scope},
+    cache::{CacheKey, Mirrored, Scope},
     cluster_store,
     mirror::{Copier, CopierConfig, CopyEvent, MirrorLocation, host_component},
 };
@@ -39,6 +39,7 @@ use serde_json::json;
 
 e2e_main!(serial:
     apps_are_repinned_to_the_mirror_and_sync_without_upstream,
+    unreferenced_copies_are_deleted_after_the_grace,
     only_selected_namespaces_are_pinned_to_the_mirror,
     copies_an_image_and_relocates_a_bundle_byte_for_byte,
     an_interrupted_copy_resumes_without_resending_blobs,
@@ -474,41 +475,57 @@ async fn fresh_kapp_controller(client: kube::Client, namespace: &str) -> Result<
 /// Every request to a registry's API in its access log.
 const ANY_REQUEST: &str = " /v2/";
 
-async fn apps_are_repinned_to_the_mirror_and_sync_without_upstream(env: Arc<Env>) -> Result<()> {
-    let mut upstream = env.spare_registry().await?;
-    let mirror = env.spare_registry().await?;
-    let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
-    let web = Image::with_files(&[("config/web.yml", b"kind: web\n")])?;
-    let digest = images::push(&up, "apps/web", "1.0", &web).await?;
-    let client = env.client().await?;
-
-    // The webhook with --mirror-registry: it pins upstream until the controller has recorded a
-    // copy, then straight to the mirror.
+/// The webhook and the controller with `--mirror-registry` (content from `up` copied to `m`) and
+/// `--mirror-retention-seconds`: the webhook pins upstream until the controller has recorded a
+/// copy, then straight to the mirror.
+async fn mirroring(
+    env: &Arc<Env>,
+    up: &str,
+    m: &str,
+    retention: Duration,
+) -> Result<(LocalWebhook, LocalController)> {
     let mut registration = Registration::rules(vec![rule(
         "kappctrl.k14s.io",
         "v1alpha1",
         &["apps"],
         &["CREATE", "UPDATE"],
     )]);
-    registration.insecure_registries = vec![up.clone(), m.clone()];
-    registration.mirror = Some(MirrorPins::new(MirrorLocation::new(&m, PREFIX)?));
+    registration.insecure_registries = vec![up.to_owned(), m.to_owned()];
+    registration.mirror = Some(MirrorPins::new(MirrorLocation::new(m, PREFIX)?));
     let webhook = LocalWebhook::start(env.clone(), registration).await?;
     let settings = MirrorSettings {
-        location: MirrorLocation::new(&m, PREFIX)?,
+        location: MirrorLocation::new(m, PREFIX)?,
         namespaces: NamespaceSelector::default(),
         pull_secret: None,
-        registries: vec![up.clone()],
+        registries: vec![up.to_owned()],
         secret: None,
         concurrency: 2,
+        retention,
     };
     let controller = LocalController::start_mirroring(
-        &env,
-        client.clone(),
+        env,
+        env.client().await?,
         webhook.system_namespace.clone(),
-        &[up.clone(), m.clone()],
+        &[up.to_owned(), m.to_owned()],
         Some(settings),
     )
-    .await?;
+    .await;
+    match controller {
+        Ok(controller) => Ok((webhook, controller)),
+        Err(error) => {
+            webhook.stop().await?;
+            Err(error)
+        }
+    }
+}
+
+async fn apps_are_repinned_to_the_mirror_and_sync_without_upstream(env: Arc<Env>) -> Result<()> {
+    let mut upstream = env.spare_registry().await?;
+    let mirror = env.spare_registry().await?;
+    let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
+    let web = Image::with_files(&[("config/web.yml", b"kind: web\n")])?;
+    let digest = images::push(&up, "apps/web", "1.0", &web).await?;
+    let (webhook, controller) = mirroring(&env, &up, &m, Duration::from_secs(86_400)).await?;
     let result = match bundle_is_repinned_relocated(&env, &webhook, &upstream, &mirror).await {
         Ok(()) => repin_and_sync(&env, &webhook, &mut upstream, &mirror, &digest).await,
         Err(error) => Err(error),
@@ -633,16 +650,28 @@ async fn repin_and_sync(
 async fn until_recorded(webhook: &LocalWebhook, tag: &str, digest: &str) -> Result<()> {
     let key = CacheKey::tag(&Reference::parse(tag)?, Scope::Anonymous);
     let held = Digest::parse(digest)?;
+    until_webhook_record(webhook, &key, |m| m.is_some_and(|m| m.holds(&held)))
+        .await
+        .context("the mirror record never reached the webhook's cache")
+}
+
+/// Waits (on the cache's change channel, at most 30 s) until the mirror record of `key` in the
+/// webhook's copy of the shared cache satisfies `condition`.
+async fn until_webhook_record(
+    webhook: &LocalWebhook,
+    key: &CacheKey,
+    condition: impl Fn(Option<Mirrored>) -> bool,
+) -> Result<()> {
     let mut changes = webhook.cache.changes();
     tokio::time::timeout(Duration::from_secs(30), async {
-        while !webhook.cache.mirrored(&key).is_some_and(|m| m.holds(&held)) {
+        while !condition(webhook.cache.mirrored(key)) {
             if changes.changed().await.is_err() {
                 break;
             }
         }
     })
     .await
-    .context("the mirror record never reached the webhook's cache")
+    .context("timed out")
 }
 
 /// The namespace label the selection test selects on.
@@ -680,6 +709,7 @@ async fn only_selected_namespaces_are_pinned_to_the_mirror(env: Arc<Env>) -> Res
         registries: vec![up.clone()],
         secret: None,
         concurrency: 2,
+        retention: Duration::from_secs(86_400),
     };
     let controller = LocalController::start_mirroring(
         &env,
@@ -766,6 +796,156 @@ async fn selection(
     ensure!(
         ops.as_array().is_some_and(|ops| ops.contains(&back)),
         "unlabelled, the selected App would get {ops}"
+    );
+    Ok(())
+}
+
+/// Waits until `condition` holds, asking every 200 ms for at most `within`: for a registry,
+/// which has no watch.
+async fn poll_until<F, Fut>(what: &str, within: Duration, mut condition: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    let mut ticks = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        ticks.tick().await;
+        if condition().await? {
+            return Ok(());
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {within:?}"
+        );
+    }
+}
+
+/// The reasons of the Events recorded on the cache entry of `key` in `namespace`.
+async fn entry_events(client: &kube::Client, namespace: &str, key: &CacheKey) -> Result<Vec<String>> {
+    let name = cluster_store::object_name(key);
+    let events = kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await?;
+    Ok(events
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+        .filter_map(|e| e.reason)
+        .collect())
+}
+
+/// Retention with a 2 s grace: of two Apps pinned to the mirror, the one deleted has its copy
+/// deleted from the mirror (HEAD 404) and recorded as deleted on its cache entry, so the
+/// webhook stops pinning to it; the other App's copy stays. The tag used again is admitted
+/// upstream, copied again and re-pinned to the mirror.
+async fn unreferenced_copies_are_deleted_after_the_grace(env: Arc<Env>) -> Result<()> {
+    let upstream = env.spare_registry().await?;
+    let mirror = env.spare_registry().await?;
+    let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
+    let (webhook, controller) = mirroring(&env, &up, &m, Duration::from_secs(2)).await?;
+    let result = retention_scenario(&env, &webhook, &up, &m).await;
+    controller.stop().await;
+    webhook.stop().await?;
+    result
+}
+
+async fn retention_scenario(env: &Env, webhook: &LocalWebhook, up: &str, m: &str) -> Result<()> {
+    let keep = Image::with_files(&[("keep.yml", b"keep: 1\n")])?;
+    let gone = Image::with_files(&[("gone.yml", b"gone: 1\n")])?;
+    let keep_digest = images::push(up, "apps/keep", "1.0", &keep).await?;
+    let gone_digest = images::push(up, "apps/gone", "1.0", &gone).await?;
+    let (keep_repo, gone_repo) = (mirrored(up, "apps/keep"), mirrored(up, "apps/gone"));
+    let gone_copy = format!("{m}/{gone_repo}@{gone_digest}");
+    let client = env.client().await?;
+    let ns = webhook.namespace("mirror-retention").await?;
+    let mut api = None;
+    for (name, repository, copy) in [
+        ("keep", "apps/keep", format!("{m}/{keep_repo}@{keep_digest}")),
+        ("gone", "apps/gone", gone_copy.clone()),
+    ] {
+        let app = app_object(name, json!({"image": {"url": format!("{up}/{repository}:1.0")}}))?;
+        let apps = api_for(&client, &app, Some(&ns)).await?;
+        apps.create(&PostParams::default(), &app).await?;
+        wait::until(&apps, name, move |a: Option<&DynamicObject>| {
+            url_of(a).as_deref() == Some(copy.as_str())
+        })
+        .await?;
+        api = Some(apps);
+    }
+    let api = api.context("no App API")?;
+    ensure!(images::head_digest(m, &gone_repo, &gone_digest).await?.is_some());
+
+    // The App goes; 2 s later (and the deletion's settling time) so does its copy.
+    let deleted = api.get("gone").await?;
+    api.delete("gone", &Default::default()).await?;
+    wait::deleted(&api, "gone", &deleted.metadata.uid.context("no uid")?).await?;
+    let gone_key = CacheKey::tag(
+        &Reference::parse(&format!("{up}/apps/gone:1.0"))?,
+        Scope::Anonymous,
+    );
+    let system = webhook.system_namespace.clone();
+    let (c, ns_, key, repo, digest) = (
+        &client,
+        system.as_str(),
+        &gone_key,
+        gone_repo.as_str(),
+        gone_digest.as_str(),
+    );
+    poll_until(
+        "the unreferenced copy deleted",
+        Duration::from_secs(60),
+        move || async move {
+            Ok(images::head_digest(m, repo, digest).await?.is_none()
+                && entry_events(c, ns_, key)
+                    .await?
+                    .iter()
+                    .any(|r| r == "MirrorDeleted"))
+        },
+    )
+    .await?;
+    ensure!(
+        images::head_digest(m, &keep_repo, &keep_digest).await? == Some(keep_digest.clone()),
+        "the copy the other App references was deleted too"
+    );
+    let reasons = entry_events(&client, &system, &gone_key).await?;
+    ensure!(
+        reasons.iter().any(|r| r == "MirrorCopied"),
+        "Events on the entry: {reasons:?}"
+    );
+
+    // The entry records the deletion instead of the copy.
+    let entry = cluster_store::api(client.clone(), &system)
+        .get(&cluster_store::object_name(&gone_key))
+        .await?;
+    ensure!(
+        entry.data["spec"]["mirrorDeleted"] == json!(gone_copy)
+            && entry.data["spec"]["mirrorDeletedAt"].is_string()
+            && entry.data["spec"].get("mirror").is_none(),
+        "entry spec: {}",
+        entry.data["spec"]
+    );
+
+    // Once the webhook's cache has it, the tag is admitted upstream, never to the deleted copy;
+    // the controller copies it again and moves the App to the new copy.
+    until_webhook_record(webhook, &gone_key, |m| m.is_none())
+        .await
+        .context("the webhook's cache still names the deleted copy")?;
+    let again = app_object("again", json!({"image": {"url": format!("{up}/apps/gone:1.0")}}))?;
+    let admitted = api.create(&PostParams::default(), &again).await?;
+    ensure!(
+        url_of(Some(&admitted)) == Some(format!("{up}/apps/gone@{gone_digest}")),
+        "admitted: {:?}",
+        url_of(Some(&admitted))
+    );
+    let copy = gone_copy.clone();
+    wait::until(&api, "again", move |a: Option<&DynamicObject>| {
+        url_of(a).as_deref() == Some(copy.as_str())
+    })
+    .await?;
+    ensure!(
+        images::head_digest(m, &gone_repo, &gone_digest).await? == Some(gone_digest.clone()),
+        "re-pinned to a copy the mirror does not have"
     );
     Ok(())
 }

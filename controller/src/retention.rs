@@ -1,0 +1,284 @@
+//! Retention: a mirror copy that no object references (`crate::references`) for the grace
+//! period (`--mirror-retention-seconds`) is deleted from the mirror, never while referenced.
+//!
+//! - **What is known**: the copies recorded on cache entries (`spec.mirror`). A copy recorded
+//!   nowhere any more (its tag moved and the new digest was copied) is not seen and stays.
+//! - **The clock** of a copy starts when this leader first sees it unreferenced and stops when
+//!   it is referenced again; a restart or a new leader starts it anew (a deletion only ever
+//!   comes later than the grace, never earlier).
+//! - **Deleting** ([`delete`]): the entries' records are replaced by `spec.mirrorDeleted` first,
+//!   so the webhook replicas (through their watch) and this controller stop pinning to the
+//!   copy; after [`SETTLE`] the objects are listed afresh from the API server, and only if none
+//!   references the copy is its manifest deleted (`DELETE /v2/<repository>/manifests/<digest>`);
+//!   otherwise, or when the mirror refuses, the records are restored.
+//! - **The window that remains**: an admission a webhook replica answered from a cache that had
+//!   not seen the deletion yet, whose object reaches the API server after that fresh list, is
+//!   pinned to a copy that is then deleted. The copy is then referenced again, so the mirror
+//!   copier copies it again (from upstream, while an entry answers with that digest); until it
+//!   has, kapp-controller's fetches of that object fail.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    time::{Duration, SystemTime},
+};
+
+use holdfast_registry::{
+    Reference,
+    cache::{CacheKey, DigestCache, MirrorDeletion, Mirrored},
+    mirror::{Copier, DeleteError, Deletion, MirrorLocation},
+};
+
+use crate::references::References;
+
+/// Between recording a deletion on the entries and checking the objects again: long enough for
+/// the webhook replicas' watches to deliver it and for an admission already answered (within
+/// the webhook's deadline, 3 s by default) to reach the API server.
+pub const SETTLE: Duration = Duration::from_secs(5);
+
+/// A copy to delete, with the keys of the entries that record it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expired {
+    pub location: String,
+    pub keys: Vec<CacheKey>,
+}
+
+/// The retention's memory: since when each recorded copy has been unreferenced.
+#[derive(Debug, Default)]
+pub struct Retention {
+    unreferenced_since: HashMap<String, SystemTime>,
+}
+
+impl Retention {
+    /// The copies of `mirror` among `records` that nothing in `referenced` names and that have
+    /// been unreferenced for `grace` at `now`. Records of another mirror (the configuration
+    /// changed) are never deleted: that registry is not this controller's any more.
+    pub fn expired(
+        &mut self,
+        records: &[(CacheKey, Mirrored)],
+        mirror: &MirrorLocation,
+        referenced: &HashSet<String>,
+        now: SystemTime,
+        grace: Duration,
+    ) -> Vec<Expired> {
+        let mut candidates: BTreeMap<&str, Vec<CacheKey>> = BTreeMap::new();
+        for (key, record) in records {
+            let ours = Reference::parse(&record.location)
+                .is_ok_and(|location| location.digest().is_some() && mirror.contains(&location));
+            if ours && !referenced.contains(&record.location) {
+                candidates
+                    .entry(record.location.as_str())
+                    .or_default()
+                    .push(key.clone());
+            }
+        }
+        self.unreferenced_since
+            .retain(|location, _| candidates.contains_key(location.as_str()));
+        candidates
+            .into_iter()
+            .filter_map(|(location, mut keys)| {
+                let since = *self.unreferenced_since.entry(location.to_owned()).or_insert(now);
+                if now.duration_since(since).unwrap_or_default() < grace {
+                    return None;
+                }
+                keys.sort();
+                Some(Expired {
+                    location: location.to_owned(),
+                    keys,
+                })
+            })
+            .collect()
+    }
+
+    /// When the next unreferenced copy's grace ends.
+    pub fn next_due(&self, grace: Duration) -> Option<SystemTime> {
+        self.unreferenced_since.values().min().map(|since| *since + grace)
+    }
+
+    /// Forgets `location` (deleted, or found referenced after all).
+    pub fn forget(&mut self, location: &str) {
+        self.unreferenced_since.remove(location);
+    }
+}
+
+/// What [`delete`] did.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Deleted from the mirror (or it was already gone).
+    Deleted(Deletion),
+    /// Referenced again by the time of the check: kept, records restored.
+    Referenced,
+    /// The check or the deletion failed: kept, records restored.
+    Failed(DeleteFailure),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeleteFailure {
+    #[error("listing the pinned objects before deleting: {0}")]
+    List(#[from] kube::Error),
+    #[error(transparent)]
+    Mirror(#[from] DeleteError),
+}
+
+/// Deletes `expired` from the mirror as the module docs describe.
+pub async fn delete(
+    expired: &Expired,
+    cache: &DigestCache,
+    references: &References,
+    mirror: &MirrorLocation,
+    copier: &Copier,
+) -> Outcome {
+    let deletion = MirrorDeletion {
+        location: expired.location.clone(),
+        at: SystemTime::now(),
+    };
+    for key in &expired.keys {
+        cache.record_mirror_deleted(key, deletion.clone());
+    }
+    tokio::time::sleep(SETTLE).await;
+    let outcome = match references.listed(mirror).await {
+        Ok(referenced) if referenced.contains(&expired.location) => Outcome::Referenced,
+        Ok(_) => match Reference::parse(&expired.location) {
+            Ok(location) => match copier.delete(&location).await {
+                Ok(done) => Outcome::Deleted(done),
+                Err(error) => Outcome::Failed(error.into()),
+            },
+            Err(_) => Outcome::Failed(DeleteError::NotInMirror(expired.location.clone()).into()),
+        },
+        Err(error) => Outcome::Failed(error.into()),
+    };
+    if !matches!(outcome, Outcome::Deleted(_)) {
+        // The copy is still there: record it again (a later record wins over the deletion).
+        for key in &expired.keys {
+            cache.record_mirrored(
+                key,
+                Mirrored {
+                    location: expired.location.clone(),
+                    at: SystemTime::now(),
+                },
+            );
+        }
+    }
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use holdfast_registry::cache::Scope;
+
+    use super::*;
+
+    const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    const D2: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
+    const GRACE: Duration = Duration::from_secs(60);
+
+    fn mirror() -> MirrorLocation {
+        MirrorLocation::new("cache.corp.com:5000", "m").unwrap()
+    }
+
+    fn record(tag: &str, location: &str) -> (CacheKey, Mirrored) {
+        let key = CacheKey::tag(
+            &Reference::parse(&format!("registry.corp.com/team/app:{tag}")).unwrap(),
+            Scope::Anonymous,
+        );
+        (
+            key,
+            Mirrored {
+                location: location.to_owned(),
+                at: SystemTime::UNIX_EPOCH,
+            },
+        )
+    }
+
+    fn copy(digest: &str) -> String {
+        format!("cache.corp.com:5000/m/registry.corp.com/team/app@{digest}")
+    }
+
+    fn locations(expired: &[Expired]) -> Vec<&str> {
+        expired.iter().map(|e| e.location.as_str()).collect()
+    }
+
+    #[test]
+    fn an_unreferenced_copy_is_due_after_the_grace_and_a_referenced_one_never() {
+        let records = [record("1.0", &copy(D1)), record("2.0", &copy(D2))];
+        let referenced: HashSet<String> = [copy(D2)].into();
+        let mut retention = Retention::default();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let decide = |r: &mut Retention, at| r.expired(&records, &mirror(), &referenced, at, GRACE);
+        assert!(decide(&mut retention, t0).is_empty(), "the clock starts now");
+        assert_eq!(retention.next_due(GRACE), Some(t0 + GRACE));
+        assert!(decide(&mut retention, t0 + GRACE - Duration::from_secs(1)).is_empty());
+        let due = decide(&mut retention, t0 + GRACE);
+        assert_eq!(locations(&due), [copy(D1)]);
+        assert_eq!(due[0].keys, [records[0].0.clone()]);
+        // Long after: the referenced copy is still never due.
+        assert_eq!(locations(&decide(&mut retention, t0 + 100 * GRACE)), [copy(D1)]);
+    }
+
+    #[test]
+    fn a_reference_in_between_restarts_the_clock() {
+        let records = [record("1.0", &copy(D1))];
+        let none = HashSet::new();
+        let some: HashSet<String> = [copy(D1)].into();
+        let mut retention = Retention::default();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert!(
+            retention
+                .expired(&records, &mirror(), &none, t0, GRACE)
+                .is_empty()
+        );
+        let t1 = t0 + GRACE / 2;
+        assert!(
+            retention
+                .expired(&records, &mirror(), &some, t1, GRACE)
+                .is_empty()
+        );
+        assert_eq!(retention.next_due(GRACE), None, "referenced: no clock");
+        let t2 = t0 + GRACE;
+        assert!(
+            retention
+                .expired(&records, &mirror(), &none, t2, GRACE)
+                .is_empty(),
+            "unreferenced again only since t2"
+        );
+        assert_eq!(
+            retention
+                .expired(&records, &mirror(), &none, t2 + GRACE, GRACE)
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn one_deletion_per_copy_with_every_key_that_records_it() {
+        let records = [
+            record("1.0", &copy(D1)),
+            record("latest", &copy(D1)),
+            // Another mirror's copy (the configuration changed): never deleted here.
+            record(
+                "old",
+                &format!("old-cache.corp.com/m/registry.corp.com/team/app@{D2}"),
+            ),
+        ];
+        let mut retention = Retention::default();
+        let t0 = SystemTime::UNIX_EPOCH;
+        retention.expired(&records, &mirror(), &HashSet::new(), t0, Duration::ZERO);
+        let due = retention.expired(&records, &mirror(), &HashSet::new(), t0, Duration::ZERO);
+        assert_eq!(locations(&due), [copy(D1)]);
+        let mut keys = vec![records[0].0.clone(), records[1].0.clone()];
+        keys.sort();
+        assert_eq!(due[0].keys, keys);
+    }
+
+    #[test]
+    fn forgotten_and_vanished_records_lose_their_clock() {
+        let records = [record("1.0", &copy(D1))];
+        let mut retention = Retention::default();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        retention.expired(&records, &mirror(), &HashSet::new(), t0, GRACE);
+        retention.forget(&copy(D1));
+        assert_eq!(retention.next_due(GRACE), None);
+        retention.expired(&records, &mirror(), &HashSet::new(), t0, GRACE);
+        retention.expired(&[], &mirror(), &HashSet::new(), t0, GRACE);
+        assert_eq!(retention.next_due(GRACE), None, "no record: nothing to time");
+    }
+}
