@@ -20,7 +20,7 @@
 
 use std::{
     collections::HashSet,
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -30,9 +30,10 @@ use holdfast_e2e::{
     Env, e2e_main,
     emulators::{
         Scope,
-        korifi::KorifiCounts,
+        korifi::{self, KorifiCounts},
         kpack::{self, Created, KpackCounts, KpackVersion},
         resources,
+        runtime::{Change, Informer},
         scenario::{FastDeletion, Peers, until, until_gone},
     },
 };
@@ -42,9 +43,11 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 // Serial: holdfast's fast finalizer acts cluster-wide and would shorten the other scenarios.
 e2e_main!(serial:
+    korifi_holds_every_build_from_its_creation,
     v016_rebuilds_while_apps_are_deleted,
     v017_filters_its_own_events_but_still_rebuilds,
     org_deletion_completes_and_removes_namespaces,
@@ -105,14 +108,7 @@ async fn next_build_pod(
 
 /// Prints what is left in `namespace` (diagnostics for a deletion that did not complete).
 async fn dump(client: &Client, namespace: &str) {
-    for resource in [
-        resources::cf_app(),
-        resources::cf_build(),
-        resources::build_workload(),
-        resources::image(),
-        resources::build(),
-        resources::pod(),
-    ] {
+    for resource in resources::app_chain() {
         let list = match api(client, &resource, namespace).list(&Default::default()).await {
             Ok(list) => list,
             Err(e) => {
@@ -224,6 +220,47 @@ impl Figures {
         );
         Ok(())
     }
+}
+
+/// Korifi's finalizer webhook runs inside kpack's create request (ref §1.2): every Build kpack
+/// creates for a Korifi app is stored with `korifi.cloudfoundry.org/kpackBuild` from its first
+/// version, so whoever deletes it, it is held until Korifi lets it go.
+async fn korifi_holds_every_build_from_its_creation(env: Arc<Env>) -> Result<()> {
+    let peers = Peers::start(&env, KpackVersion::V0_16, SPACE_TIMEOUT).await?;
+    let created = Arc::new(Mutex::new(Vec::new()));
+    let builds = Informer::new(&peers.client, &resources::build());
+    let sink = created.clone();
+    builds.on_change(move |change| {
+        if let Change::Added(build) = change {
+            sink.lock().unwrap().push(build.clone());
+        }
+    });
+    let cancel = CancellationToken::new();
+    let watch = tokio::spawn(builds.clone().run(cancel.clone()));
+    builds.synced().await;
+    let (_, space, apps) = peers.org_with_apps(APPS).await?;
+    cancel.cancel();
+    watch.await?;
+    let first_versions: Vec<_> = created
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|b| b.namespace().as_deref() == Some(space.as_str()))
+        .map(|b| (b.name_any(), b.finalizers().to_vec()))
+        .collect();
+    eprintln!("emulators: Builds as created: {first_versions:?}");
+    ensure!(
+        first_versions.len() >= apps.len(),
+        "fewer Builds than apps seen created: {first_versions:?}"
+    );
+    ensure!(
+        first_versions
+            .iter()
+            .all(|(_, finalizers)| finalizers.iter().any(|f| f == korifi::KPACK_BUILD_FINALIZER)),
+        "a Build was created without Korifi's finalizer: {first_versions:?}"
+    );
+    peers.stop().await;
+    Ok(())
 }
 
 /// `APPS` staged apps in one space, deleted in the foreground one by one as Korifi's API

@@ -36,10 +36,11 @@
 //!   remove the finalizer. Watches: its BuildWorkloads, Images (→ every owning BuildWorkload),
 //!   Builds (→ BuildWorkloads with the Build's app and image generation).
 //! - **kpack Build finalizer** (ref §1.2): `korifi.cloudfoundry.org/kpackBuild` on Builds with
-//!   the `build-workload-name` label; Korifi adds it in a CREATE webhook, the emulator when it
-//!   first sees the Build (so a Build deleted before that is never held); removed on deletion
-//!   (the registry clean-up it would do for a `status.latestImage` is not emulated — builds never
-//!   produce one here).
+//!   the `build-workload-name` label, added by Korifi's CREATE webhook
+//!   ([`kpack_build_finalizer_webhook`], which the emulated kpack applies to the Builds it
+//!   creates, so every such Build is held from its first version); the `KpackBuildController`
+//!   removes it on deletion (the registry clean-up it would do for a `status.latestImage` is not
+//!   emulated — builds never produce one here).
 //! - **The API** ([`KorifiEmulator::create_app_chain`] and friends, ref §1.4): CFOrg in the root
 //!   namespace, CFSpace in the org namespace, CFApp + CFBuild in the space namespace, each with
 //!   the finalizer Korifi's webhook adds; org deletion is a plain delete, app deletion a
@@ -157,6 +158,19 @@ struct Stats {
     bw_build_deletions: AtomicU64,
     bw_requeues: AtomicU64,
     namespace_conflicts: AtomicU64,
+}
+
+/// Korifi's kpack-image-builder finalizer webhook on kpack Build CREATE (ref §1.2,
+/// `finalizer_webhook.go`): adds `korifi.cloudfoundry.org/kpackBuild` to a Build that carries the
+/// `build-workload-name` label (kpack copies it from the Image).
+pub fn kpack_build_finalizer_webhook(build: &mut DynamicObject) {
+    if label(build, BUILD_WORKLOAD_LABEL).is_some() && !has_finalizer(build, KPACK_BUILD_FINALIZER) {
+        build
+            .metadata
+            .finalizers
+            .get_or_insert_with(Vec::new)
+            .push(KPACK_BUILD_FINALIZER.to_string());
+    }
 }
 
 /// A CF org with one space, one app and one build, as created through [`KorifiEmulator::create_app_chain`].
@@ -1000,13 +1014,11 @@ impl Korifi {
         if label(&build, BUILD_WORKLOAD_LABEL).is_none() {
             return Ok(Action::Done);
         }
-        let api = self.api(&resources::build(), &key.namespace);
         if is_terminating(&build) {
             // With a status.latestImage Korifi would delete the droplet from the registry here,
             // logging (not returning) errors; emulated builds never produce one.
+            let api = self.api(&resources::build(), &key.namespace);
             remove_finalizer(&api, &build, KPACK_BUILD_FINALIZER).await?;
-        } else {
-            add_finalizer(&api, &build, KPACK_BUILD_FINALIZER).await?;
         }
         Ok(Action::Done)
     }
@@ -1015,6 +1027,27 @@ impl Korifi {
 #[cfg(test)]
 mod tests {
     use super::sanitized_label_value;
+
+    #[test]
+    fn the_finalizer_webhook_holds_only_korifi_builds() {
+        let build = |labels: serde_json::Value| -> kube::api::DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "kpack.io/v1alpha2", "kind": "Build",
+                "metadata": {"name": "b", "labels": labels, "finalizers": ["other"]},
+            }))
+            .unwrap()
+        };
+        let mut korifi = build(serde_json::json!({super::BUILD_WORKLOAD_LABEL: "bw"}));
+        super::kpack_build_finalizer_webhook(&mut korifi);
+        super::kpack_build_finalizer_webhook(&mut korifi);
+        assert_eq!(
+            korifi.metadata.finalizers.unwrap(),
+            ["other", super::KPACK_BUILD_FINALIZER]
+        );
+        let mut plain = build(serde_json::json!({}));
+        super::kpack_build_finalizer_webhook(&mut plain);
+        assert_eq!(plain.metadata.finalizers.unwrap(), ["other"]);
+    }
 
     #[test]
     fn display_names_become_valid_label_values() {

@@ -27,7 +27,9 @@
 //!   terminating) is counted and returned, so the key is retried with client-go's default
 //!   controller backoff, as knative does; a 422 Invalid pod is kpack's permanent error (the Build
 //!   is marked failed, no retry).
-//! - kpack sets no finalizers of its own (ref §2.4).
+//! - kpack sets no finalizers of its own (ref §2.4). Other parties' mutating webhooks on Build
+//!   CREATE ([`BuildWebhook`], e.g. Korifi's finalizer webhook, ref §1.2) run inside kpack's
+//!   create request, so their effect is stored with the Build from its first version.
 //!
 //! Not emulated (simplifications): SourceResolvers, the cache PVC, builders (every builder is
 //! taken as ready, so `isBuildRequired` is never Unknown), registries, history limits
@@ -72,6 +74,11 @@ const BUILDER_KIND_ANNOTATION: &str = "image.kpack.io/builderKind";
 /// knative.dev/pkg/controller's default number of workers per controller.
 const WORKERS: usize = 2;
 const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Another party's mutating admission webhook on kpack Build CREATE (Korifi's finalizer webhook,
+/// ref §1.2): the API server applies it within kpack's create request, so the emulated kpack
+/// applies it to each Build before sending it.
+pub type BuildWebhook = fn(&mut DynamicObject);
 
 /// Which kpack release's event handling to emulate (ref §2.4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,16 +213,19 @@ struct Kpack {
     images: Arc<Informer>,
     builds: Arc<Informer>,
     pods: Arc<Informer>,
+    build_webhooks: Vec<BuildWebhook>,
     stats: Arc<Stats>,
 }
 
 impl KpackEmulator {
-    /// Starts kpack's image and build reconcilers for the namespaces in `scope`; returns once
-    /// their caches are synced. Stops when `cancel` (or the emulator's own stop) fires.
+    /// Starts kpack's image and build reconcilers for the namespaces in `scope`, with the cluster's
+    /// `build_webhooks`; returns once their caches are synced. Stops when `cancel` (or the
+    /// emulator's own stop) fires.
     pub async fn start(
         client: Client,
         version: KpackVersion,
         scope: Scope,
+        build_webhooks: &[BuildWebhook],
         cancel: &CancellationToken,
     ) -> Result<Self> {
         let mut tasks = Tasks::new(cancel);
@@ -245,6 +255,7 @@ impl KpackEmulator {
             images: images.clone(),
             builds: builds.clone(),
             pods: pods.clone(),
+            build_webhooks: build_webhooks.to_vec(),
             stats: stats.clone(),
         });
         let scope = ScopeFilter::new(&client, scope, namespaces);
@@ -613,7 +624,10 @@ impl Kpack {
         }
 
         let number = last.as_deref().map_or(0, build_number) + 1;
-        let build = new_build(&image, number, &reasons)?;
+        let mut build = new_build(&image, number, &reasons)?;
+        for webhook in &self.build_webhooks {
+            webhook(&mut build);
+        }
         let name = build.metadata.name.clone().unwrap_or_default();
         let api = namespaced(&self.client, &resources::build(), &key.namespace);
         let sent = Instant::now();

@@ -116,6 +116,11 @@ pub mod resources {
             "buildworkloads",
         )
     }
+    /// What a Korifi app is made of, top down: CFApp, CFBuild, BuildWorkload, kpack Image,
+    /// Build, build pod.
+    pub fn app_chain() -> [ApiResource; 6] {
+        [cf_app(), cf_build(), build_workload(), image(), build(), pod()]
+    }
 }
 
 /// The tasks of a started emulator; dropping it cancels them.

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Scope,
     korifi::{self, KorifiConfig, KorifiEmulator},
-    kpack::{KpackEmulator, KpackVersion},
+    kpack::{self, KpackEmulator, KpackVersion},
     resources,
 };
 use crate::{
@@ -86,7 +86,8 @@ impl Peers {
         let mut config = KorifiConfig::new(scope.clone());
         config.space_app_deletion_timeout = space_timeout;
         let korifi = KorifiEmulator::start(client.clone(), config, &cancel).await?;
-        let kpack = KpackEmulator::start(client.clone(), version, scope, &cancel).await?;
+        let webhooks = [korifi::kpack_build_finalizer_webhook as kpack::BuildWebhook];
+        let kpack = KpackEmulator::start(client.clone(), version, scope, &webhooks, &cancel).await?;
         Ok(Self {
             client,
             root,
