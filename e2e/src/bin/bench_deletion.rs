@@ -10,9 +10,14 @@
 //! Cells run one after another: the fast finalizer acts cluster-wide. The last line is
 //! `speedup_n10_v016=<without/with seconds at N=10, v0.16> created_after_delete_with=<builds+pods
 //! created after the delete, summed over every with-holdfast cell>`.
+//!
+//! `BENCH_DELETION_TIMELINE=1` also prints, per cell, when each kind of object in the org was
+//! first seen terminating and when it went, and what the namespace controller reported left in
+//! each namespace (its status conditions) — where the deletion time goes.
 
 use std::{
-    sync::Arc,
+    collections::BTreeMap,
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -23,10 +28,13 @@ use holdfast_e2e::{
         Scope,
         kpack::{Created, KpackVersion},
         resources,
+        runtime::{Change, Informer},
         scenario::{FastDeletion, Peers, until_gone},
     },
 };
-use kube::Api;
+use kube::{Api, Client, api::DynamicObject};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 
 /// Korifi's default `spaceFinalizerAppDeletionTimeout` (ref §3).
 const SPACE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -44,6 +52,166 @@ struct Cell {
     /// What was created after the delete: name, seconds after it, whether kpack saw the owner
     /// terminating.
     created_after: Vec<String>,
+    /// With `BENCH_DELETION_TIMELINE`: the deletion's timeline, printed.
+    timeline: Option<String>,
+}
+
+/// What a [`Timeline`] saw happen to one object.
+enum What {
+    Terminating,
+    Gone,
+    /// A namespace's status conditions changed: what the namespace controller found left.
+    Conditions(String),
+}
+
+struct Mark {
+    at: Instant,
+    kind: String,
+    name: String,
+    what: What,
+}
+
+/// Watches every object of one org (the CFOrg, its namespaces and what is in them) and marks
+/// when each was first seen terminating and when it went: the evidence of where a deletion's
+/// time goes.
+struct Timeline {
+    marks: Arc<Mutex<Vec<Mark>>>,
+    cancel: CancellationToken,
+    tasks: JoinSet<()>,
+}
+
+/// The True conditions of a namespace, as `type: message`.
+fn namespace_conditions(namespace: &DynamicObject) -> String {
+    namespace.data["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["status"] == "True")
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c["type"].as_str().unwrap_or_default(),
+                c["message"].as_str().unwrap_or_default()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl Timeline {
+    /// Starts watching; returns once every watch has listed what exists.
+    async fn start(client: &Client, root: &str, org: &str, space: &str) -> Result<Self> {
+        let marks = Arc::new(Mutex::new(Vec::new()));
+        let cancel = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        let namespaces: Arc<[String]> = Arc::from([org.to_string(), space.to_string()]);
+        let org_and_spaces = [resources::cf_org(), resources::namespace(), resources::cf_space()];
+        for resource in org_and_spaces.into_iter().chain(resources::app_chain()) {
+            let informer = Informer::new(client, &resource);
+            let (marks, namespaces, kind) = (marks.clone(), namespaces.clone(), resource.kind.clone());
+            let (root, org) = (root.to_string(), org.to_string());
+            informer.on_change(move |change| {
+                let (old, object) = match change {
+                    Change::Added(o) => (None, o),
+                    Change::Updated { old, new } => (Some(old), new),
+                    Change::Deleted(o) => (None, o),
+                };
+                let name = object.metadata.name.clone().unwrap_or_default();
+                let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
+                let ours = match kind.as_str() {
+                    "Namespace" => namespaces.contains(&name),
+                    "CFOrg" => namespace == root && name == org,
+                    _ => namespaces.iter().any(|n| n == namespace),
+                };
+                if !ours {
+                    return;
+                }
+                let terminating = |o: &DynamicObject| o.metadata.deletion_timestamp.is_some();
+                let mut what = Vec::new();
+                if matches!(change, Change::Deleted(_)) {
+                    what.push(What::Gone);
+                } else {
+                    if terminating(object) && !old.is_some_and(|o| terminating(o)) {
+                        what.push(What::Terminating);
+                    }
+                    let conditions = namespace_conditions(object);
+                    if kind == "Namespace"
+                        && !conditions.is_empty()
+                        && old.is_none_or(|o| namespace_conditions(o) != conditions)
+                    {
+                        what.push(What::Conditions(conditions));
+                    }
+                }
+                let at = Instant::now();
+                let mut marks = marks.lock().unwrap_or_else(PoisonError::into_inner);
+                for what in what {
+                    marks.push(Mark {
+                        at,
+                        kind: kind.clone(),
+                        name: name.clone(),
+                        what,
+                    });
+                }
+            });
+            tasks.spawn(informer.clone().run(cancel.clone()));
+            tokio::time::timeout(Duration::from_secs(60), informer.synced())
+                .await
+                .context("timeline watch did not sync")?;
+        }
+        Ok(Self { marks, cancel, tasks })
+    }
+
+    /// Stops watching; per kind, how many objects were seen terminating and going, the first and
+    /// last of each (seconds after `started`), and every namespace condition change in order.
+    async fn finish(mut self, started: Instant) -> String {
+        self.cancel.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        let marks = std::mem::take(&mut *self.marks.lock().unwrap_or_else(PoisonError::into_inner));
+        let secs = |at: Instant| {
+            if at >= started {
+                at.duration_since(started).as_secs_f64()
+            } else {
+                -started.duration_since(at).as_secs_f64()
+            }
+        };
+        // kind -> (terminating times, gone times)
+        let mut kinds: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        let mut lines = Vec::new();
+        for mark in &marks {
+            let entry = kinds.entry(&mark.kind).or_default();
+            match &mark.what {
+                What::Terminating => entry.0.push(secs(mark.at)),
+                What::Gone => entry.1.push(secs(mark.at)),
+                What::Conditions(text) => {
+                    lines.push(format!(
+                        "  {:>7.2}s  namespace {}: {text}",
+                        secs(mark.at),
+                        mark.name
+                    ));
+                }
+            }
+        }
+        let span = |times: &[f64]| match (
+            times.iter().copied().reduce(f64::min),
+            times.iter().copied().reduce(f64::max),
+        ) {
+            (Some(first), Some(last)) => format!("{:>3} {first:>6.2}–{last:<6.2}", times.len()),
+            _ => format!("{:>3} {:>13}", 0, "-"),
+        };
+        let mut out = vec![format!(
+            "  {:<14} {:>24} {:>24}",
+            "kind", "terminating: n first–last", "gone: n first–last"
+        )];
+        for (kind, (terminating, gone)) in &kinds {
+            out.push(format!(
+                "  {kind:<14} {:>24} {:>24}",
+                span(terminating),
+                span(gone)
+            ));
+        }
+        out.extend(lines);
+        out.join("\n")
+    }
 }
 
 impl Cell {
@@ -85,6 +253,11 @@ async fn deletion(env: &Env, apps: usize, version: KpackVersion, scope: Scope) -
     let (org, space, names) = peers.org_with_apps(apps).await?;
     let staging = staged.elapsed();
 
+    let timeline = if std::env::var_os("BENCH_DELETION_TIMELINE").is_some() {
+        Some(Timeline::start(&peers.client, &peers.root, &org, &space).await?)
+    } else {
+        None
+    };
     let started = Instant::now();
     peers.korifi.delete_org(&peers.root, &org).await?;
     let orgs = Api::namespaced_with(peers.client.clone(), &peers.root, &resources::cf_org());
@@ -94,6 +267,10 @@ async fn deletion(env: &Env, apps: usize, version: KpackVersion, scope: Scope) -
         until_gone(&namespaces, ns, DELETION_LIMIT).await?;
     }
     let deletion = started.elapsed();
+    let timeline = match timeline {
+        Some(timeline) => Some(timeline.finish(started).await),
+        None => None,
+    };
 
     let after: Vec<_> = peers
         .kpack
@@ -124,6 +301,7 @@ async fn deletion(env: &Env, apps: usize, version: KpackVersion, scope: Scope) -
                 )
             })
             .collect(),
+        timeline,
     };
     peers.stop().await;
     Ok(cell)
@@ -182,6 +360,9 @@ async fn main() -> Result<()> {
                             cell.pods,
                             began.elapsed().as_secs_f64()
                         );
+                        if let Some(timeline) = &cell.timeline {
+                            eprintln!("bench-deletion:   timeline (s after the CFOrg delete):\n{timeline}");
+                        }
                         if holdfast && !cell.created_after.is_empty() {
                             eprintln!(
                                 "bench-deletion:   created with holdfast: {}",
