@@ -18,10 +18,12 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
-use holdfast_webhook::rules::{
-    Family, MUTATE_PATH, Rule, VALIDATE_PATH, pin_fetch_refs, policy, stamp_owners, terminating_guard,
+use holdfast_webhook::{
+    review::Request,
+    rules::{
+        Family, MUTATE_PATH, Rule, VALIDATE_PATH, pin_fetch_refs, policy, stamp_owners, terminating_guard,
+    },
 };
-use kube::core::{DynamicObject, admission::AdmissionRequest};
 use serde::Deserialize;
 use serde_json::json;
 use serde_yaml::Value;
@@ -563,13 +565,16 @@ fn route(
     } else {
         format!("{group}/{version}")
     };
-    let request: AdmissionRequest<DynamicObject> = serde_json::from_value(json!({
+    let request: Request = serde_json::from_str(
+        &json!({
         "uid": "u", "kind": {"group": group, "version": version, "kind": "X"},
         "resource": {"group": group, "version": version, "resource": resource},
         "name": "n", "namespace": "ns", "operation": operation, "userInfo": {},
         "object": {"apiVersion": api_version, "kind": "X", "metadata": {"name": "n", "namespace": "ns"}},
         "oldObject": null, "dryRun": false,
-    }))?;
+        })
+        .to_string(),
+    )?;
     Ok(Rule::route(family, &request).map(Rule::name))
 }
 

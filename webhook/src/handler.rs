@@ -14,16 +14,13 @@ use axum::{
     routing::post,
 };
 use bytes::Bytes;
-use kube::core::{
-    DynamicObject,
-    admission::{AdmissionRequest, Operation},
-};
+use kube::core::admission::Operation;
 use serde_json::json;
 
 use crate::{
     decision::{Outcome, Verdict},
     metrics::Metrics,
-    review,
+    review::{self, Request},
     rules::{Family, MUTATE_PATH, Rule, RuleContext, VALIDATE_PATH},
 };
 
@@ -110,11 +107,11 @@ async fn admit(family: Family, state: &AdmissionState, content_type: ContentType
         .metrics
         .observe(rule, operation, outcome, elapsed.as_secs_f64());
     tracing::info!(
-        uid = %request.uid,
-        kind = %request.kind.kind,
+        uid = request.uid.as_str(),
+        kind = request.kind.kind.as_str(),
         namespace = request.namespace.as_deref().unwrap_or(""),
-        name = %request.name,
-        operation = %operation,
+        name = request.name.as_str(),
+        operation,
         rule,
         decision = outcome.as_str(),
         warnings = verdict.warnings.len(),
@@ -135,7 +132,7 @@ async fn admit(family: Family, state: &AdmissionState, content_type: ContentType
 
 /// Runs a rule within the deadline. Past it, holdfast admits unchanged: the webhook must never
 /// be what blocks the cluster, and the controller catches up on what it let through.
-async fn decide(rule: Rule, request: &AdmissionRequest<DynamicObject>, state: &AdmissionState) -> Verdict {
+async fn decide(rule: Rule, request: &Request, state: &AdmissionState) -> Verdict {
     let evaluation = rule.evaluate(request, &state.context);
     match tokio::time::timeout(state.deadline, evaluation).await {
         Ok(verdict) => verdict,
@@ -152,7 +149,7 @@ async fn decide(rule: Rule, request: &AdmissionRequest<DynamicObject>, state: &A
 
 /// A request for a kind holdfast has no rule for means the webhook configuration is broader than
 /// the code: admit, and say so where an operator will see it.
-fn unrouted(request: &AdmissionRequest<DynamicObject>) -> Verdict {
+fn unrouted(request: &Request) -> Verdict {
     let r = &request.resource;
     tracing::warn!(group = %r.group, resource = %r.resource, subresource = ?request.sub_resource, "no rule for this resource; check the webhook configuration's rules");
     Verdict::allow().with_warning(format!(

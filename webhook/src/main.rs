@@ -18,6 +18,7 @@ use holdfast_registry::{
 use holdfast_webhook::{
     cli::{Args, LogFormat},
     cluster::Cluster,
+    logs,
     rules::{RuleContext, policy::Policy},
     server::{self, Settings},
 };
@@ -133,13 +134,10 @@ async fn certificate(
 
 fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    // Colour only for a terminal: in a pod, escape codes would end up in the collected logs (and
-    // styling every field name costs more than formatting it).
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()));
-    match format {
-        LogFormat::Plain => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    // Colour only for a terminal: in a pod, escape codes would end up in the collected logs.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let subscriber = logs::subscriber(format, filter, ansi, std::io::stdout);
+    if tracing::subscriber::set_global_default(subscriber).is_err() {
+        eprintln!("a tracing subscriber was already installed; keeping it");
     }
 }

@@ -1,12 +1,16 @@
 //! Decoding AdmissionReviews and encoding the answers: the only place that knows the wire format.
 
+use std::collections::BTreeMap;
+
 use bytes::Bytes;
 use json_patch::Patch;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::core::{
-    DynamicObject,
-    admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND},
+    DynamicObject, GroupVersionKind, GroupVersionResource, Status,
+    admission::{AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND, Operation},
 };
-use serde::Serialize;
+use serde::{Deserialize, Deserializer, Serialize, de::DeserializeOwned, de::IgnoredAny};
+use serde_json::value::RawValue;
 
 use crate::decision::{Decision, Verdict};
 
@@ -24,54 +28,153 @@ pub enum ReviewError {
     MissingUid,
 }
 
+/// A request's object (or oldObject) that is valid JSON but not the shape a rule reads.
+#[derive(Debug, thiserror::Error)]
+#[error("AdmissionReview request.{field} cannot be read: {source}")]
+pub struct ObjectError {
+    field: &'static str,
+    #[source]
+    source: serde_json::Error,
+}
+
+/// What holdfast reads of an `admission.k8s.io/v1` AdmissionRequest: the envelope decoded, the
+/// objects kept as raw JSON until a rule decodes the part it reads. Most of a review is its
+/// objects, and the rules read little of them (stamp-owners and the guard only the metadata);
+/// `userInfo`, `options` and the `request*` fields are never read, so never decoded.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Request {
+    pub uid: String,
+    pub kind: GroupVersionKind,
+    pub resource: GroupVersionResource,
+    #[serde(default)]
+    pub sub_resource: Option<String>,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
+    pub operation: Operation,
+    #[serde(default)]
+    pub dry_run: bool,
+    #[serde(default)]
+    object: Option<Box<RawValue>>,
+    #[serde(default)]
+    old_object: Option<Box<RawValue>>,
+}
+
+impl Request {
+    /// The object as `T`: [`Object`] for its metadata (and spec), `serde_json::Value` for all of it.
+    pub fn object<T: DeserializeOwned>(&self) -> Result<Option<T>, ObjectError> {
+        read(self.object.as_deref(), "object")
+    }
+
+    /// The object before an UPDATE or DELETE, as `T`.
+    pub fn old_object<T: DeserializeOwned>(&self) -> Result<Option<T>, ObjectError> {
+        read(self.old_object.as_deref(), "oldObject")
+    }
+}
+
+fn read<T: DeserializeOwned>(raw: Option<&RawValue>, field: &'static str) -> Result<Option<T>, ObjectError> {
+    raw.map(|raw| serde_json::from_str(raw.get()))
+        .transpose()
+        .map_err(|source| ObjectError { field, source })
+}
+
+/// An object as the rules read it: its metadata and, when `S` asks for it, its spec (by default
+/// skipped unread). The metadata leaves out `managedFields`, which no rule reads and which can be
+/// most of a review's bytes.
+#[derive(Debug, Deserialize)]
+pub struct Object<S = IgnoredAny> {
+    #[serde(default, deserialize_with = "metadata")]
+    pub metadata: ObjectMeta,
+    #[serde(default = "absent")]
+    pub spec: Option<S>,
+}
+
+fn absent<S>() -> Option<S> {
+    None
+}
+
+/// The fields of `ObjectMeta` a rule may read.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Metadata {
+    name: Option<String>,
+    generate_name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    labels: Option<BTreeMap<String, String>>,
+    annotations: Option<BTreeMap<String, String>>,
+    owner_references: Option<Vec<OwnerReference>>,
+    finalizers: Option<Vec<String>>,
+    deletion_timestamp: Option<Time>,
+    generation: Option<i64>,
+}
+
+fn metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
+    let m = Metadata::deserialize(deserializer)?;
+    Ok(ObjectMeta {
+        name: m.name,
+        generate_name: m.generate_name,
+        namespace: m.namespace,
+        uid: m.uid,
+        labels: m.labels,
+        annotations: m.annotations,
+        owner_references: m.owner_references,
+        finalizers: m.finalizers,
+        deletion_timestamp: m.deletion_timestamp,
+        generation: m.generation,
+        ..ObjectMeta::default()
+    })
+}
+
+/// The envelope: `apiVersion`, `kind`, `request` (a `response` is not read).
+#[derive(Debug, Deserialize)]
+struct Review {
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    kind: String,
+    request: Option<Request>,
+}
+
 /// Parses a review body into its request.
-pub fn decode(body: &Bytes) -> Result<AdmissionRequest<DynamicObject>, ReviewError> {
+pub fn decode(body: &Bytes) -> Result<Request, ReviewError> {
     // One UTF-8 check of the whole body, then a reader that trusts it: reading bytes, serde_json
     // re-validates every string it meets, a good part of the decoding work for a review's many
     // short strings. A body that is not UTF-8 goes the byte way, for the same error as before.
-    let review: AdmissionReview<DynamicObject> = match std::str::from_utf8(body) {
+    let review: Review = match std::str::from_utf8(body) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(body),
     }
     .map_err(ReviewError::Malformed)?;
-    if review.types.api_version != META_API_VERSION_V1 {
+    if review.api_version != META_API_VERSION_V1 {
         return Err(ReviewError::WrongType {
             field: "apiVersion",
-            found: review.types.api_version,
+            found: review.api_version,
         });
     }
-    if review.types.kind != META_KIND {
+    if review.kind != META_KIND {
         return Err(ReviewError::WrongType {
             field: "kind",
-            found: review.types.kind,
+            found: review.kind,
         });
     }
-    // What `AdmissionReview::try_into` does, without moving the whole review (1.5 KiB) twice more.
-    let Some(mut request) = review.request else {
-        return Err(ReviewError::MissingRequest);
-    };
+    let request = review.request.ok_or(ReviewError::MissingRequest)?;
     if request.uid.is_empty() {
         return Err(ReviewError::MissingUid);
     }
-    request.types = review.types;
     Ok(request)
 }
 
 /// The response to `request` carrying `verdict`.
-pub fn respond(
-    request: &AdmissionRequest<DynamicObject>,
-    verdict: Verdict,
-) -> AdmissionReview<DynamicObject> {
+pub fn respond(request: &Request, verdict: Verdict) -> AdmissionReview<DynamicObject> {
     response(request, verdict).into_review()
 }
 
 /// [`respond`]'s review as the JSON body sent back, written straight from the response: the same
 /// bytes without building the review around it (which copies the type fields again, then
 /// serialises through `#[serde(flatten)]`'s map machinery).
-pub fn encode(
-    request: &AdmissionRequest<DynamicObject>,
-    verdict: Verdict,
-) -> Result<Vec<u8>, serde_json::Error> {
+pub fn encode(request: &Request, verdict: Verdict) -> Result<Vec<u8>, serde_json::Error> {
     let response = response(request, verdict);
     let mut body = Vec::with_capacity(256);
     serde_json::to_writer(
@@ -95,8 +198,13 @@ struct Envelope<'a> {
     response: &'a AdmissionResponse,
 }
 
-fn response(request: &AdmissionRequest<DynamicObject>, verdict: Verdict) -> AdmissionResponse {
-    let mut response = AdmissionResponse::from(request);
+fn response(request: &Request, verdict: Verdict) -> AdmissionResponse {
+    // `AdmissionResponse::from` wants kube's request type; this is the same allowed response
+    // (v1 type fields, the request's uid, an empty status) from its public constructor.
+    let mut response = AdmissionResponse::invalid("");
+    response.uid.clone_from(&request.uid);
+    response.allowed = true;
+    response.result = Status::default();
     response = match verdict.decision {
         Decision::Allow => response,
         Decision::Patch(ops) if ops.is_empty() => response,
@@ -228,7 +336,7 @@ mod tests {
         ];
         for raw in bodies {
             let ours = decode(&Bytes::copy_from_slice(raw)).unwrap_err().to_string();
-            let bytes_way = serde_json::from_slice::<AdmissionReview<DynamicObject>>(raw).unwrap_err();
+            let bytes_way = serde_json::from_slice::<Review>(raw).unwrap_err();
             assert_eq!(ours, ReviewError::Malformed(bytes_way).to_string());
         }
     }
@@ -256,6 +364,59 @@ mod tests {
                 serde_json::to_vec(&respond(&req, verdict)).unwrap()
             );
         }
+    }
+
+    #[test]
+    fn responses_are_the_ones_kube_builds_from_its_own_request_type() {
+        let body = body(review_json("CREATE", image()));
+        let ours = decode(&body).unwrap();
+        let review: AdmissionReview<DynamicObject> = serde_json::from_slice(&body).unwrap();
+        let theirs: kube::core::admission::AdmissionRequest<DynamicObject> = review.try_into().unwrap();
+        let allowed = AdmissionResponse::from(&theirs).into_review();
+        assert_eq!(
+            serde_json::to_value(respond(&ours, Verdict::allow())).unwrap(),
+            serde_json::to_value(allowed).unwrap()
+        );
+        let denied = AdmissionResponse::from(&theirs).deny("no").into_review();
+        assert_eq!(
+            serde_json::to_value(respond(&ours, Decision::Deny("no".into()).into())).unwrap(),
+            serde_json::to_value(denied).unwrap()
+        );
+    }
+
+    #[test]
+    fn objects_are_read_as_the_rule_asks_without_managed_fields() {
+        let object = json!({
+            "apiVersion": "kpack.io/v1alpha2", "kind": "Image",
+            "metadata": {
+                "name": "app", "labels": {"a": "b"}, "deletionTimestamp": "2026-11-30T10:00:00Z",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "u"}],
+                "managedFields": [{"manager": "kubectl", "operation": "Apply", "fieldsV1": {"f:spec": {}}}],
+            },
+            "spec": {"tag": "registry.example/app"},
+        });
+        let req = decode(&body(review_json("UPDATE", object.clone()))).unwrap();
+        let meta: Object = req.object().unwrap().unwrap();
+        assert_eq!(meta.metadata.name.as_deref(), Some("app"));
+        assert_eq!(meta.metadata.labels.unwrap()["a"], "b");
+        assert_eq!(meta.metadata.owner_references.unwrap()[0].uid, "u");
+        assert!(meta.metadata.deletion_timestamp.is_some());
+        assert!(meta.metadata.managed_fields.is_none());
+        let with_spec: Object<serde_json::Value> = req.object().unwrap().unwrap();
+        assert_eq!(with_spec.spec, Some(json!({"tag": "registry.example/app"})));
+        let whole: serde_json::Value = req.object().unwrap().unwrap();
+        assert_eq!(whole, object);
+        assert!(req.old_object::<serde_json::Value>().unwrap().is_none());
+    }
+
+    #[test]
+    fn an_object_of_the_wrong_shape_is_an_error_naming_it() {
+        let req = decode(&body(review_json("CREATE", json!({"metadata": 5})))).unwrap();
+        let err = req.object::<Object>().unwrap_err().to_string();
+        assert!(
+            err.starts_with("AdmissionReview request.object cannot be read: "),
+            "{err}"
+        );
     }
 
     #[test]

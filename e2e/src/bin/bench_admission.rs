@@ -31,7 +31,9 @@ use holdfast_registry::{
     cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope},
 };
 use holdfast_webhook::{
+    cli::LogFormat,
     cluster::StaticCluster,
+    logs,
     rules::RuleContext,
     server::{self, Settings},
 };
@@ -64,17 +66,16 @@ fn main() -> Result<()> {
     rustls::crypto::ring::default_provider()
         .install_default()
         .map_err(|_| anyhow::anyhow!("crypto provider already installed"))?;
-    // Production logs one line per admission: pay for formatting it, into a sink. Plain text as
-    // holdfast-webhook's default; `BENCH_LOG_FORMAT=json` as its `--log-format=json`.
-    // Not a terminal, so no ANSI styling, as holdfast-webhook writes it in a pod.
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("BENCH_LOG").unwrap_or_else(|_| "info".into()))
-        .with_ansi(false)
-        .with_writer(std::io::sink);
-    match std::env::var("BENCH_LOG_FORMAT").as_deref() {
-        Ok("json") => logs.json().init(),
-        _ => logs.init(),
-    }
+    // Production logs one line per admission: pay for formatting it (holdfast-webhook's own
+    // formatter), into a sink. Plain text as holdfast-webhook's default; `BENCH_LOG_FORMAT=json`
+    // as its `--log-format=json`. Not a terminal, so no ANSI styling, as in a pod.
+    let format = match std::env::var("BENCH_LOG_FORMAT").as_deref() {
+        Ok("json") => LogFormat::Json,
+        _ => LogFormat::Plain,
+    };
+    let filter =
+        tracing_subscriber::EnvFilter::new(std::env::var("BENCH_LOG").unwrap_or_else(|_| "info".into()));
+    tracing::subscriber::set_global_default(logs::subscriber(format, filter, false, std::io::sink))?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(run())
 }

@@ -9,11 +9,10 @@ pub mod terminating_guard;
 
 use std::sync::Arc;
 
-use kube::core::{DynamicObject, admission::AdmissionRequest};
-
 use holdfast_pins::{PinnedKind, Pinner};
+use serde::de::DeserializeOwned;
 
-use crate::{cluster::ClusterView, decision::Verdict};
+use crate::{cluster::ClusterView, decision::Verdict, review::Request};
 
 /// The I/O edges the rules consult.
 pub struct RuleContext {
@@ -54,7 +53,7 @@ impl Rule {
 
     /// The rule for a request's group and resource on a family's path; `None` when holdfast has
     /// no rule for it (a webhook configuration broader than the code).
-    pub fn route(family: Family, request: &AdmissionRequest<DynamicObject>) -> Option<Rule> {
+    pub fn route(family: Family, request: &Request) -> Option<Rule> {
         let resource = &request.resource;
         match (
             family,
@@ -76,7 +75,7 @@ impl Rule {
     }
 
     /// Evaluates the rule: lookups through the context, then the rule's pure decision.
-    pub async fn evaluate(self, request: &AdmissionRequest<DynamicObject>, context: &RuleContext) -> Verdict {
+    pub async fn evaluate(self, request: &Request, context: &RuleContext) -> Verdict {
         match self {
             Rule::StampOwners => stamp_owners::evaluate(request, context.cluster.as_ref()).await,
             Rule::PinFetchRefs(kind) => {
@@ -84,6 +83,21 @@ impl Rule {
             }
             Rule::TerminatingGuard => terminating_guard::evaluate(request, context.cluster.as_ref()).await,
             Rule::Policy(kind) => policy::evaluate(kind, request, &context.policy, context.cluster.as_ref()),
+        }
+    }
+}
+
+/// The request's object as `T`, or the answer when there is none (admit: nothing to decide on)
+/// or it does not read as `T` (admit unchanged, with a warning). The API server only sends
+/// objects that passed its own decoding; whoever sends others must not be able to hold a
+/// request up through holdfast.
+fn object<T: DeserializeOwned>(request: &Request, rule: &'static str) -> Result<T, Verdict> {
+    match request.object() {
+        Ok(Some(object)) => Ok(object),
+        Ok(None) => Err(Verdict::allow()),
+        Err(error) => {
+            tracing::warn!(uid = request.uid.as_str(), rule, %error, "object cannot be read; admitting unchanged");
+            Err(Verdict::allow().with_warning(format!("holdfast {rule}: {error}; admitted unchanged")))
         }
     }
 }

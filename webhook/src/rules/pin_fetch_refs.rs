@@ -2,14 +2,12 @@
 //! finds the references, resolves them through the digest cache and builds the patch).
 
 use holdfast_pins::{PinOutcome, PinnedKind, Pinner};
-use kube::core::{
-    DynamicObject,
-    admission::{AdmissionRequest, Operation},
-};
+use kube::core::admission::Operation;
 
 use crate::{
     cluster::ClusterView,
     decision::{Decision, Verdict},
+    review::Request,
 };
 
 pub use holdfast_pins::NAME;
@@ -18,20 +16,19 @@ pub use holdfast_pins::NAME;
 /// mirror (an unknown namespace is not selected: the controller re-pins once it sees it).
 pub async fn evaluate(
     kind: PinnedKind,
-    request: &AdmissionRequest<DynamicObject>,
+    request: &Request,
     pinner: &Pinner,
     cluster: &dyn ClusterView,
 ) -> Verdict {
     let (Operation::Create | Operation::Update) = request.operation else {
         return Verdict::allow();
     };
-    let Some(object) = request.object.as_ref().and_then(|o| serde_json::to_value(o).ok()) else {
-        return Verdict::allow();
+    let object: serde_json::Value = match super::object(request, NAME) {
+        Ok(object) => object,
+        Err(answer) => return answer,
     };
-    let old = request
-        .old_object
-        .as_ref()
-        .and_then(|o| serde_json::to_value(o).ok());
+    // Only compared with the object (which fields the user changed): unreadable reads as absent.
+    let old: Option<serde_json::Value> = request.old_object().ok().flatten();
     let namespace = request.namespace.as_deref().unwrap_or_default();
     let labels = cluster.namespace_labels(namespace);
     pinner

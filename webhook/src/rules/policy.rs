@@ -7,15 +7,13 @@
 
 use holdfast_pins::{PinnedKind, fetch_sites};
 use holdfast_registry::Reference;
-use kube::core::{
-    DynamicObject,
-    admission::{AdmissionRequest, Operation},
-};
+use kube::core::admission::Operation;
 use serde::Deserialize;
 
 use crate::{
     cluster::ClusterView,
     decision::{Decision, Verdict},
+    review::Request,
 };
 
 pub const NAME: &str = "policy";
@@ -64,24 +62,16 @@ impl Policy {
     }
 }
 
-pub fn evaluate(
-    kind: PinnedKind,
-    request: &AdmissionRequest<DynamicObject>,
-    policy: &Policy,
-    cluster: &dyn ClusterView,
-) -> Verdict {
+pub fn evaluate(kind: PinnedKind, request: &Request, policy: &Policy, cluster: &dyn ClusterView) -> Verdict {
     let (Operation::Create | Operation::Update) = request.operation else {
         return Verdict::allow();
     };
-    let Some(object) = request.object.as_ref().and_then(|o| serde_json::to_value(o).ok()) else {
-        return Verdict::allow();
+    let object: serde_json::Value = match super::object(request, NAME) {
+        Ok(object) => object,
+        Err(answer) => return answer,
     };
     // An object on its way out (kapp-controller removing its finalizer) is never held up.
-    if request
-        .object
-        .as_ref()
-        .is_some_and(|o| o.metadata.deletion_timestamp.is_some())
-    {
+    if holdfast_pins::is_terminating(&object) {
         return Verdict::allow();
     }
     let namespace = request.namespace.as_deref().unwrap_or_default();

@@ -11,44 +11,44 @@
 //! OwnerReferencesPermissionEnforcement is on.
 
 use json_patch::{AddOperation, PatchOperation, jsonptr::PointerBuf};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::core::{
-    DynamicObject,
-    admission::{AdmissionRequest, Operation},
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::core::admission::Operation;
 
 use crate::{
     cluster::ClusterView,
     decision::{Decision, Verdict},
+    review::{Object, Request},
 };
 
 pub const NAME: &str = "stamp-owners";
 
-pub async fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn ClusterView) -> Verdict {
+pub async fn evaluate(request: &Request, cluster: &dyn ClusterView) -> Verdict {
     let (Operation::Create | Operation::Update) = request.operation else {
         return Verdict::allow();
     };
-    let Some(image) = &request.object else {
-        return Verdict::allow();
+    // The metadata is all this rule reads of the Image.
+    let image: Object = match super::object(request, NAME) {
+        Ok(image) => image,
+        Err(answer) => return answer,
     };
     // The object of a CREATE may have no namespace yet: the request's is authoritative.
     let namespace = request.namespace.as_deref().unwrap_or_default();
     let name = image.metadata.name.as_deref().unwrap_or(request.name.as_str());
     let owner = cluster.image_owner(namespace, name).await;
-    stamp(image, owner.as_ref()).into()
+    stamp(&image.metadata, owner.as_ref()).into()
 }
 
 /// Adds `owner` to the Image's ownerReferences unless a reference to the same uid is there.
-pub fn stamp(image: &DynamicObject, owner: Option<&OwnerReference>) -> Decision {
+pub fn stamp(image: &ObjectMeta, owner: Option<&OwnerReference>) -> Decision {
     let Some(owner) = owner else {
         return Decision::Allow;
     };
-    let existing = image.metadata.owner_references.as_deref().unwrap_or_default();
+    let existing = image.owner_references.as_deref().unwrap_or_default();
     if existing.iter().any(|r| r.uid == owner.uid) {
         return Decision::Allow;
     }
     let value = serde_json::to_value(owner).unwrap_or_default();
-    let op = if image.metadata.owner_references.is_none() {
+    let op = if image.owner_references.is_none() {
         AddOperation {
             path: PointerBuf::from_tokens(["metadata", "ownerReferences"]),
             value: vec![value].into(),
@@ -77,17 +77,16 @@ mod tests {
         }
     }
 
-    fn image(owners: serde_json::Value) -> DynamicObject {
-        let mut v =
-            json!({"apiVersion": "kpack.io/v1alpha2", "kind": "Image", "metadata": {"name": "app-guid"}});
+    fn image(owners: serde_json::Value) -> ObjectMeta {
+        let mut v = json!({"name": "app-guid"});
         if !owners.is_null() {
-            v["metadata"]["ownerReferences"] = owners;
+            v["ownerReferences"] = owners;
         }
         serde_json::from_value(v).unwrap()
     }
 
-    fn apply(image: &DynamicObject, decision: &Decision) -> serde_json::Value {
-        let mut doc = serde_json::to_value(image).unwrap();
+    fn apply(image: &ObjectMeta, decision: &Decision) -> serde_json::Value {
+        let mut doc = json!({"apiVersion": "kpack.io/v1alpha2", "kind": "Image", "metadata": image});
         if let Decision::Patch(ops) = decision {
             json_patch::patch(&mut doc, ops).unwrap();
         }
@@ -123,11 +122,33 @@ mod tests {
         assert_eq!(refs[1]["uid"], "u1");
     }
 
+    #[tokio::test]
+    async fn an_unreadable_image_is_admitted_unchanged_with_a_warning() {
+        let body = json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": "u", "kind": {"group": "kpack.io", "version": "v1alpha2", "kind": "Image"},
+                "resource": {"group": "kpack.io", "version": "v1alpha2", "resource": "images"},
+                "name": "app", "namespace": "space", "operation": "CREATE",
+                "object": {"metadata": {"ownerReferences": "not a list"}},
+            }
+        });
+        let request = crate::review::decode(&body.to_string().into()).unwrap();
+        let cluster = crate::cluster::StaticCluster::default();
+        let verdict = evaluate(&request, &cluster).await;
+        assert_eq!(verdict.decision, Decision::Allow);
+        assert!(
+            verdict.warnings[0]
+                .starts_with("holdfast stamp-owners: AdmissionReview request.object cannot be read"),
+            "{verdict:?}"
+        );
+    }
+
     #[test]
     fn is_idempotent() {
         let img = image(json!(null));
         let once = apply(&img, &stamp(&img, Some(&app_ref("u1"))));
-        let img: DynamicObject = serde_json::from_value(once).unwrap();
+        let img: ObjectMeta = serde_json::from_value(once["metadata"].clone()).unwrap();
         assert_eq!(stamp(&img, Some(&app_ref("u1"))), Decision::Allow);
     }
 }

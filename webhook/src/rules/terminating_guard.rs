@@ -20,14 +20,12 @@
 //! objects (one of each per app build), never on the Carvel path.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::{
-    DynamicObject,
-    admission::{AdmissionRequest, Operation},
-};
+use kube::core::admission::Operation;
 
 use crate::{
     cluster::{ClusterView, Peer, Presence},
     decision::{Decision, Verdict},
+    review::{Object, Request},
 };
 
 pub const NAME: &str = "terminating-guard";
@@ -36,34 +34,44 @@ const IMAGE_LABEL: &str = "image.kpack.io/image";
 const BUILD_WORKLOAD_LABEL: &str = "korifi.cloudfoundry.org/build-workload-name";
 const BUILD_POD_LABEL: &str = "kpack.io/build";
 
-pub async fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn ClusterView) -> Verdict {
+pub async fn evaluate(request: &Request, cluster: &dyn ClusterView) -> Verdict {
     let namespace = request.namespace.as_deref().unwrap_or_default();
     let resource = (
         request.resource.group.as_str(),
         request.resource.resource.as_str(),
     );
-    match (resource, &request.operation, request.object.as_ref()) {
-        (("kpack.io", "builds"), Operation::Create, Some(build)) => {
-            let owners = build_owners(&build.metadata);
+    match (resource, &request.operation) {
+        (("kpack.io", "builds"), Operation::Create) => {
+            let build = match super::object::<Object>(request, NAME) {
+                Ok(build) => build.metadata,
+                Err(answer) => return answer,
+            };
+            let owners = build_owners(&build);
             // The Image that controls the Build must still exist (kpack made the Build for it).
-            if let Some(image) = controller_named(&build.metadata, "Image")
+            if let Some(image) = controller_named(&build, "Image")
                 && cluster.presence_now(Peer::KpackImage, namespace, image).await == Presence::Gone
             {
-                return gone("kpack Build", build, Peer::KpackImage, namespace, image);
+                return gone("kpack Build", &build, Peer::KpackImage, namespace, image);
             }
             terminating_owner(cluster, namespace, owners)
                 .await
-                .map_or_else(Verdict::allow, |(peer, owner)| deny("kpack Build", build, peer, namespace, &owner))
+                .map_or_else(Verdict::allow, |(peer, owner)| {
+                    deny("kpack Build", &build, peer, namespace, &owner)
+                })
         }
-        (("", "pods"), Operation::Create, Some(pod)) => {
-            let Some(build) = label(pod, BUILD_POD_LABEL) else {
+        (("", "pods"), Operation::Create) => {
+            let pod = match super::object::<Object>(request, NAME) {
+                Ok(pod) => pod.metadata,
+                Err(answer) => return answer,
+            };
+            let Some(build) = label(&pod, BUILD_POD_LABEL) else {
                 return Verdict::allow();
             };
             match cluster.presence_now(Peer::KpackBuild, namespace, build).await {
-                Presence::Terminating => return deny("build pod", pod, Peer::KpackBuild, namespace, build),
+                Presence::Terminating => return deny("build pod", &pod, Peer::KpackBuild, namespace, build),
                 // kpack acted on a Build its cache still had; the pod would be an orphan.
-                Presence::Gone if controller_named(&pod.metadata, "Build") == Some(build) => {
-                    return gone("build pod", pod, Peer::KpackBuild, namespace, build);
+                Presence::Gone if controller_named(&pod, "Build") == Some(build) => {
+                    return gone("build pod", &pod, Peer::KpackBuild, namespace, build);
                 }
                 _ => {}
             }
@@ -75,10 +83,26 @@ pub async fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn C
                 .unwrap_or_default();
             terminating_owner(cluster, namespace, owners)
                 .await
-                .map_or_else(Verdict::allow, |(peer, owner)| deny("build pod", pod, peer, namespace, &owner))
+                .map_or_else(Verdict::allow, |(peer, owner)| {
+                    deny("build pod", &pod, peer, namespace, &owner)
+                })
         }
-        (("kpack.io", "images"), Operation::Update, Some(image)) => match request.old_object.as_ref() {
-            Some(old) if old.metadata.deletion_timestamp.is_some() && old.data.get("spec") != image.data.get("spec") => {
+        (("kpack.io", "images"), Operation::Update) => {
+            let image: Object<serde_json::Value> = match super::object(request, NAME) {
+                Ok(image) => image,
+                Err(answer) => return answer,
+            };
+            image_update(request, &image, namespace)
+        }
+        _ => Verdict::allow(),
+    }
+}
+
+/// An update of a terminating Image may not change its spec; anything else about it may change.
+fn image_update(request: &Request, image: &Object<serde_json::Value>, namespace: &str) -> Verdict {
+    // An old object that does not read is no evidence of a deletion.
+    match request.old_object::<Object<serde_json::Value>>().ok().flatten() {
+            Some(old) if old.metadata.deletion_timestamp.is_some() && old.spec != image.spec => {
                 Decision::Deny(format!(
                     "kpack Image {namespace}/{} is being deleted: its spec cannot change (holdfast terminating guard)",
                     request.name
@@ -86,8 +110,6 @@ pub async fn evaluate(request: &AdmissionRequest<DynamicObject>, cluster: &dyn C
                 .into()
             }
             _ => Verdict::allow(),
-        },
-        _ => Verdict::allow(),
     }
 }
 
@@ -130,11 +152,11 @@ fn build_owners(build: &ObjectMeta) -> Vec<(Peer, String)> {
     owners
 }
 
-fn label<'a>(object: &'a DynamicObject, key: &str) -> Option<&'a str> {
-    object.metadata.labels.as_ref()?.get(key).map(String::as_str)
+fn label<'a>(object: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    object.labels.as_ref()?.get(key).map(String::as_str)
 }
 
-fn gone(what: &str, object: &DynamicObject, peer: Peer, namespace: &str, owner: &str) -> Verdict {
+fn gone(what: &str, object: &ObjectMeta, peer: Peer, namespace: &str, owner: &str) -> Verdict {
     Decision::Deny(format!(
         "{what} {namespace}/{} not created: its {} {namespace}/{owner} no longer exists (holdfast terminating guard)",
         name_of(object),
@@ -143,12 +165,11 @@ fn gone(what: &str, object: &DynamicObject, peer: Peer, namespace: &str, owner: 
     .into()
 }
 
-fn name_of(object: &DynamicObject) -> &str {
+fn name_of(object: &ObjectMeta) -> &str {
     object
-        .metadata
         .name
         .as_deref()
-        .or(object.metadata.generate_name.as_deref())
+        .or(object.generate_name.as_deref())
         .unwrap_or("")
 }
 
@@ -161,7 +182,7 @@ fn kind_name(peer: Peer) -> &'static str {
     }
 }
 
-fn deny(what: &str, object: &DynamicObject, peer: Peer, namespace: &str, owner: &str) -> Verdict {
+fn deny(what: &str, object: &ObjectMeta, peer: Peer, namespace: &str, owner: &str) -> Verdict {
     Decision::Deny(format!(
         "{what} {namespace}/{} not created: its {} {namespace}/{owner} is being deleted (holdfast terminating guard)",
         name_of(object),
@@ -182,13 +203,16 @@ mod tests {
         operation: &str,
         object: serde_json::Value,
         old: serde_json::Value,
-    ) -> AdmissionRequest<DynamicObject> {
-        serde_json::from_value(json!({
-            "uid": "u", "kind": {"group": group, "version": "v1", "kind": "X"},
-            "resource": {"group": group, "version": "v1", "resource": resource},
-            "name": "n", "namespace": "space", "operation": operation,
-            "userInfo": {}, "object": object, "oldObject": old, "dryRun": false,
-        }))
+    ) -> Request {
+        serde_json::from_str(
+            &json!({
+                "uid": "u", "kind": {"group": group, "version": "v1", "kind": "X"},
+                "resource": {"group": group, "version": "v1", "resource": resource},
+                "name": "n", "namespace": "space", "operation": operation,
+                "userInfo": {}, "object": object, "oldObject": old, "dryRun": false,
+            })
+            .to_string(),
+        )
         .unwrap()
     }
 
