@@ -13,7 +13,10 @@ use holdfast_registry::{
     cache::{CacheKey, Scope},
     cluster_store,
 };
-use k8s_openapi::api::{core::v1::Secret, events::v1::Event};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Secret},
+    events::v1::Event,
+};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{DeleteParams, DynamicObject, Patch, PatchParams, PostParams},
@@ -224,7 +227,9 @@ pub async fn until_refused(client: &Client, namespace: &str, yaml: &str, limit: 
 ///   while the CFApp's finalizer holds it), and the garbage collector then deletes the Image's
 ///   Build;
 /// - the Build is terminating: a new build pod for it is refused (the webhook) and its running
-///   build pod is deleted (the controller).
+///   build pod is deleted (the controller);
+/// - an org namespace (`<namespace>-org`) starts deleting: the controller deletes the CFSpace in
+///   it before the namespace controller's first pass could (5 s after).
 pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
     let app = create(client, namespace, &cfapp("app")).await?;
     let image = create(client, namespace, &kpack_image("app")).await?;
@@ -275,5 +280,36 @@ pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
     for object in [&app, &build] {
         release(client, namespace, object).await?;
     }
-    Ok(())
+    org_namespace_deletion(client, &format!("{namespace}-org")).await
+}
+
+pub fn cfspace(name: &str) -> String {
+    format!(
+        "apiVersion: korifi.cloudfoundry.org/v1alpha1\nkind: CFSpace\nmetadata: {{name: {name}, finalizers: [{HOLD}]}}\nspec: {{displayName: {name}}}\n"
+    )
+}
+
+/// The namespace controller's first pass over a namespace being deleted comes 5 s after the
+/// deletion (`namespaceDeletionGracePeriod`): a CFSpace deleted sooner was deleted by holdfast.
+const BEFORE_NAMESPACE_CONTROLLER: Duration = Duration::from_secs(4);
+
+async fn org_namespace_deletion(client: &Client, org: &str) -> Result<()> {
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let mut namespace = Namespace::default();
+    namespace.metadata.name = Some(org.to_string());
+    namespaces.create(&PostParams::default(), &namespace).await?;
+    let space = create(client, org, &cfspace("space")).await?;
+    namespaces.delete(org, &DeleteParams::default()).await?;
+    let spaces = api_for(client, &space, Some(org)).await?;
+    let deleted = tokio::time::timeout(
+        BEFORE_NAMESPACE_CONTROLLER,
+        wait::until(&spaces, "space", |s: Option<&DynamicObject>| {
+            s.is_some_and(|s| s.metadata.deletion_timestamp.is_some())
+        }),
+    )
+    .await;
+    release(client, org, &space).await?;
+    deleted
+        .context("the controller did not delete the CFSpace of the namespace being deleted")?
+        .map(drop)
 }
