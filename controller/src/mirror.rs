@@ -2,8 +2,9 @@
 //! mirror (`holdfast_registry::mirror`), recorded on its cache entry, and then every object is
 //! reconciled so that `follow` pins move to the mirror's copy.
 //!
-//! - **What**: entries of the anonymous scope (public content; a `secretRef`'s credentials are
-//!   for the upstream registry, so such references stay pinned upstream), from the configured
+//! - **What**: entries of the anonymous scope (public content, into the public location), and
+//!   with `--mirror-pull-secret` entries resolved with a `secretRef` (into their namespace's
+//!   private location, read with that Secret: `holdfast_pins::mirror_scope`), from the configured
 //!   source registries (all when none is listed), not already in the mirror, whose record does
 //!   not name this mirror's copy of their current digest, and whose copy an object references
 //!   (`crate::references`: pinned to it, or to the same digest upstream), so that what
@@ -91,11 +92,16 @@ impl MirrorSettings {
     }
 }
 
-/// One copy to make: `source` (`repo@sha256:…`) to `target`, recorded on every key in `keys`.
+/// One copy to make: `source` (`repo@sha256:…`) to `target` in `mirror`, read with the
+/// credentials of `scope`, recorded on every key in `keys`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CopyJob {
     pub source: Reference,
     pub target: String,
+    /// The public location, or a namespace's private one (`MirrorPins::location_for`).
+    pub mirror: MirrorLocation,
+    /// Whose credentials read the source: anonymous, or the `secretRef` Secret of the first key.
+    pub scope: Scope,
     pub keys: Vec<CacheKey>,
 }
 
@@ -121,10 +127,11 @@ pub fn wanted(
     settings: &MirrorSettings,
 ) -> Vec<CopyJob> {
     let mut jobs: BTreeMap<String, CopyJob> = BTreeMap::new();
+    let pins = settings.pins();
     for entry in entries {
-        if entry.key.scope != Scope::Anonymous {
+        let Some(mirror) = pins.location_for(&entry.key.scope) else {
             continue;
-        }
+        };
         let Ok((target, _)) = entry.key.target() else {
             continue;
         };
@@ -134,7 +141,7 @@ pub fn wanted(
         let Ok(source) = Reference::parse(&format!("{}@{}", target.name(), entry.digest)) else {
             continue;
         };
-        let Ok(location) = settings.location.pinned_for(&source, &entry.digest) else {
+        let Ok(location) = mirror.pinned_for(&source, &entry.digest) else {
             continue;
         };
         if !referenced.contains(&location) || recorded(&entry.key).is_some_and(|m| m.location == location) {
@@ -144,6 +151,8 @@ pub fn wanted(
             .or_insert_with(|| CopyJob {
                 source,
                 target: location,
+                mirror,
+                scope: entry.key.scope.clone(),
                 keys: Vec::new(),
             })
             .keys
@@ -192,7 +201,12 @@ pub async fn run(
         }
     };
     let kinds = crate::pinning::installed_kinds(&client).await;
-    let references = Arc::new(References::follow(client.clone(), kinds, cancel.clone()));
+    let references = Arc::new(References::follow(
+        client.clone(),
+        settings.pins(),
+        kinds,
+        cancel.clone(),
+    ));
     // Until every object is known, nothing is known to be referenced or unreferenced.
     tokio::select! {
         _ = cancel.cancelled() => return,
@@ -216,7 +230,7 @@ pub async fn run(
     let mut deletions: JoinSet<(Expired, Outcome)> = JoinSet::new();
     loop {
         let now = Instant::now();
-        let referenced = references.in_stores(&settings.location);
+        let referenced = references.in_stores();
         let needed = wanted(
             &cache.entries(),
             |key| cache.mirrored(key),
@@ -251,25 +265,25 @@ pub async fn run(
                 Ok(current) => {
                     for job in jobs {
                         running.insert(job.target.clone());
-                        let copier = current.clone();
+                        let copier = copier_into(&current, &job.mirror, &resolver, &config, &copier);
+                        let secrets = client.clone();
                         copies.spawn(async move {
-                            tracing::debug!(source = %job.source, target = %job.target, "mirror: copying");
-                            let result = copier.copy(&job.source, &Credentials::anonymous()).await;
+                            tracing::debug!(source = %job.source, target = %job.target, scope = %job.scope, "mirror: copying");
+                            // A tenant's Secret is read only to read the source, only here.
+                            let result = match load_credentials(Some(secrets), job.scope.clone()).await {
+                                Ok(credentials) => copier.copy(&job.source, &credentials).await,
+                                Err(error) => Err(CopyError::Credentials(error.to_string())),
+                            };
                             (job, result)
                         });
                     }
                     for expired in expired {
                         tracing::info!(location = %expired.location, grace = ?settings.retention, "mirror: no object references this copy; deleting it");
                         deleting.insert(expired.location.clone());
-                        let (copier, cache, references, mirror) = (
-                            current.clone(),
-                            cache.clone(),
-                            references.clone(),
-                            settings.location.clone(),
-                        );
+                        let (copier, cache, references) =
+                            (current.clone(), cache.clone(), references.clone());
                         deletions.spawn(async move {
-                            let outcome =
-                                retention::delete(&expired, &cache, &references, &mirror, &copier).await;
+                            let outcome = retention::delete(&expired, &cache, &references, &copier).await;
                             (expired, outcome)
                         });
                     }
@@ -511,6 +525,29 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
+/// The copier into `mirror`: `current` for the public location; for a namespace's private
+/// location one of its own with the same mirror credentials (it remembers no blob of another
+/// namespace's copies to mount from).
+fn copier_into(
+    current: &Arc<Copier>,
+    mirror: &MirrorLocation,
+    resolver: &Resolver,
+    config: &CopierConfig,
+    held: &Option<(Credentials, Arc<Copier>)>,
+) -> Arc<Copier> {
+    match held {
+        Some((credentials, _)) if current.config().mirror != *mirror => Arc::new(Copier::new(
+            resolver.clone(),
+            CopierConfig {
+                mirror: mirror.clone(),
+                ..config.clone()
+            },
+            credentials.clone(),
+        )),
+        _ => current.clone(),
+    }
+}
+
 /// The copier for the mirror's current credentials (rebuilt when the Secret changed).
 async fn current_copier(
     client: &Client,
@@ -627,6 +664,34 @@ mod tests {
             jobs[1].source.to_string(),
             format!("registry.corp.com/team/app@{a}")
         );
+    }
+
+    #[test]
+    fn private_entries_are_copied_with_their_secret_into_their_namespaces_path() {
+        let tenant = |namespace: &str| Scope::Secret {
+            namespace: namespace.into(),
+            name: "creds".into(),
+        };
+        let entries = [
+            entry("registry.corp.com/private/app:1.0", tenant("team-a"), "p"),
+            entry("registry.corp.com/private/app:1.0", tenant("team-b"), "p"),
+        ];
+        let p = Digest::sha256_of(b"p");
+        let a_copy = format!("cache.corp.com:5000/m/namespaces/team-a/registry.corp.com/private/app@{p}");
+        let pull = MirrorSettings {
+            pull_secret: Some("mirror-pull".into()),
+            ..settings(&[])
+        };
+        // Only copies an object references (team-b's is not): one job, team-a's Secret.
+        let jobs = wanted(&entries, |_| None, &[a_copy.clone()].into(), &pull);
+        assert_eq!(jobs.len(), 1, "{jobs:?}");
+        assert_eq!(
+            (&jobs[0].target, &jobs[0].scope, jobs[0].mirror.prefix()),
+            (&a_copy, &tenant("team-a"), "m/namespaces/team-a")
+        );
+        assert_eq!(jobs[0].keys, [entries[0].key.clone()]);
+        // Without a pull Secret private content is never copied.
+        assert!(wanted(&entries, |_| None, &[a_copy].into(), &settings(&[])).is_empty());
     }
 
     #[test]

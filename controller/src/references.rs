@@ -10,23 +10,41 @@
 //! references: a tag admitted unpinned references its content once it is pinned. Objects
 //! being deleted still count (kapp-controller may still fetch for them), as do objects in
 //! namespaces holdfast otherwise leaves alone.
+//!
+//! The mirror's scope (`holdfast_pins::mirror_scope`): in a namespace the mirror does not
+//! select (`--mirror-namespace-selector`) only pins to the mirror count, since nothing there is
+//! pinned to a copy; a site with a `secretRef` pinned upstream references its namespace's
+//! private copy (with `--mirror-pull-secret`) as well as the public one.
 
-use std::collections::HashSet;
+use std::{collections::HashSet, fmt::Debug};
 
 use futures::StreamExt;
-use holdfast_pins::{PinnedKind, fetch_sites};
-use holdfast_registry::{Reference, mirror::MirrorLocation};
+use holdfast_pins::{MirrorPins, PinnedKind, fetch_sites};
+use holdfast_registry::{Reference, cache::Scope};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::serde::de::DeserializeOwned;
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, ListParams},
-    runtime::{WatchStreamExt, reflector, watcher},
+    api::{ApiResource, DynamicObject, ListParams, PartialObjectMeta},
+    runtime::{WatchStreamExt, reflector, reflector::ObjectRef, watcher},
 };
 use serde_json::Value;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// Adds the mirror copies `object`'s fetch references name to `into` (see the module docs).
-pub fn referenced_by(kind: PinnedKind, object: &Value, mirror: &MirrorLocation, into: &mut HashSet<String>) {
+/// Adds the mirror copies `object`'s fetch references name to `into` (see the module docs);
+/// `selected`: whether the mirror selects the object's namespace.
+pub fn referenced_by(
+    kind: PinnedKind,
+    object: &Value,
+    mirror: &MirrorPins,
+    selected: bool,
+    into: &mut HashSet<String>,
+) {
+    let namespace = object
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     for site in fetch_sites(kind, object) {
         let Ok(reference) = Reference::parse(&site.reference) else {
             continue;
@@ -34,52 +52,85 @@ pub fn referenced_by(kind: PinnedKind, object: &Value, mirror: &MirrorLocation, 
         let Some(digest) = reference.digest() else {
             continue;
         };
-        if mirror.contains(&reference) {
+        if mirror.location.contains(&reference) {
             into.insert(format!("{}@{digest}", reference.name()));
-        } else if let Ok(location) = mirror.pinned_for(&reference, digest) {
-            into.insert(location);
+            continue;
+        }
+        if !selected {
+            continue;
+        }
+        let private = site.secret_ref.map(|name| Scope::Secret {
+            namespace: namespace.to_owned(),
+            name,
+        });
+        for scope in [Some(Scope::Anonymous), private].into_iter().flatten() {
+            if let Some(Ok(location)) = mirror
+                .location_for(&scope)
+                .map(|location| location.pinned_for(&reference, digest))
+            {
+                into.insert(location);
+            }
         }
     }
 }
 
-/// The pinned objects, followed through a reflector per installed kind.
+type NamespaceStore = reflector::Store<PartialObjectMeta<DynamicObject>>;
+
+/// The pinned objects, followed through a reflector per installed kind, and the namespaces'
+/// labels (metadata only) when the mirror selects namespaces.
 pub struct References {
     client: Client,
+    mirror: MirrorPins,
     stores: Vec<(PinnedKind, ApiResource, reflector::Store<DynamicObject>)>,
+    namespaces: Option<(ApiResource, NamespaceStore)>,
     changes: watch::Receiver<u64>,
 }
 
 impl References {
-    /// Follows every kind of `kinds` until `cancel`.
-    pub fn follow(client: Client, kinds: Vec<(PinnedKind, ApiResource)>, cancel: CancellationToken) -> Self {
+    /// Follows every kind of `kinds` (and the namespaces, when `mirror` selects some) until
+    /// `cancel`.
+    pub fn follow(
+        client: Client,
+        mirror: MirrorPins,
+        kinds: Vec<(PinnedKind, ApiResource)>,
+        cancel: CancellationToken,
+    ) -> Self {
         let (changed, changes) = watch::channel(0u64);
-        let mut stores = Vec::new();
-        for (kind, resource) in kinds {
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-            let writer = reflector::store::Writer::new(resource.clone());
-            stores.push((kind, resource, writer.as_reader()));
-            let events = watcher(api, watcher::Config::default())
-                .default_backoff()
-                .reflect(writer)
-                .take_until(cancel.clone().cancelled_owned());
-            let changed = changed.clone();
-            tokio::spawn(async move {
-                let mut events = std::pin::pin!(events);
-                while let Some(event) = events.next().await {
-                    match event {
-                        Ok(_) => changed.send_modify(|n| *n = n.wrapping_add(1)),
-                        Err(error) => {
-                            tracing::warn!(kind = kind.kind(), %error, "watching pinned objects for the mirror; retrying with backoff")
-                        }
-                    }
-                }
-            });
-        }
+        let namespaces = (!mirror.namespaces.selects_all()).then(|| {
+            let resource = ApiResource::erase::<Namespace>(&());
+            // An Api of PartialObjectMeta makes metadata-only list/watch requests.
+            let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), &resource);
+            let store = reflect(api, &resource, &changed, &cancel);
+            (resource, store)
+        });
+        let stores = kinds
+            .into_iter()
+            .map(|(kind, resource)| {
+                let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+                let store = reflect(api, &resource, &changed, &cancel);
+                (kind, resource, store)
+            })
+            .collect();
         Self {
             client,
+            mirror,
             stores,
+            namespaces,
             changes,
         }
+    }
+
+    /// Whether the mirror selects the namespace of `object` (by its labels as last seen).
+    fn selected(&self, object: &DynamicObject) -> bool {
+        let Some((resource, store)) = &self.namespaces else {
+            return true;
+        };
+        let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
+        let labels = store
+            .get(&ObjectRef::new_with(namespace, resource.clone()))
+            .and_then(|found| found.metadata.labels.clone())
+            .unwrap_or_default();
+        self.mirror.selects(&labels)
     }
 
     /// Resolves once every kind has been listed in full (before that, nothing is known to be
@@ -89,6 +140,9 @@ impl References {
             // The writer lives as long as its watch; a dropped one (shutdown) is no wait either.
             let _ = store.wait_until_ready().await;
         }
+        if let Some((_, store)) = &self.namespaces {
+            let _ = store.wait_until_ready().await;
+        }
     }
 
     /// Changes whenever an object changes.
@@ -96,29 +150,63 @@ impl References {
         self.changes.clone()
     }
 
-    /// The copies in `mirror` the followed objects reference.
-    pub fn in_stores(&self, mirror: &MirrorLocation) -> HashSet<String> {
+    /// The mirror copies the followed objects reference.
+    pub fn in_stores(&self) -> HashSet<String> {
         let mut referenced = HashSet::new();
         for (kind, _, store) in &self.stores {
             for object in store.state() {
-                referenced_by(*kind, &as_value(&object), mirror, &mut referenced);
+                let selected = self.selected(&object);
+                referenced_by(*kind, &as_value(&object), &self.mirror, selected, &mut referenced);
             }
         }
         referenced
     }
 
-    /// The copies in `mirror` the objects reference, from a fresh list of every kind (the check
-    /// just before a deletion: the reflectors may lag behind the API server).
-    pub async fn listed(&self, mirror: &MirrorLocation) -> Result<HashSet<String>, kube::Error> {
+    /// The mirror copies the objects reference, from a fresh list of every kind (the check
+    /// just before a deletion: the reflectors may lag behind the API server; a pin to the mirror
+    /// counts whatever the namespace's labels).
+    pub async fn listed(&self) -> Result<HashSet<String>, kube::Error> {
         let mut referenced = HashSet::new();
         for (kind, resource, _) in &self.stores {
             let api: Api<DynamicObject> = Api::all_with(self.client.clone(), resource);
             for object in api.list(&ListParams::default()).await? {
-                referenced_by(*kind, &as_value(&object), mirror, &mut referenced);
+                let selected = self.selected(&object);
+                referenced_by(*kind, &as_value(&object), &self.mirror, selected, &mut referenced);
             }
         }
         Ok(referenced)
     }
+}
+
+/// A store of `api`'s objects, kept by a watch until `cancel`; every event bumps `changed`.
+fn reflect<K>(
+    api: Api<K>,
+    resource: &ApiResource,
+    changed: &watch::Sender<u64>,
+    cancel: &CancellationToken,
+) -> reflector::Store<K>
+where
+    K: kube::Resource<DynamicType = ApiResource> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let writer = reflector::store::Writer::new(resource.clone());
+    let store = writer.as_reader();
+    let events = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .take_until(cancel.clone().cancelled_owned());
+    let (changed, kind) = (changed.clone(), resource.kind.clone());
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(_) => changed.send_modify(|n| *n = n.wrapping_add(1)),
+                Err(error) => {
+                    tracing::warn!(%kind, %error, "watching for the mirror; retrying with backoff")
+                }
+            }
+        }
+    });
+    store
 }
 
 /// An object as the pins crate reads it: metadata and spec in one document.
@@ -128,6 +216,7 @@ fn as_value(object: &DynamicObject) -> Value {
 
 #[cfg(test)]
 mod tests {
+    use holdfast_registry::mirror::MirrorLocation;
     use serde_json::json;
 
     use super::*;
@@ -135,8 +224,8 @@ mod tests {
     const D1: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
     const D2: &str = "sha256:2222222222222222222222222222222222222222222222222222222222222222";
 
-    fn mirror() -> MirrorLocation {
-        MirrorLocation::new("cache.corp.com:5000", "m").unwrap()
+    fn mirror() -> MirrorPins {
+        MirrorPins::new(MirrorLocation::new("cache.corp.com:5000", "m").unwrap())
     }
 
     fn app(urls: &[&str]) -> Value {
@@ -153,7 +242,7 @@ mod tests {
             "registry.corp.com/team/tagged:1.0",
             "not a reference",
         ]);
-        referenced_by(PinnedKind::App, &object, &mirror(), &mut referenced);
+        referenced_by(PinnedKind::App, &object, &mirror(), true, &mut referenced);
         let expected: HashSet<String> = [
             format!("cache.corp.com:5000/m/registry.corp.com/team/app@{D1}"),
             format!("cache.corp.com:5000/m/registry.corp.com/team/other@{D2}"),
@@ -170,15 +259,46 @@ mod tests {
             PinnedKind::PackageRepository,
             &repository,
             &mirror(),
+            true,
             &mut referenced,
         );
         let package = json!({"spec": {"template": {"spec": {"fetch": [{"imgpkgBundle": {"image": format!("cache.corp.com:5000/m/x/y@{D2}")}}]}}}});
-        referenced_by(PinnedKind::Package, &package, &mirror(), &mut referenced);
+        referenced_by(PinnedKind::Package, &package, &mirror(), true, &mut referenced);
         let expected: HashSet<String> = [
             format!("cache.corp.com:5000/m/index.docker.io/library/nginx@{D1}"),
             format!("cache.corp.com:5000/m/x/y@{D2}"),
         ]
         .into();
+        assert_eq!(referenced, expected);
+    }
+
+    #[test]
+    fn private_sites_reference_their_namespaces_copy_and_unselected_namespaces_only_mirror_pins() {
+        let private = json!({"metadata": {"name": "a", "namespace": "team-a"}, "spec": {"fetch": [
+            {"image": {"url": format!("registry.corp.com/team/private@{D1}"), "secretRef": {"name": "creds"}}},
+            {"image": {"url": format!("cache.corp.com:5000/m/registry.corp.com/team/app@{D2}")}},
+        ]}});
+        let with_pull = MirrorPins {
+            pull_secret: Some("mirror-pull".into()),
+            ..mirror()
+        };
+        let mut referenced = HashSet::new();
+        referenced_by(PinnedKind::App, &private, &with_pull, true, &mut referenced);
+        let expected: HashSet<String> = [
+            format!("cache.corp.com:5000/m/registry.corp.com/team/private@{D1}"),
+            format!("cache.corp.com:5000/m/namespaces/team-a/registry.corp.com/team/private@{D1}"),
+            format!("cache.corp.com:5000/m/registry.corp.com/team/app@{D2}"),
+        ]
+        .into();
+        assert_eq!(referenced, expected);
+        // Without a pull Secret no private copy; in an unselected namespace only the mirror pin.
+        let mut referenced = HashSet::new();
+        referenced_by(PinnedKind::App, &private, &mirror(), true, &mut referenced);
+        assert_eq!(referenced.len(), 2);
+        let mut referenced = HashSet::new();
+        referenced_by(PinnedKind::App, &private, &with_pull, false, &mut referenced);
+        let expected: HashSet<String> =
+            [format!("cache.corp.com:5000/m/registry.corp.com/team/app@{D2}")].into();
         assert_eq!(referenced, expected);
     }
 }

@@ -124,7 +124,6 @@ pub async fn delete(
     expired: &Expired,
     cache: &DigestCache,
     references: &References,
-    mirror: &MirrorLocation,
     copier: &Copier,
 ) -> Outcome {
     let deletion = MirrorDeletion {
@@ -135,7 +134,7 @@ pub async fn delete(
         cache.record_mirror_deleted(key, deletion.clone());
     }
     tokio::time::sleep(SETTLE).await;
-    let outcome = match references.listed(mirror).await {
+    let outcome = match references.listed().await {
         Ok(referenced) if referenced.contains(&expired.location) => Outcome::Referenced,
         Ok(_) => match Reference::parse(&expired.location) {
             Ok(location) => match copier.delete(&location).await {

@@ -5,8 +5,9 @@
 //! copied by a process whose peak resident memory stays under 64 MiB. With the webhook and the
 //! controller: Apps admitted with a tagged image and a tagged imgpkg bundle are pinned upstream,
 //! the controller copies the content (the bundle relocated) and re-pins them to the mirror, and
-//! the emulated kapp-controller (image fetches only), restarted with an empty cache, syncs the
-//! image App without a single request to the upstream registry, up or stopped.
+//! the emulated kapp-controller, restarted with an empty cache, syncs both Apps without a single
+//! request to the upstream registry, up or stopped (the bundle found relocated in the mirror);
+//! the same emulator fails every sync of Apps still pinned upstream while it is stopped.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -27,7 +28,7 @@ use holdfast_e2e::{
     wait,
     webhook::{LocalWebhook, Registration, rule},
 };
-use holdfast_pins::{MirrorPins, NamespaceSelector, ORIGINAL_REFS_ANNOTATION, PinnedKind};
+use holdfast_pins::{MirrorPins, ORIGINAL_REFS_ANNOTATION, PinnedKind};
 use holdfast_registry::{
     Credentials, Digest, Reference, Resolver, ResolverConfig,
     cache::{CacheKey, Mirrored, Scope},
@@ -41,6 +42,7 @@ e2e_main!(serial:
     apps_are_repinned_to_the_mirror_and_sync_without_upstream,
     unreferenced_copies_are_deleted_after_the_grace,
     only_selected_namespaces_are_pinned_to_the_mirror,
+    a_private_image_is_mirrored_for_its_namespace_only,
     copies_an_image_and_relocates_a_bundle_byte_for_byte,
     an_interrupted_copy_resumes_without_resending_blobs,
     a_200_mib_bundle_is_copied_in_under_64_mib_of_memory,
@@ -404,6 +406,17 @@ fn url_of(app: Option<&DynamicObject>) -> Option<String> {
         .map(str::to_owned)
 }
 
+/// The `holdfast.dev/original-refs` annotation of `object`, parsed.
+fn original_refs(object: &DynamicObject) -> Result<serde_json::Value> {
+    let annotation = object
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ORIGINAL_REFS_ANNOTATION))
+        .context("no original-refs annotation")?;
+    Ok(serde_json::from_str(annotation)?)
+}
+
 /// An App named `name` with the one fetch entry `fetch`.
 fn app_object(name: &str, fetch: serde_json::Value) -> Result<DynamicObject> {
     Ok(serde_json::from_value(json!({
@@ -415,22 +428,38 @@ fn app_object(name: &str, fetch: serde_json::Value) -> Result<DynamicObject> {
     }))?)
 }
 
-/// An App with a tagged imgpkg bundle whose ImagesLock lists an image in another repository:
-/// re-pinned to the mirror, where the bundle and that image are in the bundle's one repository
-/// (fully relocated), byte for byte.
+/// The bundle App of [`bundle_is_repinned_relocated`], pinned to the mirror.
+struct BundleApp {
+    namespace: String,
+    /// The bundle upstream, by digest.
+    upstream: String,
+    /// Its ImagesLock as pushed: the images upstream, each in its own repository.
+    lock: Vec<String>,
+    /// The same images in the bundle's mirror repository, where the copy relocated them.
+    relocated: Vec<String>,
+}
+
+/// An App with a tagged imgpkg bundle whose ImagesLock lists two images in other repositories
+/// (an image and a two-platform index): re-pinned to the mirror, where the bundle and both
+/// images are in the bundle's one repository (fully relocated), byte for byte.
 async fn bundle_is_repinned_relocated(
     env: &Env,
     webhook: &LocalWebhook,
     upstream: &SpareRegistry,
     mirror: &SpareRegistry,
-) -> Result<()> {
+) -> Result<BundleApp> {
     let (up, m) = (upstream.addr.as_str(), mirror.addr.as_str());
     let one = Image::with_files(&[("one.yml", b"one: 1\n")])?;
     let one_digest = images::push(up, "images/one", "1", &one).await?;
-    let bundle = Image::bundle(
-        &[("config/app.yml", b"app: 1\n")],
-        &[format!("{up}/images/one@{one_digest}")],
-    )?;
+    let amd64 = Image::with_files(&[("two.yml", b"arch: amd64\n")])?;
+    let arm64 = Image::with_files(&[("two.yml", b"arch: arm64\n")])?;
+    let two_digest =
+        images::push_index(up, "images/two", "1", &[("amd64", &amd64), ("arm64", &arm64)]).await?;
+    let lock = vec![
+        format!("{up}/images/one@{one_digest}"),
+        format!("{up}/images/two@{two_digest}"),
+    ];
+    let bundle = Image::bundle(&[("config/app.yml", b"app: 1\n")], &lock)?;
     let bundle_digest = images::push(up, "bundles/app", "1.0", &bundle).await?;
     let client = env.client().await?;
     let ns = webhook.namespace("mirror-bundle").await?;
@@ -450,13 +479,27 @@ async fn bundle_is_repinned_relocated(
     ensure!(compared == (1, 2), "bundle: compared {compared:?}");
     let compared = same_content((up, "images/one"), (m, &repo), &one_digest).await?;
     ensure!(compared == (1, 2), "locked image: compared {compared:?}");
-    Ok(())
+    let compared = same_content((up, "images/two"), (m, &repo), &two_digest).await?;
+    ensure!(compared == (3, 4), "locked index: compared {compared:?}");
+    Ok(BundleApp {
+        namespace: ns,
+        upstream: format!("{up}/bundles/app@{bundle_digest}"),
+        lock,
+        relocated: vec![
+            format!("{m}/{repo}@{one_digest}"),
+            format!("{m}/{repo}@{two_digest}"),
+        ],
+    })
 }
 
-/// The emulated kapp-controller started afresh (empty vendir caches) on `namespace`'s one App,
-/// run for 95 emulated seconds (four syncs); its counters. It runs on a thread of its own: its
-/// sync loop is not `Send`.
-async fn fresh_kapp_controller(client: kube::Client, namespace: &str) -> Result<[u64; 4]> {
+/// What a [`fresh_kapp_controller`] did: `[syncs, failed syncs, registry requests, cache hits]`,
+/// and per App (`namespace/name`) the ImagesLock images its bundles left for the templates.
+type KappRun = ([u64; 4], BTreeMap<String, Vec<String>>);
+
+/// The emulated kapp-controller started afresh (empty vendir caches) on `namespace`'s `apps`
+/// Apps, run for 95 emulated seconds (four syncs each). It runs on a thread of its own: its sync
+/// loop is not `Send`.
+async fn fresh_kapp_controller(client: kube::Client, namespace: &str, apps: usize) -> Result<KappRun> {
     let namespace = namespace.to_owned();
     tokio::task::spawn_blocking(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -464,9 +507,15 @@ async fn fresh_kapp_controller(client: kube::Client, namespace: &str) -> Result<
             .build()?;
         runtime.block_on(async {
             let mut kapp = KappController::start(client, &namespace, DEFAULT_SYNC_PERIOD).await?;
-            kapp.wait_for_apps(1).await?;
+            kapp.wait_for_apps(apps).await?;
             kapp.run_until(Duration::from_secs(95)).await?;
-            Ok(kapp.stats.snapshot())
+            let locks = kapp
+                .stats
+                .images_locks
+                .lock()
+                .map_err(|_| anyhow::anyhow!("lock poisoned"))?
+                .clone();
+            Ok((kapp.stats.snapshot(), locks))
         })
     })
     .await?
@@ -484,31 +533,54 @@ async fn mirroring(
     m: &str,
     retention: Duration,
 ) -> Result<(LocalWebhook, LocalController)> {
+    let pins = MirrorPins::new(MirrorLocation::new(m, PREFIX)?);
+    mirroring_with(env, up, pins, None, retention).await
+}
+
+/// [`mirroring`] with the mirror's scope (`pins`: namespaces, pull Secret) and, for a mirror
+/// that requires credentials, `mirror_user` in the mirror Secret (`--mirror-secret`).
+async fn mirroring_with(
+    env: &Arc<Env>,
+    up: &str,
+    pins: MirrorPins,
+    mirror_user: Option<(&str, &str)>,
+    retention: Duration,
+) -> Result<(LocalWebhook, LocalController)> {
+    let m = pins.location.registry().to_owned();
     let mut registration = Registration::rules(vec![rule(
         "kappctrl.k14s.io",
         "v1alpha1",
         &["apps"],
         &["CREATE", "UPDATE"],
     )]);
-    registration.insecure_registries = vec![up.to_owned(), m.to_owned()];
-    registration.mirror = Some(MirrorPins::new(MirrorLocation::new(m, PREFIX)?));
+    registration.insecure_registries = vec![up.to_owned(), m.clone()];
+    registration.mirror = Some(pins.clone());
     let webhook = LocalWebhook::start(env.clone(), registration).await?;
     let settings = MirrorSettings {
-        location: MirrorLocation::new(m, PREFIX)?,
-        namespaces: NamespaceSelector::default(),
-        pull_secret: None,
+        location: pins.location,
+        namespaces: pins.namespaces,
+        pull_secret: pins.pull_secret,
         registries: vec![up.to_owned()],
-        secret: None,
+        secret: mirror_user.map(|_| MIRROR_SECRET.to_owned()),
         concurrency: 2,
         retention,
     };
-    let controller = LocalController::start_mirroring(
-        env,
-        env.client().await?,
-        webhook.system_namespace.clone(),
-        &[up.to_owned(), m.to_owned()],
-        Some(settings),
-    )
+    let controller = async {
+        let client = env.client().await?;
+        if let Some(user) = mirror_user {
+            kube::Api::namespaced(client.clone(), &webhook.system_namespace)
+                .create(&PostParams::default(), &basic_secret(MIRROR_SECRET, user))
+                .await?;
+        }
+        LocalController::start_mirroring(
+            env,
+            client,
+            webhook.system_namespace.clone(),
+            &[up.to_owned(), m],
+            Some(settings),
+        )
+        .await
+    }
     .await;
     match controller {
         Ok(controller) => Ok((webhook, controller)),
@@ -527,7 +599,7 @@ async fn apps_are_repinned_to_the_mirror_and_sync_without_upstream(env: Arc<Env>
     let digest = images::push(&up, "apps/web", "1.0", &web).await?;
     let (webhook, controller) = mirroring(&env, &up, &m, Duration::from_secs(86_400)).await?;
     let result = match bundle_is_repinned_relocated(&env, &webhook, &upstream, &mirror).await {
-        Ok(()) => repin_and_sync(&env, &webhook, &mut upstream, &mirror, &digest).await,
+        Ok(bundle) => repin_and_sync(&env, &webhook, &mut upstream, &mirror, &digest, &bundle).await,
         Err(error) => Err(error),
     };
     controller.stop().await;
@@ -541,6 +613,7 @@ async fn repin_and_sync(
     upstream: &mut SpareRegistry,
     mirror: &SpareRegistry,
     digest: &str,
+    bundle: &BundleApp,
 ) -> Result<()> {
     let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
     let client = env.client().await?;
@@ -564,13 +637,7 @@ async fn repin_and_sync(
     })
     .await?
     .context("the App is gone")?;
-    let annotation = repinned
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ORIGINAL_REFS_ANNOTATION))
-        .context("no original-refs annotation")?;
-    let recorded: serde_json::Value = serde_json::from_str(annotation)?;
+    let recorded = original_refs(&repinned)?;
     ensure!(
         recorded["/spec/fetch/0/image/url"]
             == json!({"ref": written, "digest": digest, "mirror": format!("{m}/{repo}")}),
@@ -619,8 +686,8 @@ async fn repin_and_sync(
     // kapp-controller restarted (empty vendir cache): every sync fetches from the mirror only.
     let before = upstream.requests_matching(ANY_REQUEST);
     let from_mirror = mirror.requests_matching(&format!("/v2/{repo}/"));
-    let [syncs, failed, _, _] = fresh_kapp_controller(client.clone(), &ns).await?;
-    ensure!(syncs >= 3 && failed == 0, "syncs {syncs}, failed {failed}");
+    let ([syncs, failed, _, _], _) = fresh_kapp_controller(client.clone(), &ns, 2).await?;
+    ensure!(syncs >= 6 && failed == 0, "syncs {syncs}, failed {failed}");
     ensure!(
         upstream.requests_matching(ANY_REQUEST) == before,
         "kapp-controller asked the upstream registry"
@@ -632,16 +699,93 @@ async fn repin_and_sync(
 
     // Upstream down, kapp-controller restarted again: still every sync succeeds.
     upstream.stop();
-    let [syncs, failed, _, _] = fresh_kapp_controller(client, &ns).await?;
+    let ([syncs, failed, _, _], _) = fresh_kapp_controller(client.clone(), &ns, 2).await?;
     ensure!(
-        syncs >= 3 && failed == 0,
+        syncs >= 6 && failed == 0,
         "upstream stopped: syncs {syncs}, failed {failed}"
+    );
+    // The bundle App too: its relocation check finds both locked images in the bundle's mirror
+    // repository, so the pull is cacheable (one pull, then the cache) and the ImagesLock the
+    // templates get names the mirror.
+    let bundle_from_mirror = mirror.requests_matching(ANY_REQUEST);
+    let ([syncs, failed, _, hits], locks) =
+        fresh_kapp_controller(client.clone(), &bundle.namespace, 1).await?;
+    ensure!(
+        syncs >= 3 && failed == 0 && hits == syncs - 1,
+        "bundle App, upstream stopped: syncs {syncs}, failed {failed}, cache hits {hits}"
+    );
+    let lock = locks.get(&format!("{}/bundle", bundle.namespace));
+    ensure!(
+        lock == Some(&bundle.relocated),
+        "the bundle's ImagesLock after the pull: {lock:?}"
+    );
+    ensure!(
+        mirror.requests_matching(ANY_REQUEST) > bundle_from_mirror,
+        "kapp-controller did not pull the bundle from the mirror"
     );
     ensure!(
         upstream.requests_matching(ANY_REQUEST) == before,
         "requests reached the upstream registry"
     );
+    apps_pinned_upstream_need_it(webhook, &client, upstream, digest, bundle).await
+}
+
+/// The converse of the syncs without upstream, to show they could fail: the same emulator on an
+/// image App and the bundle App still pinned upstream by digest (opted out of holdfast, so never
+/// re-pinned to the mirror) fails every sync while upstream is stopped. Upstream back, they
+/// sync, with requests in upstream's access log; the bundle upstream is not relocated (its
+/// images are in other repositories): its ImagesLock is left as pushed and it is never cached.
+async fn apps_pinned_upstream_need_it(
+    webhook: &LocalWebhook,
+    client: &kube::Client,
+    upstream: &mut SpareRegistry,
+    digest: &str,
+    bundle: &BundleApp,
+) -> Result<()> {
+    let up = upstream.addr.clone();
+    let ns = webhook.namespace("upstream-pin").await?;
+    let apps = [
+        app_object(
+            "web",
+            json!({"image": {"url": format!("{up}/apps/web@{digest}")}}),
+        )?,
+        app_object("bundle", json!({"imgpkgBundle": {"image": bundle.upstream}}))?,
+    ];
+    let api = api_for(client, &apps[0], Some(&ns)).await?;
+    for mut app in apps {
+        app.metadata.labels = Some([(holdfast_pins::PIN_KEY.to_owned(), "disabled".to_owned())].into());
+        api.create(&PostParams::default(), &app).await?;
+    }
+    let ([syncs, failed, _, _], _) = fresh_kapp_controller(client.clone(), &ns, 2).await?;
+    ensure!(
+        syncs >= 6 && failed == syncs,
+        "pinned upstream, upstream stopped: syncs {syncs}, failed {failed}"
+    );
+
     upstream.start().await?;
+    // The access log starts anew with the registry.
+    let before = upstream.requests_matching(ANY_REQUEST);
+    let ([syncs, failed, _, hits], locks) = fresh_kapp_controller(client.clone(), &ns, 2).await?;
+    ensure!(
+        syncs >= 6 && failed == 0 && hits == syncs / 2 - 1,
+        "pinned upstream, upstream up: syncs {syncs}, failed {failed}, cache hits {hits} (only the image's)"
+    );
+    ensure!(
+        upstream.requests_matching(ANY_REQUEST) > before,
+        "no request in upstream's access log"
+    );
+    let lock = locks.get(&format!("{ns}/bundle"));
+    ensure!(
+        lock == Some(&bundle.lock),
+        "the upstream bundle's ImagesLock after the pull: {lock:?}"
+    );
+    for (app, written) in [
+        ("web", format!("{up}/apps/web@{digest}")),
+        ("bundle", bundle.upstream.clone()),
+    ] {
+        let pinned = url_of(Some(&api.get(app).await?));
+        ensure!(pinned == Some(written), "{app} moved: {pinned:?}");
+    }
     Ok(())
 }
 
@@ -693,32 +837,7 @@ async fn only_selected_namespaces_are_pinned_to_the_mirror(env: Arc<Env>) -> Res
         namespaces: format!("{}={}", MIRROR_LABEL.0, MIRROR_LABEL.1).parse()?,
         ..MirrorPins::new(MirrorLocation::new(&m, PREFIX)?)
     };
-    let mut registration = Registration::rules(vec![rule(
-        "kappctrl.k14s.io",
-        "v1alpha1",
-        &["apps"],
-        &["CREATE", "UPDATE"],
-    )]);
-    registration.insecure_registries = vec![up.clone(), m.clone()];
-    registration.mirror = Some(pins.clone());
-    let webhook = LocalWebhook::start(env.clone(), registration).await?;
-    let settings = MirrorSettings {
-        location: pins.location.clone(),
-        namespaces: pins.namespaces.clone(),
-        pull_secret: None,
-        registries: vec![up.clone()],
-        secret: None,
-        concurrency: 2,
-        retention: Duration::from_secs(86_400),
-    };
-    let controller = LocalController::start_mirroring(
-        &env,
-        client.clone(),
-        webhook.system_namespace.clone(),
-        &[up.clone(), m.clone()],
-        Some(settings),
-    )
-    .await?;
+    let (webhook, controller) = mirroring_with(&env, &up, pins, None, Duration::from_secs(86_400)).await?;
     let result = selection(&webhook, &controller, &client, &up, &m, &digest).await;
     controller.stop().await;
     webhook.stop().await?;
@@ -946,6 +1065,195 @@ async fn retention_scenario(env: &Env, webhook: &LocalWebhook, up: &str, m: &str
     ensure!(
         images::head_digest(m, &gone_repo, &gone_digest).await? == Some(gone_digest.clone()),
         "re-pinned to a copy the mirror does not have"
+    );
+    Ok(())
+}
+
+/// A Secret of the shape vendir reads: `username` and `password`.
+fn basic_secret(name: &str, (user, password): (&str, &str)) -> k8s_openapi::api::core::v1::Secret {
+    k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        string_data: Some(
+            [
+                ("username".to_string(), user.to_string()),
+                ("password".to_string(), password.to_string()),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// `GET /v2/<repository>/manifests/<digest>` with basic auth (or none): status and body.
+async fn manifest_as(
+    registry: &str,
+    repository: &str,
+    digest: &str,
+    user: Option<(&str, &str)>,
+) -> Result<(u16, Vec<u8>)> {
+    let url = format!("http://{registry}/v2/{repository}/manifests/{digest}");
+    let mut request = reqwest::Client::new()
+        .get(&url)
+        .header(reqwest::header::ACCEPT, images::OCI_MANIFEST);
+    if let Some((user, password)) = user {
+        request = request.basic_auth(user, Some(password));
+    }
+    let answer = request.send().await?;
+    Ok((answer.status().as_u16(), answer.bytes().await?.to_vec()))
+}
+
+const PULL_SECRET: &str = "mirror-pull";
+const MIRROR_SECRET: &str = "holdfast-mirror";
+
+/// An upstream and a mirror that both require credentials; `--mirror-pull-secret mirror-pull`.
+/// Namespace A (with credentials for the private image) gets its App pinned to its own mirror
+/// path, `secretRef` pointing at the pull Secret, the user's Secret name kept in
+/// original-refs, the manifest in the mirror byte for byte and not readable anonymously.
+/// Namespace B, selected too but whose Secret has no access upstream, is never pinned to A's
+/// copy: not by the webhook, not by the controller.
+async fn a_private_image_is_mirrored_for_its_namespace_only(env: Arc<Env>) -> Result<()> {
+    let puller = ("puller", "correct horse battery staple");
+    let mirror_user = ("mirror", "tr0ub4dor&3");
+    let upstream = env.spare_registry_with_users(&[puller]).await?;
+    let mirror = env.spare_registry_with_users(&[mirror_user]).await?;
+    let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
+    let image = Image::with_files(&[("config.yml", b"private: true\n")])?;
+    let digest = images::push_as(&up, Some(puller), "team/private", "1.0.0", &image).await?;
+    let client = env.client().await?;
+    let pins = MirrorPins {
+        namespaces: format!("{}={}", MIRROR_LABEL.0, MIRROR_LABEL.1).parse()?,
+        pull_secret: Some(PULL_SECRET.into()),
+        ..MirrorPins::new(MirrorLocation::new(&m, PREFIX)?)
+    };
+    let (webhook, controller) =
+        mirroring_with(&env, &up, pins, Some(mirror_user), Duration::from_secs(86_400)).await?;
+    let result = private_scenario(
+        &webhook,
+        &controller,
+        &client,
+        (&up, puller),
+        (&m, mirror_user),
+        &digest,
+    )
+    .await;
+    controller.stop().await;
+    webhook.stop().await?;
+    result
+}
+
+async fn private_scenario(
+    webhook: &LocalWebhook,
+    controller: &LocalController,
+    client: &kube::Client,
+    (up, puller): (&str, (&str, &str)),
+    (m, mirror_user): (&str, (&str, &str)),
+    digest: &str,
+) -> Result<()> {
+    let a = webhook.namespace_labelled("private-a", &[MIRROR_LABEL]).await?;
+    let b = webhook.namespace_labelled("private-b", &[MIRROR_LABEL]).await?;
+    for (namespace, upstream_user) in [(&a, puller), (&b, ("puller", "wrong"))] {
+        let secrets = kube::Api::namespaced(client.clone(), namespace);
+        secrets
+            .create(
+                &PostParams::default(),
+                &basic_secret("registry-creds", upstream_user),
+            )
+            .await?;
+        secrets
+            .create(&PostParams::default(), &basic_secret(PULL_SECRET, mirror_user))
+            .await?;
+    }
+    let written = format!("{up}/team/private:1.0.0");
+    let fetch = json!({"image": {"url": written, "secretRef": {"name": "registry-creds"}}});
+    let app = app_object("private", fetch.clone())?;
+    let on_a = api_for(client, &app, Some(&a)).await?;
+    let on_b = api_for(client, &app, Some(&b)).await?;
+    on_a.create(&PostParams::default(), &app).await?;
+
+    // The controller pins upstream with A's Secret, copies with it into A's path, re-pins.
+    let repo = format!("{PREFIX}/namespaces/{a}/{}/team/private", host_component(up));
+    let expected = format!("{m}/{repo}@{digest}");
+    let secret_of = |o: Option<&DynamicObject>| {
+        o.and_then(|o| o.data.pointer("/spec/fetch/0/image/secretRef/name"))
+            .and_then(|n| n.as_str())
+            .map(str::to_owned)
+    };
+    let wanted = expected.clone();
+    let pinned = wait::until(&on_a, "private", move |o: Option<&DynamicObject>| {
+        url_of(o).as_deref() == Some(wanted.as_str()) && secret_of(o).as_deref() == Some(PULL_SECRET)
+    })
+    .await?
+    .context("the App is gone")?;
+    let recorded = original_refs(&pinned)?;
+    ensure!(
+        recorded["/spec/fetch/0/image/url"]
+            == json!({"ref": written, "digest": digest, "mirror": format!("{m}/{repo}"),
+                      "secretRef": "registry-creds", "pullSecret": PULL_SECRET}),
+        "original-refs: {recorded}"
+    );
+
+    // In the mirror, byte for byte, behind the mirror's credentials; not in the public path.
+    let (status, upstream_bytes) = manifest_as(up, "team/private", digest, Some(puller)).await?;
+    ensure!(status == 200, "upstream manifest: HTTP {status}");
+    let (status, copy) = manifest_as(m, &repo, digest, Some(mirror_user)).await?;
+    ensure!(
+        status == 200 && copy == upstream_bytes,
+        "mirror copy: HTTP {status}"
+    );
+    let (status, _) = manifest_as(m, &repo, digest, None).await?;
+    ensure!(status == 401, "anonymous read of the private copy: HTTP {status}");
+    let public = mirrored(up, "team/private");
+    let (status, _) = manifest_as(m, &public, digest, Some(mirror_user)).await?;
+    ensure!(
+        status == 404,
+        "the private image is in the public path: HTTP {status}"
+    );
+
+    // Once the webhook's cache has A's record, a new App in A is admitted straight to it.
+    let key = CacheKey::tag(
+        &Reference::parse(&written)?,
+        Scope::Secret {
+            namespace: a.clone(),
+            name: "registry-creds".into(),
+        },
+    );
+    let held = Digest::parse(digest)?;
+    until_webhook_record(webhook, &key, |r| r.is_some_and(|r| r.holds(&held)))
+        .await
+        .context("A's mirror record never reached the webhook's cache")?;
+    let second = app_object("private-2", fetch.clone())?;
+    let admitted = on_a.create(&PostParams::default(), &second).await?;
+    ensure!(
+        url_of(Some(&admitted)) == Some(expected.clone())
+            && secret_of(Some(&admitted)).as_deref() == Some(PULL_SECRET),
+        "A, admitted: {:?} {:?}",
+        url_of(Some(&admitted)),
+        secret_of(Some(&admitted))
+    );
+
+    // B: the same reference and Secret name, no access upstream: admitted as written, and the
+    // controller's decision (it asks the registry with B's Secret, which fails) changes nothing.
+    let in_b = on_b.create(&PostParams::default(), &app).await?;
+    ensure!(
+        url_of(Some(&in_b)) == Some(written.clone())
+            && secret_of(Some(&in_b)).as_deref() == Some("registry-creds"),
+        "B, admitted: {:?} {:?}",
+        url_of(Some(&in_b)),
+        secret_of(Some(&in_b))
+    );
+    let labels = [(MIRROR_LABEL.0.to_owned(), MIRROR_LABEL.1.to_owned())].into();
+    let update = controller
+        .pinner
+        .reconcile(PinnedKind::App, &b, &labels, &serde_json::to_value(&in_b)?)
+        .await?;
+    ensure!(
+        update.ops.is_empty() && update.unresolved == 1,
+        "B would get {:?} (unresolved {})",
+        update.ops,
+        update.unresolved
     );
     Ok(())
 }

@@ -162,6 +162,9 @@ pub enum CopyError {
     Bundle { location: String, error: LockError },
     #[error("{location}: nested deeper than {max} levels")]
     TooDeep { location: String, max: usize },
+    /// The source's credentials (a tenant's `secretRef` Secret) could not be read; the caller's.
+    #[error("credentials for the source: {0}")]
+    Credentials(String),
 }
 
 impl CopyError {
@@ -169,7 +172,8 @@ impl CopyError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Source(e) | Self::Mirror(e) => e.is_transient(),
-            Self::NotPinned(_)
+            Self::Credentials(_)
+            | Self::NotPinned(_)
             | Self::Naming(_)
             | Self::Verify { .. }
             | Self::Manifest { .. }
@@ -189,7 +193,7 @@ impl CopyError {
                 e,
                 ResolveError::NotFound { .. } | ResolveError::InvalidDigest { .. }
             ),
-            Self::Mirror(_) => false,
+            Self::Mirror(_) | Self::Credentials(_) => false,
             Self::NotPinned(_)
             | Self::Naming(_)
             | Self::Verify { .. }
