@@ -1,7 +1,8 @@
 //! EMULATORS of peer behaviour — test fixtures, NOT the peers and not part of holdfast.
 //!
-//! [`kapp_controller`] emulates kapp-controller's App fetches (sync timer, vendir's per-App
-//! digest cache) for `make bench-pinning`; the rest of this page is about kpack and Korifi.
+//! [`kapp_controller`] emulates kapp-controller's App fetches of images and imgpkg bundles (sync
+//! timer, imgpkg's relocation check, vendir's per-App digest cache) for `make bench-pinning` and
+//! the mirror suite; the rest of this page is about kpack and Korifi.
 //!
 //! kpack and Korifi cannot run on the local control plane (no container runtime, no kubelet:
 //! Pods are stored, never run), so the e2e suites run in-process emulations of exactly the parts
