@@ -8,7 +8,9 @@
 //!   source registries (all when none is listed), not already in the mirror, whose record does
 //!   not name this mirror's copy of their current digest, and whose copy an object references
 //!   (`crate::references`: pinned to it, or to the same digest upstream), so that what
-//!   retention deletes is not copied again. One copy per mirror location, however many keys
+//!   retention deletes is not copied again, or whose tag moved away from a copy an object
+//!   references (`follow` pins wait on the old copy for the new one:
+//!   `holdfast_pins::repin::stays_on_mirror`). One copy per mirror location, however many keys
 //!   (tags, selections) answer with that digest.
 //! - **When**: event-driven: whenever the cache changes (a new entry from the webhook, a moved
 //!   tag from the refresher, a record from another replica) or a pinned object changes, and
@@ -19,8 +21,10 @@
 //!   answered), except a permanent failure ([`CopyError::is_permanent`]: the digest is gone
 //!   upstream, content that does not match it, a manifest the copier cannot copy), which is
 //!   reported once and not tried again while the entry holds that digest (a new leader, or the
-//!   copy becoming unwanted and wanted again, tries once more); a copy resumes where the last
-//!   one stopped (the copier skips what the mirror holds).
+//!   copy becoming unwanted and wanted again, tries once more; the pinner learns of it through
+//!   the shared [`Copying`], and the objects waiting for that copy are reconciled so they go
+//!   upstream); a copy resumes where the last one stopped (the copier skips what the mirror
+//!   holds).
 //! - **Retention** (`crate::retention`): copies no object references for
 //!   `--mirror-retention-seconds` are deleted from the mirror.
 //! - **Events** on the cache entries (`kubectl describe hfdigest -n holdfast-system`):
@@ -37,7 +41,11 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use holdfast_pins::{MirrorPins, NamespaceSelector, resolve::load_credentials};
+use holdfast_pins::{
+    MirrorPins, NamespaceSelector, Pinner,
+    repin::{Copying, selects},
+    resolve::load_credentials,
+};
 use holdfast_registry::{
     Credentials, Reference, Resolver, ResolverConfig,
     cache::{CacheEntry, CacheKey, DigestCache, Mirrored, Scope},
@@ -90,6 +98,11 @@ impl MirrorSettings {
             pull_secret: self.pull_secret.clone(),
         }
     }
+
+    /// The copier as the pinner sees it, to share between them (`Pinner::with_copying`).
+    pub fn copying(&self) -> Copying {
+        Copying::new(self.registries.clone())
+    }
 }
 
 /// One copy to make: `source` (`repo@sha256:…`) to `target` in `mirror`, read with the
@@ -105,21 +118,11 @@ pub struct CopyJob {
     pub keys: Vec<CacheKey>,
 }
 
-/// Whether content from `registry` is mirrored under `registries` (empty: every registry).
-/// Docker Hub may be listed as `docker.io`, `index.docker.io` or `registry-1.docker.io`.
-pub fn selects(registries: &[String], source: &Reference) -> bool {
-    const HUB: [&str; 3] = ["docker.io", "index.docker.io", "registry-1.docker.io"];
-    registries.is_empty()
-        || registries.iter().any(|listed| {
-            let listed = listed.trim().to_ascii_lowercase();
-            listed == source.registry().to_ascii_lowercase()
-                || (source.is_docker_hub() && HUB.contains(&listed.as_str()))
-        })
-}
-
 /// The copies `entries` need: the pure decision of the reconciler. `recorded` gives an entry's
 /// mirror record; entries whose record names the mirror's copy of their digest need nothing,
-/// nor do those whose copy no object references (`referenced`, see `crate::references`).
+/// nor do those whose copy no object references (`referenced`, see `crate::references`) unless
+/// their record names another copy an object references (the tag moved: `follow` pins on the
+/// old copy wait for this one).
 pub fn wanted(
     entries: &[CacheEntry],
     recorded: impl Fn(&CacheKey) -> Option<Mirrored>,
@@ -144,7 +147,11 @@ pub fn wanted(
         let Ok(location) = mirror.pinned_for(&source, &entry.digest) else {
             continue;
         };
-        if !referenced.contains(&location) || recorded(&entry.key).is_some_and(|m| m.location == location) {
+        let record = recorded(&entry.key);
+        let waited_for = record
+            .as_ref()
+            .is_some_and(|m| m.location != location && referenced.contains(&m.location));
+        if !(referenced.contains(&location) || waited_for) || record.is_some_and(|m| m.location == location) {
             continue;
         }
         jobs.entry(location.clone())
@@ -177,12 +184,14 @@ pub fn copier_resolver_config(
     }
 }
 
-/// Copies and deletes until `cancel`. `reconcile` is bumped after each completed copy so that
-/// the pinning reconcilers move `follow` pins to the mirror.
+/// Copies and deletes until `cancel`, for `pinner` (its cache, and its [`Copying`], which this
+/// keeps up to date). `reconcile` is bumped after each completed copy so that the pinning
+/// reconcilers move `follow` pins to the mirror, and after a copy given up on so that those
+/// waiting for it go upstream.
 pub async fn run(
     client: Client,
     namespace: String,
-    cache: Arc<DigestCache>,
+    pinner: Arc<Pinner>,
     settings: MirrorSettings,
     resolver: ResolverConfig,
     reconcile: watch::Sender<u64>,
@@ -200,6 +209,7 @@ pub async fn run(
             return;
         }
     };
+    let (cache, copying) = (pinner.cache().clone(), pinner.copying().clone());
     let kinds = crate::pinning::installed_kinds(&client).await;
     let references = Arc::new(References::follow(
         client.clone(),
@@ -218,8 +228,6 @@ pub async fn run(
     let mut objects = references.changes();
     let retries: Backoff<String> = Backoff::new(FIRST_RETRY, RETRY_CEILING);
     let mut retry_at: HashMap<String, Instant> = HashMap::new();
-    // Targets whose copy failed permanently, with why (reported once).
-    let mut given_up: HashMap<String, String> = HashMap::new();
     let mut running: HashSet<String> = HashSet::new();
     let mut copies: JoinSet<(CopyJob, Result<CopyReport, CopyError>)> = JoinSet::new();
     let limit = settings.concurrency.max(1);
@@ -237,20 +245,20 @@ pub async fn run(
             &referenced,
             &settings,
         );
-        given_up.retain(|target, _| needed.iter().any(|job| job.target == *target));
+        copying.retain_given_up(|target| needed.iter().any(|job| job.target == target));
         let jobs: Vec<CopyJob> = needed
             .into_iter()
             .filter(|job| {
                 !running.contains(&job.target)
                     && !deleting.contains(&job.target)
-                    && !given_up.contains_key(&job.target)
+                    && !copying.given_up(&job.target)
             })
             .filter(|job| retry_at.get(&job.target).is_none_or(|at| *at <= now))
             .take(limit.saturating_sub(running.len()))
             .collect();
         let expired: Vec<Expired> = retention
             .expired(
-                &cache.mirror_records(),
+                &cache.recorded_copies(),
                 &settings.location,
                 &referenced,
                 SystemTime::now(),
@@ -377,7 +385,8 @@ pub async fn run(
                             "{error}; not retried while the entry holds this digest (objects stay pinned upstream)"
                         );
                         announcer.spawn(job.keys.clone(), EventType::Warning, "MirrorCopyFailed", "Copy", note);
-                        given_up.insert(job.target, error.to_string());
+                        copying.give_up(&job.target);
+                        reconcile.send_modify(|n| *n = n.wrapping_add(1));
                     }
                     Err(error) => {
                         let delay = retries.failed(job.target.clone());
@@ -731,6 +740,24 @@ mod tests {
             ..here
         };
         assert_eq!(wanted(&entries, |_| Some(record.clone()), &all, &other).len(), 1);
+    }
+
+    #[test]
+    fn a_moved_tag_is_copied_for_the_objects_waiting_on_its_old_copy() {
+        let old = [entry("registry.corp.com/team/app:1.0", Scope::Anonymous, "a")];
+        let moved = [entry("registry.corp.com/team/app:1.0", Scope::Anonymous, "b")];
+        let here = settings(&[]);
+        let old_copy = wanted(&old, |_| None, &referenced(&old), &here)[0].target.clone();
+        let record = Mirrored {
+            location: old_copy.clone(),
+            at: SystemTime::now(),
+        };
+        // Nothing names the new digest yet: the follow pins stay on the old copy and wait.
+        let jobs = wanted(&moved, |_| Some(record.clone()), &[old_copy].into(), &here);
+        assert_eq!(jobs.len(), 1);
+        assert!(jobs[0].target.ends_with(moved[0].digest.as_str()), "{jobs:?}");
+        // Nobody on the old copy (nor on the new digest): nothing to copy.
+        assert!(wanted(&moved, |_| Some(record.clone()), &HashSet::new(), &here).is_empty());
     }
 
     #[test]

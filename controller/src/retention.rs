@@ -1,8 +1,10 @@
 //! Retention: a mirror copy that no object references (`crate::references`) for the grace
 //! period (`--mirror-retention-seconds`) is deleted from the mirror, never while referenced.
 //!
-//! - **What is known**: the copies recorded on cache entries (`spec.mirror`). A copy recorded
-//!   nowhere any more (its tag moved and the new digest was copied) is not seen and stays.
+//! - **What is known**: the copies recorded on cache entries: each entry's current copy
+//!   (`spec.mirror`) and the copies it recorded before its tag moved and the new digest was
+//!   copied (`spec.mirrorSuperseded`), so a moved tag's old copy is deleted once its objects
+//!   have moved on to the new one.
 //! - **The clock** of a copy starts when this leader first sees it unreferenced and stops when
 //!   it is referenced again; a restart or a new leader starts it anew (a deletion only ever
 //!   comes later than the grace, never earlier).
@@ -10,7 +12,8 @@
 //!   so the webhook replicas (through their watch) and this controller stop pinning to the
 //!   copy; after [`SETTLE`] the objects are listed afresh from the API server, and only if none
 //!   references the copy is its manifest deleted (`DELETE /v2/<repository>/manifests/<digest>`);
-//!   otherwise, or when the mirror refuses, the records are restored.
+//!   otherwise, or when the mirror refuses, the records are restored (a superseded copy as
+//!   superseded).
 //! - **The window that remains**: an admission a webhook replica answered from a cache that had
 //!   not seen the deletion yet, whose object reaches the API server after that fresh list, is
 //!   pinned to a copy that is then deleted. The copy is then referenced again, so the mirror
@@ -24,7 +27,7 @@ use std::{
 
 use holdfast_registry::{
     Reference,
-    cache::{CacheKey, DigestCache, MirrorDeletion, Mirrored},
+    cache::{CacheKey, DigestCache, MirrorDeletion},
     mirror::{Copier, DeleteError, Deletion, MirrorLocation},
 };
 
@@ -49,26 +52,24 @@ pub struct Retention {
 }
 
 impl Retention {
-    /// The copies of `mirror` among `records` that nothing in `referenced` names and that have
-    /// been unreferenced for `grace` at `now`. Records of another mirror (the configuration
-    /// changed) are never deleted: that registry is not this controller's any more.
+    /// The copies of `mirror` among `records` (entry key, copy: current or superseded) that
+    /// nothing in `referenced` names and that have been unreferenced for `grace` at `now`.
+    /// Records of another mirror (the configuration changed) are never deleted: that registry
+    /// is not this controller's any more.
     pub fn expired(
         &mut self,
-        records: &[(CacheKey, Mirrored)],
+        records: &[(CacheKey, String)],
         mirror: &MirrorLocation,
         referenced: &HashSet<String>,
         now: SystemTime,
         grace: Duration,
     ) -> Vec<Expired> {
         let mut candidates: BTreeMap<&str, Vec<CacheKey>> = BTreeMap::new();
-        for (key, record) in records {
-            let ours = Reference::parse(&record.location)
-                .is_ok_and(|location| location.digest().is_some() && mirror.contains(&location));
-            if ours && !referenced.contains(&record.location) {
-                candidates
-                    .entry(record.location.as_str())
-                    .or_default()
-                    .push(key.clone());
+        for (key, location) in records {
+            let ours = Reference::parse(location)
+                .is_ok_and(|parsed| parsed.digest().is_some() && mirror.contains(&parsed));
+            if ours && !referenced.contains(location) {
+                candidates.entry(location.as_str()).or_default().push(key.clone());
             }
         }
         self.unreferenced_since
@@ -148,13 +149,7 @@ pub async fn delete(
     if !matches!(outcome, Outcome::Deleted(_)) {
         // The copy is still there: record it again (a later record wins over the deletion).
         for key in &expired.keys {
-            cache.record_mirrored(
-                key,
-                Mirrored {
-                    location: expired.location.clone(),
-                    at: SystemTime::now(),
-                },
-            );
+            cache.restore_mirror_copy(key, &expired.location, SystemTime::now());
         }
     }
     outcome
@@ -174,18 +169,12 @@ mod tests {
         MirrorLocation::new("cache.corp.com:5000", "m").unwrap()
     }
 
-    fn record(tag: &str, location: &str) -> (CacheKey, Mirrored) {
+    fn record(tag: &str, location: &str) -> (CacheKey, String) {
         let key = CacheKey::tag(
             &Reference::parse(&format!("registry.corp.com/team/app:{tag}")).unwrap(),
             Scope::Anonymous,
         );
-        (
-            key,
-            Mirrored {
-                location: location.to_owned(),
-                at: SystemTime::UNIX_EPOCH,
-            },
-        )
+        (key, location.to_owned())
     }
 
     fn copy(digest: &str) -> String {
@@ -244,6 +233,40 @@ mod tests {
                 .expired(&records, &mirror(), &none, t2 + GRACE, GRACE)
                 .len(),
             1
+        );
+    }
+
+    #[test]
+    fn a_moved_tags_superseded_copy_is_deleted_once_unreferenced_and_the_new_one_kept() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let resolver = holdfast_registry::Resolver::new(Default::default()).unwrap();
+        let cache = DigestCache::new(std::sync::Arc::new(resolver), Default::default(), None);
+        let (key, _) = record("1.0", "");
+        let copied = |digest: &str, at| holdfast_registry::cache::Mirrored {
+            location: copy(digest),
+            at,
+        };
+        cache.record_mirrored(&key, copied(D1, SystemTime::UNIX_EPOCH));
+        cache.record_mirrored(&key, copied(D2, SystemTime::UNIX_EPOCH + GRACE));
+        // The objects moved on to the new copy: the old one is known, unreferenced, due.
+        let referenced: HashSet<String> = [copy(D2)].into();
+        let mut retention = Retention::default();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let records = cache.recorded_copies();
+        assert!(
+            retention
+                .expired(&records, &mirror(), &referenced, t0, GRACE)
+                .is_empty()
+        );
+        let due = retention.expired(&records, &mirror(), &referenced, t0 + GRACE, GRACE);
+        assert_eq!(locations(&due), [copy(D1)]);
+        assert_eq!(due[0].keys, [key]);
+        // While an object is still on the old copy (a freeze pin), it is kept.
+        let both: HashSet<String> = [copy(D1), copy(D2)].into();
+        assert!(
+            Retention::default()
+                .expired(&records, &mirror(), &both, t0, Duration::ZERO)
+                .is_empty()
         );
     }
 

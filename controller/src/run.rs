@@ -67,8 +67,12 @@ pub async fn run_with_mirror(
         _ = synced.wait_for(|s| *s) => {}
     }
     let secrets = settings.read_secrets.then(|| client.clone());
-    let pinner =
-        Arc::new(Pinner::new(cache.clone(), secrets).with_mirror(mirror.as_ref().map(MirrorSettings::pins)));
+    let mut pinner =
+        Pinner::new(cache.clone(), secrets).with_mirror(mirror.as_ref().map(MirrorSettings::pins));
+    if let Some(mirror) = &mirror {
+        pinner = pinner.with_copying(Arc::new(mirror.copying()));
+    }
+    let pinner = Arc::new(pinner);
 
     let (interval, namespace, work_client) = (settings.refresh, settings.namespace.clone(), client.clone());
     // Everything that writes runs only on the leader.
@@ -76,17 +80,17 @@ pub async fn run_with_mirror(
         let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
         // A completed copy has every object reconciled, as a refresh round does.
         let copies = {
-            let (client, namespace, cache, mirror) = (
+            let (client, namespace, pinner, mirror) = (
                 work_client.clone(),
                 namespace.clone(),
-                cache.clone(),
+                pinner.clone(),
                 mirror.clone(),
             );
             let (resolver, reconcile, leading) =
                 (resolver_config.clone(), rounds_tx.clone(), leading.clone());
             async move {
                 if let Some(mirror) = mirror {
-                    crate::mirror::run(client, namespace, cache, mirror, resolver, reconcile, leading).await;
+                    crate::mirror::run(client, namespace, pinner, mirror, resolver, reconcile, leading).await;
                 }
             }
         };

@@ -92,10 +92,12 @@ impl LocalController {
         ));
         let mut synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
         let _ = synced.wait_for(|s| *s).await;
-        let pinner = Arc::new(
-            Pinner::new(cache.clone(), Some(client.clone()))
-                .with_mirror(mirror.as_ref().map(MirrorSettings::pins)),
-        );
+        let mut pinner =
+            Pinner::new(cache, Some(client.clone())).with_mirror(mirror.as_ref().map(MirrorSettings::pins));
+        if let Some(mirror) = &mirror {
+            pinner = pinner.with_copying(Arc::new(mirror.copying()));
+        }
+        let pinner = Arc::new(pinner);
         let (rounds, rounds_rx) = watch::channel(0u64);
         let pinning = holdfast_controller::pinning::run(
             client.clone(),
@@ -105,13 +107,14 @@ impl LocalController {
             cancel.clone(),
         );
         let copies = {
-            let (namespace, reconcile, cancel) = (namespace.clone(), rounds.clone(), cancel.clone());
+            let (namespace, reconcile, cancel, pinner) =
+                (namespace.clone(), rounds.clone(), cancel.clone(), pinner.clone());
             async move {
                 if let Some(mirror) = mirror {
                     holdfast_controller::mirror::run(
                         client,
                         namespace,
-                        cache,
+                        pinner,
                         mirror,
                         resolver_config,
                         reconcile,

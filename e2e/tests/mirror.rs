@@ -41,6 +41,7 @@ use serde_json::json;
 e2e_main!(serial:
     apps_are_repinned_to_the_mirror_and_sync_without_upstream,
     unreferenced_copies_are_deleted_after_the_grace,
+    a_moved_tag_moves_follow_apps_once_and_its_old_copy_goes,
     only_selected_namespaces_are_pinned_to_the_mirror,
     a_private_image_is_mirrored_for_its_namespace_only,
     copies_an_image_and_relocates_a_bundle_byte_for_byte,
@@ -1065,6 +1066,148 @@ async fn retention_scenario(env: &Env, webhook: &LocalWebhook, up: &str, m: &str
     ensure!(
         images::head_digest(m, &gone_repo, &gone_digest).await? == Some(gone_digest.clone()),
         "re-pinned to a copy the mirror does not have"
+    );
+    Ok(())
+}
+
+/// A tag moved upstream, with a 2 s retention grace: the two `follow` Apps pinned to the mirror
+/// copy of its old digest stay there until the new digest's copy is recorded, then move straight
+/// to it, each with exactly one update (the MODIFIED events of a watch from before the move);
+/// the old copy, recorded as superseded on the tag's entry, is then deleted from the mirror
+/// (HEAD 404) while the new one stays.
+async fn a_moved_tag_moves_follow_apps_once_and_its_old_copy_goes(env: Arc<Env>) -> Result<()> {
+    let upstream = env.spare_registry().await?;
+    let mirror = env.spare_registry().await?;
+    let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
+    let (webhook, controller) = mirroring(&env, &up, &m, Duration::from_secs(2)).await?;
+    let result = moved_tag_scenario(&env, &webhook, &controller, &up, &m).await;
+    controller.stop().await;
+    webhook.stop().await?;
+    result
+}
+
+async fn moved_tag_scenario(
+    env: &Env,
+    webhook: &LocalWebhook,
+    controller: &LocalController,
+    up: &str,
+    m: &str,
+) -> Result<()> {
+    use futures::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+
+    let repo = mirrored(up, "apps/moving");
+    let first = Image::with_files(&[("config/app.yml", b"version: 1\n")])?;
+    let old_digest = images::push(up, "apps/moving", "1.0", &first).await?;
+    let (old_copy, written) = (
+        format!("{m}/{repo}@{old_digest}"),
+        format!("{up}/apps/moving:1.0"),
+    );
+    let client = env.client().await?;
+    let ns = webhook.namespace("mirror-moved").await?;
+    let names = ["first", "second"];
+    let mut api = None;
+    for name in names {
+        let app = app_object(name, json!({"image": {"url": written}}))?;
+        let apps = api_for(&client, &app, Some(&ns)).await?;
+        apps.create(&PostParams::default(), &app).await?;
+        let copy = old_copy.clone();
+        wait::until(&apps, name, move |a: Option<&DynamicObject>| {
+            url_of(a).as_deref() == Some(copy.as_str())
+        })
+        .await?;
+        api = Some(apps);
+    }
+    let api = api.context("no App API")?;
+
+    // Every change of the Apps from here on, then the tag moves and the controller refreshes.
+    let from = api
+        .list(&ListParams::default())
+        .await?
+        .metadata
+        .resource_version
+        .context("no list resourceVersion")?;
+    let mut events = api
+        .watch(&WatchParams::default().timeout(120), &from)
+        .await?
+        .boxed();
+    let second = Image::with_files(&[("config/app.yml", b"version: 2\n")])?;
+    let new_digest = images::push(up, "apps/moving", "1.0", &second).await?;
+    ensure!(new_digest != old_digest, "the tag did not move");
+    let new_copy = format!("{m}/{repo}@{new_digest}");
+    let report = controller.refresh().await;
+    ensure!(
+        report.moved >= 1,
+        "the refresh did not see the tag move: {report:?}"
+    );
+
+    // The fetch reference of each App after each of its updates, until both hold the new copy.
+    let mut updates: BTreeMap<String, Vec<Option<String>>> = BTreeMap::new();
+    let arrived = |updates: &BTreeMap<String, Vec<Option<String>>>| {
+        names.iter().all(|name| {
+            updates
+                .get(*name)
+                .and_then(|seen| seen.last())
+                .is_some_and(|url| url.as_deref() == Some(new_copy.as_str()))
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(90), async {
+        while !arrived(&updates) {
+            match events.next().await.context("the watch ended")?? {
+                WatchEvent::Modified(app) => updates
+                    .entry(app.metadata.name.clone().unwrap_or_default())
+                    .or_default()
+                    .push(url_of(Some(&app))),
+                WatchEvent::Error(status) => bail!("watch: {status:?}"),
+                _ => {}
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .with_context(|| format!("the Apps never reached {new_copy}: {updates:?}"))??;
+    for name in names {
+        ensure!(
+            updates.get(name) == Some(&vec![Some(new_copy.clone())]),
+            "{name}: one update straight to the new copy expected, got {:?}",
+            updates.get(name)
+        );
+        // And none to come: the controller's decision for the App as stored is no change.
+        let stored = serde_json::to_value(api.get(name).await?)?;
+        let update = controller
+            .pinner
+            .reconcile(PinnedKind::App, &ns, &Default::default(), &stored)
+            .await?;
+        ensure!(
+            update.ops.is_empty(),
+            "{name} would change again: {:?}",
+            update.ops
+        );
+    }
+
+    // Nothing references the old copy any more: 2 s later (and the deletion's settling time)
+    // it is deleted from the mirror; the new one stays.
+    let (repo_ref, old_ref) = (repo.as_str(), old_digest.as_str());
+    poll_until(
+        "the superseded copy deleted",
+        Duration::from_secs(60),
+        move || async move { Ok(images::head_digest(m, repo_ref, old_ref).await?.is_none()) },
+    )
+    .await?;
+    ensure!(
+        images::head_digest(m, &repo, &new_digest).await? == Some(new_digest.clone()),
+        "the new copy was deleted too"
+    );
+    let key = CacheKey::tag(&Reference::parse(&written)?, Scope::Anonymous);
+    let entry = cluster_store::api(client.clone(), &webhook.system_namespace)
+        .get(&cluster_store::object_name(&key))
+        .await?;
+    let spec = &entry.data["spec"];
+    ensure!(
+        spec["mirror"] == json!(new_copy)
+            && spec["mirrorDeleted"] == json!(old_copy)
+            && spec.get("mirrorSuperseded").is_none(),
+        "entry spec: {spec}"
     );
     Ok(())
 }

@@ -14,7 +14,10 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 use serde_json::Value;
 
-use crate::{MirrorPins, Need, ObjectPlan, PinOutcome, PinnedKind, Resolution, Step, pin_patch};
+use crate::{
+    MirrorPins, Need, ObjectPlan, PinOutcome, PinnedKind, Resolution, Step, pin_patch,
+    repin::{Copying, stays_on_mirror},
+};
 
 /// What [`Pinner::reconcile`] found: the guarded JSON patch for the stored object, and why any
 /// reference stays unpinned.
@@ -54,6 +57,9 @@ pub struct Pinner {
     secrets: Option<Client>,
     /// The mirror whose copies (recorded in the cache) are pinned instead of the upstream.
     mirror: Option<MirrorPins>,
+    /// The controller's mirror copier, which `follow` pins to a mirror copy wait for when their
+    /// tag moved ([`Pinner::reconcile`]).
+    copying: Arc<Copying>,
 }
 
 impl Pinner {
@@ -62,7 +68,19 @@ impl Pinner {
             cache,
             secrets,
             mirror: None,
+            copying: Arc::default(),
         }
+    }
+
+    /// Shares the controller's view of its mirror copier (`holdfast_controller::mirror` keeps
+    /// it up to date); the default copies from every registry and never gives up.
+    pub fn with_copying(mut self, copying: Arc<Copying>) -> Self {
+        self.copying = copying;
+        self
+    }
+
+    pub fn copying(&self) -> &Arc<Copying> {
+        &self.copying
     }
 
     /// Pins references whose content the controller copied into the mirror to the mirror's copy
@@ -122,7 +140,9 @@ impl Pinner {
 
     /// The update that brings a stored object to its pins: references admitted unpinned get
     /// pinned (catch-up), and `follow` pins move with their tags (from the cache, which the
-    /// refresher keeps current). Empty when the object is as it should be.
+    /// refresher keeps current); a pin to a mirror copy whose tag moved stays on that copy while
+    /// the new digest's copy is coming ([`stays_on_mirror`]). Empty when the object is as it
+    /// should be.
     /// `labels` are the namespace's (they decide whether the object is pinned to the mirror).
     pub async fn reconcile(
         &self,
@@ -132,7 +152,9 @@ impl Pinner {
         stored: &Value,
     ) -> Result<PinUpdate, json_patch::PatchError> {
         let mut desired = crate::repin::unpinned(stored);
-        let outcome = self.pin(kind, namespace, labels, &desired, None).await;
+        let outcome = self
+            .pin_sites(kind, namespace, labels, &desired, None, true)
+            .await;
         json_patch::patch(&mut desired, &outcome.ops)?;
         let ops = crate::repin::update(stored, &desired);
         let change = (!ops.is_empty()).then(|| {
@@ -166,6 +188,20 @@ impl Pinner {
         object: &Value,
         old: Option<&Value>,
     ) -> PinOutcome {
+        self.pin_sites(kind, namespace, labels, object, old, false).await
+    }
+
+    /// [`Pinner::pin`]; `repinning` (the controller's reconcile): `follow` pins to a mirror copy
+    /// wait there for their moved tag's new copy.
+    async fn pin_sites(
+        &self,
+        kind: PinnedKind,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+        object: &Value,
+        old: Option<&Value>,
+        repinning: bool,
+    ) -> PinOutcome {
         let mirror = self.mirror.as_ref().filter(|m| m.selects(labels));
         let plan = ObjectPlan::new(kind, object, old);
         let mut warnings = plan.warnings.clone();
@@ -184,7 +220,12 @@ impl Pinner {
                         None => Scope::Anonymous,
                     };
                     match self.resolve(need, scope, mirror).await {
-                        Ok((resolution, origin)) => {
+                        Ok(Resolved {
+                            resolution,
+                            origin,
+                            key,
+                            source,
+                        }) => {
                             if let Origin::Stale { error, age } = origin {
                                 stale += 1;
                                 warnings.push(format!(
@@ -193,7 +234,22 @@ impl Pinner {
                                     age.as_secs()
                                 ));
                             }
-                            resolutions.push((index, resolution));
+                            // The copier wants the new copy while the entry records the old one
+                            // (`holdfast_controller::mirror::wanted`), unless it gave up on it.
+                            let coming = |old: &str, new: &str| {
+                                self.copying.coming(&source, new)
+                                    && self.cache.serving_record(&key).is_some_and(|m| m.location == old)
+                            };
+                            let stays = fallback.as_ref().filter(|recorded| {
+                                repinning
+                                    && mirror.is_some_and(|mirror| {
+                                        stays_on_mirror(recorded, &resolution, &mirror.location, coming)
+                                    })
+                            });
+                            if stays.is_some() {
+                                tracing::debug!(field = %site.field, moved_to = %resolution.digest, "tag moved; kept on its mirror copy until the new digest's copy is recorded");
+                            }
+                            resolutions.push((index, stays.cloned().unwrap_or(resolution)));
                         }
                         Err(error) => match fallback {
                             Some(previous) => {
@@ -227,7 +283,7 @@ impl Pinner {
         need: &Need,
         scope: Scope,
         mirror: Option<&MirrorPins>,
-    ) -> Result<(Resolution, Origin), CacheError> {
+    ) -> Result<Resolved, CacheError> {
         let (key, target, selection) = match need {
             Need::Tag(reference) => (CacheKey::tag(reference, scope.clone()), reference.clone(), None),
             Need::Select(repository, selection) => (
@@ -245,7 +301,7 @@ impl Pinner {
         let secrets = self.secrets.clone();
         let answer = self
             .cache
-            .lookup(key, target.clone(), selection, {
+            .lookup(key.clone(), target.clone(), selection, {
                 let scope = scope.clone();
                 move || load_credentials(secrets, scope)
             })
@@ -253,16 +309,27 @@ impl Pinner {
         let (mirror, pull_secret) = mirror
             .and_then(|m| m.pin_target(&scope, &target, &answer.digest, answer.mirrored.as_ref()))
             .map_or((None, None), |(repository, pull)| (Some(repository), pull));
-        Ok((
-            Resolution {
+        Ok(Resolved {
+            resolution: Resolution {
                 digest: answer.digest,
                 selected_tag: answer.tag,
                 mirror,
                 pull_secret,
             },
-            answer.origin,
-        ))
+            origin: answer.origin,
+            key,
+            source: target,
+        })
     }
+}
+
+/// What [`Pinner::resolve`] found for one site, with the cache key it asked and the reference
+/// (tag, or repository of a selection) it resolved.
+struct Resolved {
+    resolution: Resolution,
+    origin: Origin,
+    key: CacheKey,
+    source: Reference,
 }
 
 /// The mirror repository to pin `source` at `digest` to: `Some` only when `recorded` is the

@@ -14,9 +14,11 @@
 //! The controller also records, per entry, where the entry's content was copied into the
 //! mirror ([`Mirrored`], see `crate::mirror`): kept beside the entries (a [`CacheEntry`] is
 //! the registry's answer, the mirror record is the controller's), persisted through
-//! [`EntrySink::persist_mirrored`] and loaded with [`DigestCache::insert_mirrored`], and handed
+//! [`EntrySink::persist_mirror`] and loaded with [`DigestCache::insert_mirrored`], and handed
 //! out with every [`Answer`]. A record names the digest it holds (`…@sha256:…`), so a tag that
-//! moved is never answered with the old digest's mirror location.
+//! moved is never answered with the old digest's mirror location. When the new digest's copy is
+//! recorded, the old copy is kept as [`Superseded`] (persisted too, so a new leader knows it)
+//! until retention deletes it from the mirror.
 
 use std::{
     collections::HashMap,
@@ -155,6 +157,69 @@ pub struct MirrorDeletion {
     pub at: SystemTime,
 }
 
+/// A copy an entry recorded before its tag moved and the new digest's copy was recorded in its
+/// place: still in the mirror (objects may still be pinned to it) until retention deletes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superseded {
+    /// `<mirror>/<prefix>/…@sha256:…`.
+    pub location: String,
+    /// When it stopped being the entry's record (or was recorded again after a deletion that
+    /// did not happen).
+    pub since: SystemTime,
+}
+
+/// Everything the controller records on one entry about the mirror, persisted in one write
+/// ([`EntrySink::persist_mirror`]): the current copy, the superseded ones, the last deletion.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MirrorFields {
+    pub current: Option<Mirrored>,
+    pub superseded: Vec<Superseded>,
+    pub deleted: Option<MirrorDeletion>,
+}
+
+/// One entry's copies in memory.
+#[derive(Debug, Clone, Default)]
+struct Copies {
+    current: Option<Mirrored>,
+    superseded: Vec<Superseded>,
+}
+
+impl Copies {
+    /// `mirrored` becomes the current copy; the one it replaces (another location) is superseded.
+    fn copied(&mut self, mirrored: Mirrored) {
+        if let Some(previous) = self.current.take().filter(|p| p.location != mirrored.location) {
+            self.supersede(previous.location, mirrored.at);
+        }
+        self.superseded.retain(|s| s.location != mirrored.location);
+        self.current = Some(mirrored);
+    }
+
+    /// Adds `location` to the superseded copies, unless it is the current one or already there.
+    fn supersede(&mut self, location: String, since: SystemTime) {
+        let held = self.current.as_ref().is_some_and(|c| c.location == location)
+            || self.superseded.iter().any(|s| s.location == location);
+        if !held {
+            self.superseded.push(Superseded { location, since });
+        }
+    }
+
+    /// Drops the copy `deleted` names, unless it was recorded after the deletion was decided;
+    /// whether anything was dropped.
+    fn deleted(&mut self, deleted: &MirrorDeletion) -> bool {
+        let before = (self.current.is_some(), self.superseded.len());
+        if self
+            .current
+            .as_ref()
+            .is_some_and(|c| c.location == deleted.location && c.at <= deleted.at)
+        {
+            self.current = None;
+        }
+        self.superseded
+            .retain(|s| !(s.location == deleted.location && s.since <= deleted.at));
+        before != (self.current.is_some(), self.superseded.len())
+    }
+}
+
 /// Where an answer came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
@@ -221,10 +286,8 @@ impl Default for CacheConfig {
 /// Receives every entry the cache changed, to persist it.
 pub trait EntrySink: Send + Sync {
     fn persist(&self, entry: &CacheEntry);
-    /// Persists the mirror record of the entry with `key` (an entry already persisted).
-    fn persist_mirrored(&self, _key: &CacheKey, _mirrored: &Mirrored) {}
-    /// Persists that the copy the entry with `key` recorded was deleted from the mirror.
-    fn persist_mirror_deleted(&self, _key: &CacheKey, _deleted: &MirrorDeletion) {}
+    /// Persists the mirror records of the entry with `key` (an entry already persisted), whole.
+    fn persist_mirror(&self, _key: &CacheKey, _fields: &MirrorFields) {}
 }
 
 /// The registry operations the cache needs; [`Resolver`] is the real one.
@@ -278,7 +341,8 @@ pub struct DigestCache {
     source: Arc<dyn Source>,
     config: CacheConfig,
     entries: RwLock<HashMap<CacheKey, CacheEntry>>,
-    mirrored: RwLock<HashMap<CacheKey, Mirrored>>,
+    /// The controller's mirror records, by entry key.
+    mirrored: RwLock<HashMap<CacheKey, Copies>>,
     /// Bumped on every change of an entry or a mirror record.
     changes: tokio::sync::watch::Sender<u64>,
     negative: Mutex<HashMap<CacheKey, (Instant, CacheError)>>,
@@ -315,62 +379,112 @@ impl DigestCache {
         }
     }
 
-    /// Loads the mirror record of `key` (from the persisted store); a later copy already held wins.
+    /// Loads the mirror record of `key` (from the persisted store); a later copy already held
+    /// wins. A record of another location supersedes the one held (see [`Superseded`]).
     pub fn insert_mirrored(&self, key: CacheKey, mirrored: Mirrored) {
         let mut records = self.mirrored.write().unwrap_or_else(|e| e.into_inner());
-        match records.get(&key) {
+        let copies = records.entry(key).or_default();
+        match &copies.current {
             Some(held) if *held == mirrored || (held.at > mirrored.at) => {}
             _ => {
-                records.insert(key, mirrored);
+                copies.copied(mirrored);
                 drop(records);
                 self.changed();
             }
         }
     }
 
-    /// Records that the content of `key`'s entry is in the mirror, and persists the record.
-    pub fn record_mirrored(&self, key: &CacheKey, mirrored: Mirrored) {
-        if let Some(sink) = &self.sink {
-            sink.persist_mirrored(key, &mirrored);
-        }
-        self.mirrored
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), mirrored);
-        self.changed();
-    }
-
-    /// Records that `deleted.location` is being deleted from the mirror: `key`'s record of that
-    /// copy is dropped (answers stop naming it) and the deletion is persisted.
-    pub fn record_mirror_deleted(&self, key: &CacheKey, deleted: MirrorDeletion) {
-        if let Some(sink) = &self.sink {
-            sink.persist_mirror_deleted(key, &deleted);
-        }
-        self.insert_mirror_deleted(key, &deleted);
-    }
-
-    /// Loads a deletion (from the persisted store): drops `key`'s record of that copy, unless
-    /// the record is of a later copy.
-    pub fn insert_mirror_deleted(&self, key: &CacheKey, deleted: &MirrorDeletion) {
+    /// Loads the superseded copies of `key` (from the persisted store), beside those held.
+    pub fn insert_superseded(&self, key: CacheKey, superseded: Vec<Superseded>) {
         let mut records = self.mirrored.write().unwrap_or_else(|e| e.into_inner());
-        if records
-            .get(key)
-            .is_some_and(|held| held.location == deleted.location && held.at <= deleted.at)
-        {
-            records.remove(key);
+        let copies = records.entry(key).or_default();
+        let before = copies.superseded.len();
+        for copy in superseded {
+            copies.supersede(copy.location, copy.since);
+        }
+        if copies.superseded.len() != before {
             drop(records);
             self.changed();
         }
     }
 
-    /// Every mirror record, with the key of its entry.
-    pub fn mirror_records(&self) -> Vec<(CacheKey, Mirrored)> {
-        self.mirrored
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(key, record)| (key.clone(), record.clone()))
-            .collect()
+    /// Records that the content of `key`'s entry is in the mirror (the copy it recorded before,
+    /// of a digest the tag held earlier, is superseded), and persists the record.
+    pub fn record_mirrored(&self, key: &CacheKey, mirrored: Mirrored) {
+        self.change_copies(key, None, |copies| copies.copied(mirrored));
+    }
+
+    /// Records that `deleted.location` is being deleted from the mirror: `key`'s record of that
+    /// copy (current or superseded) is dropped (answers stop naming it) and the deletion is
+    /// persisted.
+    pub fn record_mirror_deleted(&self, key: &CacheKey, deleted: MirrorDeletion) {
+        self.change_copies(key, Some(deleted.clone()), |copies| {
+            copies.deleted(&deleted);
+        });
+    }
+
+    /// Records `location` again on `key` after a deletion that did not happen (retention found
+    /// it referenced, or the mirror refused): superseded when `key` records another copy now,
+    /// else its current copy.
+    pub fn restore_mirror_copy(&self, key: &CacheKey, location: &str, at: SystemTime) {
+        self.change_copies(key, None, |copies| match &copies.current {
+            Some(current) if current.location != location => copies.supersede(location.to_owned(), at),
+            _ => {
+                copies.current = Some(Mirrored {
+                    location: location.to_owned(),
+                    at,
+                })
+            }
+        });
+    }
+
+    /// Applies `change` to `key`'s copies and persists them whole, with `deleted` (the
+    /// persisted order is the order of the changes).
+    fn change_copies(
+        &self,
+        key: &CacheKey,
+        deleted: Option<MirrorDeletion>,
+        change: impl FnOnce(&mut Copies),
+    ) {
+        let mut records = self.mirrored.write().unwrap_or_else(|e| e.into_inner());
+        let copies = records.entry(key.clone()).or_default();
+        change(copies);
+        if let Some(sink) = &self.sink {
+            sink.persist_mirror(
+                key,
+                &MirrorFields {
+                    current: copies.current.clone(),
+                    superseded: copies.superseded.clone(),
+                    deleted,
+                },
+            );
+        }
+        drop(records);
+        self.changed();
+    }
+
+    /// Loads a deletion (from the persisted store): drops `key`'s record of that copy, current
+    /// or superseded, unless recorded after the deletion was decided.
+    pub fn insert_mirror_deleted(&self, key: &CacheKey, deleted: &MirrorDeletion) {
+        let mut records = self.mirrored.write().unwrap_or_else(|e| e.into_inner());
+        if records.get_mut(key).is_some_and(|copies| copies.deleted(deleted)) {
+            drop(records);
+            self.changed();
+        }
+    }
+
+    /// Every copy recorded on an entry, current or superseded, with the key of its entry
+    /// (what retention knows of the mirror).
+    pub fn recorded_copies(&self) -> Vec<(CacheKey, String)> {
+        let records = self.mirrored.read().unwrap_or_else(|e| e.into_inner());
+        let mut copies = Vec::new();
+        for (key, held) in records.iter() {
+            let superseded = held.superseded.iter().map(|s| &s.location);
+            for location in held.current.iter().map(|c| &c.location).chain(superseded) {
+                copies.push((key.clone(), location.clone()));
+            }
+        }
+        copies
     }
 
     /// The mirror record of the entry with exactly `key` (no anonymous fallback).
@@ -379,7 +493,14 @@ impl DigestCache {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(key)
-            .cloned()
+            .and_then(|copies| copies.current.clone())
+    }
+
+    /// The current mirror record of the entry serving `key` (see [`DigestCache::get`]),
+    /// whatever digest it holds: after a tag moved, the old digest's copy until the new one is
+    /// recorded.
+    pub fn serving_record(&self, key: &CacheKey) -> Option<Mirrored> {
+        self.get(key).and_then(|entry| self.mirrored(&entry.key))
     }
 
     /// Changes whenever an entry or a mirror record changes (loaded, resolved or recorded).
@@ -987,7 +1108,17 @@ mod tests {
         source.digests.lock().unwrap().insert(APP.into(), digest("v2"));
         let moved = cache.refresh(&key, anonymous).await.unwrap();
         assert_eq!((moved.digest, moved.mirrored), (digest("v2"), None));
-        assert_eq!(cache.mirrored(&key), Some(record));
+        assert_eq!(cache.mirrored(&key), Some(record.clone()));
+        // The old digest's copy is still the record of the entry serving the tag, for every
+        // scope the anonymous entry serves.
+        let scoped = CacheKey::tag(
+            &reference(APP),
+            Scope::Secret {
+                namespace: "a".into(),
+                name: "creds".into(),
+            },
+        );
+        assert_eq!(cache.serving_record(&scoped), Some(record));
     }
 
     #[test]
@@ -1033,7 +1164,7 @@ mod tests {
                 at: now,
             },
         );
-        assert_eq!(cache.mirror_records(), [(key.clone(), copy.clone())]);
+        assert_eq!(cache.recorded_copies(), [(key.clone(), copy.location.clone())]);
 
         let mut changes = cache.changes();
         changes.mark_unchanged();
@@ -1055,5 +1186,60 @@ mod tests {
             lookup(&cache, APP, Scope::Anonymous).await.unwrap().mirrored,
             Some(again)
         );
+    }
+
+    #[tokio::test]
+    async fn a_moved_tags_old_copy_is_superseded_until_deleted_and_restored_in_its_place() {
+        let (_, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
+        let now = SystemTime::now();
+        let copy = |d: &str, at| Mirrored {
+            location: format!("cache.example/m/registry.example/team/app@{}", digest(d)),
+            at,
+        };
+        let (v1, v2) = (copy("v1", now), copy("v2", now + Duration::from_secs(1)));
+        cache.record_mirrored(&key, v1.clone());
+        cache.record_mirrored(&key, v2.clone());
+        assert_eq!(cache.mirrored(&key), Some(v2.clone()));
+        let mut copies = cache.recorded_copies();
+        copies.sort();
+        assert_eq!(
+            copies,
+            [
+                (key.clone(), v1.location.clone()),
+                (key.clone(), v2.location.clone())
+            ]
+        );
+
+        // A deletion that did not happen puts the old copy back among the superseded ones.
+        let deletion = MirrorDeletion {
+            location: v1.location.clone(),
+            at: now + Duration::from_secs(2),
+        };
+        cache.record_mirror_deleted(&key, deletion.clone());
+        assert_eq!(cache.recorded_copies(), [(key.clone(), v2.location.clone())]);
+        cache.restore_mirror_copy(&key, &v1.location, now + Duration::from_secs(3));
+        assert_eq!(cache.mirrored(&key), Some(v2.clone()), "still the current copy");
+        assert_eq!(cache.recorded_copies().len(), 2);
+        // The deletion loaded late (a watch event) does not drop the restored copy.
+        cache.insert_mirror_deleted(&key, &deletion);
+        assert_eq!(cache.recorded_copies().len(), 2);
+
+        // Loaded by another replica: the superseded list beside the record; the tag moving back
+        // to v1 makes that copy current again and supersedes v2.
+        let (_, replica) = self::cache(FakeSource::default(), CacheConfig::default());
+        replica.insert_mirrored(key.clone(), v2.clone());
+        let superseded = Superseded {
+            location: v1.location.clone(),
+            since: now,
+        };
+        replica.insert_superseded(key.clone(), vec![superseded.clone(), superseded]);
+        assert_eq!(replica.recorded_copies().len(), 2, "no duplicates");
+        let back = copy("v1", now + Duration::from_secs(4));
+        replica.insert_mirrored(key.clone(), back.clone());
+        assert_eq!(replica.mirrored(&key), Some(back));
+        let mut copies = replica.recorded_copies();
+        copies.sort();
+        assert_eq!(copies, [(key.clone(), v1.location), (key.clone(), v2.location)]);
     }
 }

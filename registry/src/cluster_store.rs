@@ -4,11 +4,13 @@
 //!
 //! The mirror record of an entry (`spec.mirror`, `spec.mirroredAt`) is written by a field manager
 //! of its own, [`MIRROR_FIELD_MANAGER`]: the entry's own applies (every refresh) leave it alone,
-//! and it names the digest it holds, so a moved tag never serves a stale record. When the
-//! controller deletes a copy from the mirror (retention), the same manager applies
-//! `spec.mirrorDeleted` and `spec.mirrorDeletedAt` instead, which drops `spec.mirror` and
-//! `spec.mirroredAt` (fields a manager stops applying are removed) and tells every replica to
-//! stop pinning to the copy.
+//! and it names the digest it holds, so a moved tag never serves a stale record. The copies a
+//! moved tag's entry recorded before (`spec.mirrorSuperseded`: location and since when) are
+//! kept beside it until retention deletes them. When the controller deletes a copy from the
+//! mirror (retention), the same manager applies `spec.mirrorDeleted` and `spec.mirrorDeletedAt`
+//! without that copy, which drops it (fields a manager stops applying are removed) and tells
+//! every replica to stop pinning to it. Each write applies the manager's fields whole
+//! ([`MirrorFields`]).
 
 use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
@@ -26,7 +28,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     Digest,
-    cache::{CacheEntry, CacheKey, DigestCache, EntrySink, MirrorDeletion, Mirrored, Scope},
+    cache::{
+        CacheEntry, CacheKey, DigestCache, EntrySink, MirrorDeletion, MirrorFields, Mirrored, Scope,
+        Superseded,
+    },
 };
 
 pub const FIELD_MANAGER: &str = "holdfast";
@@ -98,27 +103,50 @@ pub fn to_object(entry: &CacheEntry) -> Value {
     })
 }
 
-/// The apply configuration that records `mirrored` on the object of `key`: only the fields
-/// [`MIRROR_FIELD_MANAGER`] owns.
-pub fn mirror_patch(key: &CacheKey, mirrored: &Mirrored) -> Value {
+/// The apply configuration that records `fields` on the object of `key`: only the fields
+/// [`MIRROR_FIELD_MANAGER`] owns, all of them (those left out are removed).
+pub fn mirror_patch(key: &CacheKey, fields: &MirrorFields) -> Value {
+    let mut spec = json!({});
+    if let Some(current) = &fields.current {
+        spec["mirror"] = json!(current.location);
+        spec["mirroredAt"] = json!(rfc3339(current.at));
+    }
+    if !fields.superseded.is_empty() {
+        let superseded: Vec<Value> = fields
+            .superseded
+            .iter()
+            .map(|s| json!({"location": s.location, "since": rfc3339(s.since)}))
+            .collect();
+        spec["mirrorSuperseded"] = json!(superseded);
+    }
+    if let Some(deleted) = &fields.deleted {
+        spec["mirrorDeleted"] = json!(deleted.location);
+        spec["mirrorDeletedAt"] = json!(rfc3339(deleted.at));
+    }
     json!({
         "apiVersion": "holdfast.dev/v1alpha1",
         "kind": "DigestCacheEntry",
         "metadata": {"name": object_name(key)},
-        "spec": {"mirror": mirrored.location, "mirroredAt": rfc3339(mirrored.at)},
+        "spec": spec,
     })
 }
 
-/// The apply configuration that records, on the object of `key`, that its copy was deleted
-/// from the mirror: the [`MIRROR_FIELD_MANAGER`]'s fields become these two, so its
-/// `spec.mirror` and `spec.mirroredAt` are removed.
-pub fn mirror_deleted_patch(key: &CacheKey, deleted: &MirrorDeletion) -> Value {
-    json!({
-        "apiVersion": "holdfast.dev/v1alpha1",
-        "kind": "DigestCacheEntry",
-        "metadata": {"name": object_name(key)},
-        "spec": {"mirrorDeleted": deleted.location, "mirrorDeletedAt": rfc3339(deleted.at)},
-    })
+/// The superseded copies an object records.
+pub fn superseded_from_object(object: &DynamicObject) -> Vec<Superseded> {
+    let listed = object
+        .data
+        .pointer("/spec/mirrorSuperseded")
+        .and_then(Value::as_array);
+    listed
+        .into_iter()
+        .flatten()
+        .filter_map(|copy| {
+            Some(Superseded {
+                location: copy.get("location")?.as_str()?.to_owned(),
+                since: parse_time(copy.get("since")?)?,
+            })
+        })
+        .collect()
 }
 
 /// The mirror deletion an object records, if any.
@@ -166,13 +194,8 @@ pub struct ClusterSink {
 /// What the sink writes.
 enum Write {
     Entry(CacheEntry),
-    Mirror(CacheKey, MirrorWrite),
-}
-
-/// The [`MIRROR_FIELD_MANAGER`]'s fields of one object: the last one asked for wins.
-enum MirrorWrite {
-    Copied(Mirrored),
-    Deleted(MirrorDeletion),
+    /// The [`MIRROR_FIELD_MANAGER`]'s fields of one object: the last one asked for wins.
+    Mirror(CacheKey, MirrorFields),
 }
 
 impl ClusterSink {
@@ -187,15 +210,15 @@ impl ClusterSink {
                     next = rx.recv() => match next { Some(write) => write, None => return },
                 };
                 let mut entries: HashMap<CacheKey, CacheEntry> = HashMap::new();
-                let mut records: HashMap<CacheKey, MirrorWrite> = HashMap::new();
+                let mut records: HashMap<CacheKey, MirrorFields> = HashMap::new();
                 let mut next = Some(first);
                 while let Some(write) = next {
                     match write {
                         Write::Entry(entry) => {
                             entries.insert(entry.key.clone(), entry);
                         }
-                        Write::Mirror(key, write) => {
-                            records.insert(key, write);
+                        Write::Mirror(key, fields) => {
+                            records.insert(key, fields);
                         }
                     }
                     next = rx.try_recv().ok();
@@ -207,16 +230,12 @@ impl ClusterSink {
                         tracing::warn!(%error, reference = %entry.key.reference, "could not persist a digest cache entry");
                     }
                 }
-                for (key, write) in records {
+                for (key, fields) in records {
                     let name = object_name(&key);
-                    let (patch, location) = match &write {
-                        MirrorWrite::Copied(mirrored) => (mirror_patch(&key, mirrored), &mirrored.location),
-                        MirrorWrite::Deleted(deleted) => {
-                            (mirror_deleted_patch(&key, deleted), &deleted.location)
-                        }
-                    };
+                    let patch = mirror_patch(&key, &fields);
                     if let Err(error) = api.patch(&name, &mirror_params, &Patch::Apply(patch)).await {
-                        tracing::warn!(%error, reference = %key.reference, %location, "could not persist a mirror record");
+                        let location = fields.current.as_ref().map(|c| c.location.as_str());
+                        tracing::warn!(%error, reference = %key.reference, ?location, "could not persist a mirror record");
                     }
                 }
             }
@@ -230,16 +249,8 @@ impl EntrySink for ClusterSink {
         let _ = self.tx.send(Write::Entry(entry.clone()));
     }
 
-    fn persist_mirrored(&self, key: &CacheKey, mirrored: &Mirrored) {
-        let _ = self
-            .tx
-            .send(Write::Mirror(key.clone(), MirrorWrite::Copied(mirrored.clone())));
-    }
-
-    fn persist_mirror_deleted(&self, key: &CacheKey, deleted: &MirrorDeletion) {
-        let _ = self
-            .tx
-            .send(Write::Mirror(key.clone(), MirrorWrite::Deleted(deleted.clone())));
+    fn persist_mirror(&self, key: &CacheKey, fields: &MirrorFields) {
+        let _ = self.tx.send(Write::Mirror(key.clone(), fields.clone()));
     }
 }
 
@@ -264,8 +275,9 @@ pub fn follow(
                             cache.insert_mirror_deleted(&key, &deleted);
                         }
                         if let Some(mirrored) = mirrored_from_object(&object) {
-                            cache.insert_mirrored(key, mirrored);
+                            cache.insert_mirrored(key.clone(), mirrored);
                         }
+                        cache.insert_superseded(key, superseded_from_object(&object));
                     }
                 }
                 Ok(watcher::Event::InitDone) => {
@@ -341,36 +353,85 @@ mod tests {
             location: format!("cache.example/m/registry.example/team/app@{}", entry.digest),
             at: now,
         };
-        let patch = mirror_patch(&key, &mirrored);
+        let copied = MirrorFields {
+            current: Some(mirrored.clone()),
+            ..MirrorFields::default()
+        };
+        let patch = mirror_patch(&key, &copied);
         // Only the record's fields: the entry's own applies keep owning the rest.
         let mut fields: Vec<&String> = patch["spec"].as_object().unwrap().keys().collect();
         fields.sort();
         assert_eq!(fields, ["mirror", "mirroredAt"]);
         assert_eq!(patch["metadata"]["name"], json!(object_name(&key)));
 
-        let mut object = to_object(&entry);
-        assert!(mirrored_from_object(&serde_json::from_value(object.clone()).unwrap()).is_none());
-        object["spec"]["mirror"] = patch["spec"]["mirror"].clone();
-        object["spec"]["mirroredAt"] = patch["spec"]["mirroredAt"].clone();
-        let object: DynamicObject = serde_json::from_value(object).unwrap();
+        // Applied on the entry's object (the manager's fields beside the entry's): read back.
+        let applied = |patch: &Value| {
+            let mut object = to_object(&entry);
+            for (field, value) in patch["spec"].as_object().unwrap() {
+                object["spec"][field] = value.clone();
+            }
+            serde_json::from_value::<DynamicObject>(object).unwrap()
+        };
+        assert!(mirrored_from_object(&applied(&json!({"spec": {}}))).is_none());
+        let object = applied(&patch);
         assert_eq!(mirrored_from_object(&object), Some(mirrored.clone()));
         assert_eq!(from_object(&object), Some(entry.clone()));
+        assert!(superseded_from_object(&object).is_empty());
 
-        // A deletion: the manager's fields are the deletion's only, so the record goes.
-        let deleted = MirrorDeletion {
-            location: mirrored.location,
+        // The tag moved and the new digest was copied: the old copy is superseded, beside it.
+        let moved = Mirrored {
+            location: format!(
+                "cache.example/m/registry.example/team/app@{}",
+                Digest::sha256_of(b"y")
+            ),
             at: now + Duration::from_secs(1),
         };
-        let patch = mirror_deleted_patch(&key, &deleted);
+        let superseded = Superseded {
+            location: mirrored.location.clone(),
+            since: moved.at,
+        };
+        let object = applied(&mirror_patch(
+            &key,
+            &MirrorFields {
+                current: Some(moved.clone()),
+                superseded: vec![superseded.clone()],
+                deleted: None,
+            },
+        ));
+        assert_eq!(mirrored_from_object(&object), Some(moved.clone()));
+        assert_eq!(superseded_from_object(&object), [superseded]);
+
+        // The superseded copy deleted: the manager's fields are the current copy and the
+        // deletion, so the superseded list goes.
+        let deleted = MirrorDeletion {
+            location: mirrored.location,
+            at: now + Duration::from_secs(2),
+        };
+        let patch = mirror_patch(
+            &key,
+            &MirrorFields {
+                current: Some(moved.clone()),
+                superseded: Vec::new(),
+                deleted: Some(deleted.clone()),
+            },
+        );
         let mut fields: Vec<&String> = patch["spec"].as_object().unwrap().keys().collect();
         fields.sort();
-        assert_eq!(fields, ["mirrorDeleted", "mirrorDeletedAt"]);
-        let mut object = to_object(&entry);
-        object["spec"]["mirrorDeleted"] = patch["spec"]["mirrorDeleted"].clone();
-        object["spec"]["mirrorDeletedAt"] = patch["spec"]["mirrorDeletedAt"].clone();
-        let object: DynamicObject = serde_json::from_value(object).unwrap();
-        assert_eq!(mirror_deleted_from_object(&object), Some(deleted));
-        assert!(mirrored_from_object(&object).is_none());
+        assert_eq!(
+            fields,
+            ["mirror", "mirrorDeleted", "mirrorDeletedAt", "mirroredAt"]
+        );
+        let object = applied(&patch);
+        assert_eq!(mirror_deleted_from_object(&object), Some(deleted.clone()));
+        assert_eq!(mirrored_from_object(&object), Some(moved));
+        assert!(superseded_from_object(&object).is_empty());
+
+        // The current copy deleted: only the deletion is left.
+        let only_deleted = MirrorFields {
+            deleted: Some(deleted),
+            ..MirrorFields::default()
+        };
+        assert!(mirrored_from_object(&applied(&mirror_patch(&key, &only_deleted))).is_none());
     }
 
     #[test]
