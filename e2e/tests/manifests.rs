@@ -565,16 +565,15 @@ fn route(
     } else {
         format!("{group}/{version}")
     };
-    let request: Request = serde_json::from_str(
-        &json!({
+    let body = json!({
         "uid": "u", "kind": {"group": group, "version": version, "kind": "X"},
         "resource": {"group": group, "version": version, "resource": resource},
         "name": "n", "namespace": "ns", "operation": operation, "userInfo": {},
         "object": {"apiVersion": api_version, "kind": "X", "metadata": {"name": "n", "namespace": "ns"}},
         "oldObject": null, "dryRun": false,
-        })
-        .to_string(),
-    )?;
+    })
+    .to_string();
+    let request: Request = serde_json::from_str(&body)?;
     Ok(Rule::route(family, &request).map(Rule::name))
 }
 

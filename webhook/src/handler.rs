@@ -107,10 +107,10 @@ async fn admit(family: Family, state: &AdmissionState, content_type: ContentType
         .metrics
         .observe(rule, operation, outcome, elapsed.as_secs_f64());
     tracing::info!(
-        uid = request.uid.as_str(),
-        kind = request.kind.kind.as_str(),
+        uid = &*request.uid,
+        kind = &*request.kind.kind,
         namespace = request.namespace.as_deref().unwrap_or(""),
-        name = request.name.as_str(),
+        name = &*request.name,
         operation,
         rule,
         decision = outcome.as_str(),
@@ -132,7 +132,7 @@ async fn admit(family: Family, state: &AdmissionState, content_type: ContentType
 
 /// Runs a rule within the deadline. Past it, holdfast admits unchanged: the webhook must never
 /// be what blocks the cluster, and the controller catches up on what it let through.
-async fn decide(rule: Rule, request: &Request, state: &AdmissionState) -> Verdict {
+async fn decide(rule: Rule, request: &Request<'_>, state: &AdmissionState) -> Verdict {
     let evaluation = rule.evaluate(request, &state.context);
     match tokio::time::timeout(state.deadline, evaluation).await {
         Ok(verdict) => verdict,
@@ -149,16 +149,12 @@ async fn decide(rule: Rule, request: &Request, state: &AdmissionState) -> Verdic
 
 /// A request for a kind holdfast has no rule for means the webhook configuration is broader than
 /// the code: admit, and say so where an operator will see it.
-fn unrouted(request: &Request) -> Verdict {
+fn unrouted(request: &Request<'_>) -> Verdict {
     let r = &request.resource;
     tracing::warn!(group = %r.group, resource = %r.resource, subresource = ?request.sub_resource, "no rule for this resource; check the webhook configuration's rules");
     Verdict::allow().with_warning(format!(
         "holdfast has no rule for {}/{}; admitted unchanged",
-        if r.group.is_empty() {
-            "core"
-        } else {
-            r.group.as_str()
-        },
+        if r.group.is_empty() { "core" } else { &*r.group },
         r.resource
     ))
 }

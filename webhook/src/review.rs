@@ -1,12 +1,12 @@
 //! Decoding AdmissionReviews and encoding the answers: the only place that knows the wire format.
 
-use std::collections::BTreeMap;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use bytes::Bytes;
 use json_patch::Patch;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::core::{
-    DynamicObject, GroupVersionKind, GroupVersionResource, Status,
+    DynamicObject, Status,
     admission::{AdmissionResponse, AdmissionReview, META_API_VERSION_V1, META_KIND, Operation},
 };
 use serde::{Deserialize, Deserializer, Serialize, de::DeserializeOwned, de::IgnoredAny};
@@ -37,40 +37,67 @@ pub struct ObjectError {
     source: serde_json::Error,
 }
 
-/// What holdfast reads of an `admission.k8s.io/v1` AdmissionRequest: the envelope decoded, the
-/// objects kept as raw JSON until a rule decodes the part it reads. Most of a review is its
-/// objects, and the rules read little of them (stamp-owners and the guard only the metadata);
-/// `userInfo`, `options` and the `request*` fields are never read, so never decoded.
+/// What holdfast reads of an `admission.k8s.io/v1` AdmissionRequest, borrowed from the body:
+/// the envelope decoded, the objects kept as raw JSON until a rule decodes the part it reads.
+/// Most of a review is its objects, and the rules read little of them (stamp-owners and the
+/// guard only the metadata); `userInfo`, `options`, the `request*` fields and the versions are
+/// never read, so never decoded. Strings are copied only when the JSON escapes something.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Request {
-    pub uid: String,
-    pub kind: GroupVersionKind,
-    pub resource: GroupVersionResource,
-    #[serde(default)]
-    pub sub_resource: Option<String>,
-    #[serde(default)]
-    pub name: String,
-    #[serde(default)]
-    pub namespace: Option<String>,
+pub struct Request<'a> {
+    #[serde(borrow)]
+    pub uid: Cow<'a, str>,
+    #[serde(borrow)]
+    pub kind: Kind<'a>,
+    #[serde(borrow)]
+    pub resource: Resource<'a>,
+    #[serde(default, borrow, deserialize_with = "optional")]
+    pub sub_resource: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    pub name: Cow<'a, str>,
+    #[serde(default, borrow, deserialize_with = "optional")]
+    pub namespace: Option<Cow<'a, str>>,
     pub operation: Operation,
     #[serde(default)]
     pub dry_run: bool,
-    #[serde(default)]
-    object: Option<Box<RawValue>>,
-    #[serde(default)]
-    old_object: Option<Box<RawValue>>,
+    #[serde(default, borrow)]
+    object: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    old_object: Option<&'a RawValue>,
 }
 
-impl Request {
+/// The request's `kind`: the object's kind (its group and version are not read).
+#[derive(Debug, Deserialize)]
+pub struct Kind<'a> {
+    #[serde(borrow)]
+    pub kind: Cow<'a, str>,
+}
+
+/// The request's `resource`: group and plural name, what the rules route on.
+#[derive(Debug, Deserialize)]
+pub struct Resource<'a> {
+    #[serde(borrow)]
+    pub group: Cow<'a, str>,
+    #[serde(borrow)]
+    pub resource: Cow<'a, str>,
+}
+
+/// An optional string, borrowed like the others (serde's own `Option<Cow>` always copies).
+fn optional<'de: 'a, 'a, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Cow<'a, str>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
+    Ok(Option::<Borrowed<'a>>::deserialize(deserializer)?.map(|Borrowed(text)| text))
+}
+
+impl Request<'_> {
     /// The object as `T`: [`Object`] for its metadata (and spec), `serde_json::Value` for all of it.
     pub fn object<T: DeserializeOwned>(&self) -> Result<Option<T>, ObjectError> {
-        read(self.object.as_deref(), "object")
+        read(self.object, "object")
     }
 
     /// The object before an UPDATE or DELETE, as `T`.
     pub fn old_object<T: DeserializeOwned>(&self) -> Result<Option<T>, ObjectError> {
-        read(self.old_object.as_deref(), "oldObject")
+        read(self.old_object, "oldObject")
     }
 }
 
@@ -130,15 +157,17 @@ fn metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D:
 
 /// The envelope: `apiVersion`, `kind`, `request` (a `response` is not read).
 #[derive(Debug, Deserialize)]
-struct Review {
-    #[serde(rename = "apiVersion")]
-    api_version: String,
-    kind: String,
-    request: Option<Request>,
+struct Review<'a> {
+    #[serde(rename = "apiVersion", borrow)]
+    api_version: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    request: Option<Request<'a>>,
 }
 
 /// Parses a review body into its request.
-pub fn decode(body: &Bytes) -> Result<Request, ReviewError> {
+pub fn decode(body: &Bytes) -> Result<Request<'_>, ReviewError> {
     // One UTF-8 check of the whole body, then a reader that trusts it: reading bytes, serde_json
     // re-validates every string it meets, a good part of the decoding work for a review's many
     // short strings. A body that is not UTF-8 goes the byte way, for the same error as before.
@@ -150,13 +179,13 @@ pub fn decode(body: &Bytes) -> Result<Request, ReviewError> {
     if review.api_version != META_API_VERSION_V1 {
         return Err(ReviewError::WrongType {
             field: "apiVersion",
-            found: review.api_version,
+            found: review.api_version.into_owned(),
         });
     }
     if review.kind != META_KIND {
         return Err(ReviewError::WrongType {
             field: "kind",
-            found: review.kind,
+            found: review.kind.into_owned(),
         });
     }
     let request = review.request.ok_or(ReviewError::MissingRequest)?;
@@ -167,14 +196,14 @@ pub fn decode(body: &Bytes) -> Result<Request, ReviewError> {
 }
 
 /// The response to `request` carrying `verdict`.
-pub fn respond(request: &Request, verdict: Verdict) -> AdmissionReview<DynamicObject> {
+pub fn respond(request: &Request<'_>, verdict: Verdict) -> AdmissionReview<DynamicObject> {
     response(request, verdict).into_review()
 }
 
 /// [`respond`]'s review as the JSON body sent back, written straight from the response: the same
 /// bytes without building the review around it (which copies the type fields again, then
 /// serialises through `#[serde(flatten)]`'s map machinery).
-pub fn encode(request: &Request, verdict: Verdict) -> Result<Vec<u8>, serde_json::Error> {
+pub fn encode(request: &Request<'_>, verdict: Verdict) -> Result<Vec<u8>, serde_json::Error> {
     let response = response(request, verdict);
     let mut body = Vec::with_capacity(256);
     serde_json::to_writer(
@@ -198,11 +227,11 @@ struct Envelope<'a> {
     response: &'a AdmissionResponse,
 }
 
-fn response(request: &Request, verdict: Verdict) -> AdmissionResponse {
+fn response(request: &Request<'_>, verdict: Verdict) -> AdmissionResponse {
     // `AdmissionResponse::from` wants kube's request type; this is the same allowed response
     // (v1 type fields, the request's uid, an empty status) from its public constructor.
     let mut response = AdmissionResponse::invalid("");
-    response.uid.clone_from(&request.uid);
+    response.uid = request.uid.clone().into_owned();
     response.allowed = true;
     response.result = Status::default();
     response = match verdict.decision {
@@ -259,9 +288,24 @@ mod tests {
 
     #[test]
     fn decodes_a_v1_review() {
-        let req = decode(&body(review_json("CREATE", image()))).unwrap();
+        let text = body(review_json("CREATE", image()));
+        let req = decode(&text).unwrap();
         assert_eq!(req.uid, "705ab4f5-6393-11e8-b7cc-42010a800002");
         assert_eq!(req.resource.resource, "images");
+    }
+
+    #[test]
+    fn escaped_strings_decode_as_well_as_plain_ones() {
+        // Borrowed from the body when possible; JSON escapes need a copy, and must still work.
+        let text = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u\u0031","kind":{"group":"","version":"v1","kind":"P\u006fd"},"resource":{"group":"","version":"v1","resource":"pods"},"subResource":"st\u0061tus","name":"a\"b","namespace":"n\u0073","operation":"CREATE","object":null}}"#;
+        let body = Bytes::from_static(text);
+        let req = decode(&body).unwrap();
+        assert_eq!(req.uid, "u1");
+        assert_eq!(req.kind.kind, "Pod");
+        assert_eq!(req.sub_resource.as_deref(), Some("status"));
+        assert_eq!(req.name, "a\"b");
+        assert_eq!(req.namespace.as_deref(), Some("ns"));
+        assert!(req.object::<serde_json::Value>().unwrap().is_none());
     }
 
     #[test]
@@ -298,7 +342,8 @@ mod tests {
 
     #[test]
     fn response_copies_uid_and_carries_patch_and_warnings() {
-        let req = decode(&body(review_json("CREATE", image()))).unwrap();
+        let text = body(review_json("CREATE", image()));
+        let req = decode(&text).unwrap();
         let op = PatchOperation::Add(AddOperation {
             path: PointerBuf::from_tokens(["metadata", "labels"]),
             value: json!({"a": "b"}),
@@ -343,7 +388,8 @@ mod tests {
 
     #[test]
     fn encode_writes_the_serialised_review() {
-        let req = decode(&body(review_json("CREATE", image()))).unwrap();
+        let text = body(review_json("CREATE", image()));
+        let req = decode(&text).unwrap();
         let op = || {
             PatchOperation::Add(AddOperation {
                 path: PointerBuf::from_tokens(["metadata", "labels"]),
@@ -395,7 +441,8 @@ mod tests {
             },
             "spec": {"tag": "registry.example/app"},
         });
-        let req = decode(&body(review_json("UPDATE", object.clone()))).unwrap();
+        let text = body(review_json("UPDATE", object.clone()));
+        let req = decode(&text).unwrap();
         let meta: Object = req.object().unwrap().unwrap();
         assert_eq!(meta.metadata.name.as_deref(), Some("app"));
         assert_eq!(meta.metadata.labels.unwrap()["a"], "b");
@@ -411,7 +458,8 @@ mod tests {
 
     #[test]
     fn an_object_of_the_wrong_shape_is_an_error_naming_it() {
-        let req = decode(&body(review_json("CREATE", json!({"metadata": 5})))).unwrap();
+        let text = body(review_json("CREATE", json!({"metadata": 5})));
+        let req = decode(&text).unwrap();
         let err = req.object::<Object>().unwrap_err().to_string();
         assert!(
             err.starts_with("AdmissionReview request.object cannot be read: "),
@@ -421,7 +469,8 @@ mod tests {
 
     #[test]
     fn deny_carries_the_message() {
-        let req = decode(&body(review_json("CREATE", image()))).unwrap();
+        let text = body(review_json("CREATE", image()));
+        let req = decode(&text).unwrap();
         let out = serde_json::to_value(respond(
             &req,
             Decision::Deny("owner is terminating".into()).into(),

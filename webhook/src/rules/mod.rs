@@ -53,12 +53,12 @@ impl Rule {
 
     /// The rule for a request's group and resource on a family's path; `None` when holdfast has
     /// no rule for it (a webhook configuration broader than the code).
-    pub fn route(family: Family, request: &Request) -> Option<Rule> {
+    pub fn route(family: Family, request: &Request<'_>) -> Option<Rule> {
         let resource = &request.resource;
         match (
             family,
-            resource.group.as_str(),
-            resource.resource.as_str(),
+            &*resource.group,
+            &*resource.resource,
             request.sub_resource.as_deref(),
         ) {
             (Family::Mutating, "kpack.io", "images", None) => Some(Rule::StampOwners),
@@ -75,7 +75,7 @@ impl Rule {
     }
 
     /// Evaluates the rule: lookups through the context, then the rule's pure decision.
-    pub async fn evaluate(self, request: &Request, context: &RuleContext) -> Verdict {
+    pub async fn evaluate(self, request: &Request<'_>, context: &RuleContext) -> Verdict {
         match self {
             Rule::StampOwners => stamp_owners::evaluate(request, context.cluster.as_ref()).await,
             Rule::PinFetchRefs(kind) => {
@@ -91,12 +91,12 @@ impl Rule {
 /// or it does not read as `T` (admit unchanged, with a warning). The API server only sends
 /// objects that passed its own decoding; whoever sends others must not be able to hold a
 /// request up through holdfast.
-fn object<T: DeserializeOwned>(request: &Request, rule: &'static str) -> Result<T, Verdict> {
+fn object<T: DeserializeOwned>(request: &Request<'_>, rule: &'static str) -> Result<T, Verdict> {
     match request.object() {
         Ok(Some(object)) => Ok(object),
         Ok(None) => Err(Verdict::allow()),
         Err(error) => {
-            tracing::warn!(uid = request.uid.as_str(), rule, %error, "object cannot be read; admitting unchanged");
+            tracing::warn!(uid = &*request.uid, rule, %error, "object cannot be read; admitting unchanged");
             Err(Verdict::allow().with_warning(format!("holdfast {rule}: {error}; admitted unchanged")))
         }
     }

@@ -16,7 +16,7 @@ pub use holdfast_pins::NAME;
 /// mirror (an unknown namespace is not selected: the controller re-pins once it sees it).
 pub async fn evaluate(
     kind: PinnedKind,
-    request: &Request,
+    request: &Request<'_>,
     pinner: &Pinner,
     cluster: &dyn ClusterView,
 ) -> Verdict {

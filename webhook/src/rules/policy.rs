@@ -62,7 +62,12 @@ impl Policy {
     }
 }
 
-pub fn evaluate(kind: PinnedKind, request: &Request, policy: &Policy, cluster: &dyn ClusterView) -> Verdict {
+pub fn evaluate(
+    kind: PinnedKind,
+    request: &Request<'_>,
+    policy: &Policy,
+    cluster: &dyn ClusterView,
+) -> Verdict {
     let (Operation::Create | Operation::Update) = request.operation else {
         return Verdict::allow();
     };

@@ -22,7 +22,7 @@ use crate::{
 
 pub const NAME: &str = "stamp-owners";
 
-pub async fn evaluate(request: &Request, cluster: &dyn ClusterView) -> Verdict {
+pub async fn evaluate(request: &Request<'_>, cluster: &dyn ClusterView) -> Verdict {
     let (Operation::Create | Operation::Update) = request.operation else {
         return Verdict::allow();
     };
@@ -33,7 +33,7 @@ pub async fn evaluate(request: &Request, cluster: &dyn ClusterView) -> Verdict {
     };
     // The object of a CREATE may have no namespace yet: the request's is authoritative.
     let namespace = request.namespace.as_deref().unwrap_or_default();
-    let name = image.metadata.name.as_deref().unwrap_or(request.name.as_str());
+    let name = image.metadata.name.as_deref().unwrap_or(&request.name);
     let owner = cluster.image_owner(namespace, name).await;
     stamp(&image.metadata, owner.as_ref()).into()
 }
@@ -133,7 +133,8 @@ mod tests {
                 "object": {"metadata": {"ownerReferences": "not a list"}},
             }
         });
-        let request = crate::review::decode(&body.to_string().into()).unwrap();
+        let body = body.to_string().into();
+        let request = crate::review::decode(&body).unwrap();
         let cluster = crate::cluster::StaticCluster::default();
         let verdict = evaluate(&request, &cluster).await;
         assert_eq!(verdict.decision, Decision::Allow);

@@ -34,12 +34,9 @@ const IMAGE_LABEL: &str = "image.kpack.io/image";
 const BUILD_WORKLOAD_LABEL: &str = "korifi.cloudfoundry.org/build-workload-name";
 const BUILD_POD_LABEL: &str = "kpack.io/build";
 
-pub async fn evaluate(request: &Request, cluster: &dyn ClusterView) -> Verdict {
+pub async fn evaluate(request: &Request<'_>, cluster: &dyn ClusterView) -> Verdict {
     let namespace = request.namespace.as_deref().unwrap_or_default();
-    let resource = (
-        request.resource.group.as_str(),
-        request.resource.resource.as_str(),
-    );
+    let resource = (&*request.resource.group, &*request.resource.resource);
     match (resource, &request.operation) {
         (("kpack.io", "builds"), Operation::Create) => {
             let build = match super::object::<Object>(request, NAME) {
@@ -99,7 +96,7 @@ pub async fn evaluate(request: &Request, cluster: &dyn ClusterView) -> Verdict {
 }
 
 /// An update of a terminating Image may not change its spec; anything else about it may change.
-fn image_update(request: &Request, image: &Object<serde_json::Value>, namespace: &str) -> Verdict {
+fn image_update(request: &Request<'_>, image: &Object<serde_json::Value>, namespace: &str) -> Verdict {
     // An old object that does not read is no evidence of a deletion.
     match request.old_object::<Object<serde_json::Value>>().ok().flatten() {
             Some(old) if old.metadata.deletion_timestamp.is_some() && old.spec != image.spec => {
@@ -203,17 +200,16 @@ mod tests {
         operation: &str,
         object: serde_json::Value,
         old: serde_json::Value,
-    ) -> Request {
-        serde_json::from_str(
-            &json!({
-                "uid": "u", "kind": {"group": group, "version": "v1", "kind": "X"},
-                "resource": {"group": group, "version": "v1", "resource": resource},
-                "name": "n", "namespace": "space", "operation": operation,
-                "userInfo": {}, "object": object, "oldObject": old, "dryRun": false,
-            })
-            .to_string(),
-        )
-        .unwrap()
+    ) -> Request<'static> {
+        let body = json!({
+            "uid": "u", "kind": {"group": group, "version": "v1", "kind": "X"},
+            "resource": {"group": group, "version": "v1", "resource": resource},
+            "name": "n", "namespace": "space", "operation": operation,
+            "userInfo": {}, "object": object, "oldObject": old, "dryRun": false,
+        })
+        .to_string();
+        // Leaked: the request borrows its body, and a test's requests live as long as the test.
+        serde_json::from_str(Box::leak(body.into_boxed_str())).unwrap()
     }
 
     fn build() -> serde_json::Value {
