@@ -12,6 +12,7 @@
 
 use std::{
     fmt::{self, Write as _},
+    marker::PhantomData,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
@@ -57,53 +58,83 @@ where
 pub struct PlainFields;
 
 impl<'w> FormatFields<'w> for PlainFields {
-    fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {
-        let mut visitor = PlainVisitor {
-            writer: &mut writer,
-            first: true,
-            result: Ok(()),
-        };
-        fields.record(&mut visitor);
-        visitor.result
+    fn format_fields<R: RecordFields>(&self, writer: Writer<'w>, fields: R) -> fmt::Result {
+        write_fields::<Self>(writer, true, fields)
     }
 }
 
-struct PlainVisitor<'a, 'w> {
+impl Layout for PlainFields {
+    const SEPARATOR: char = ' ';
+
+    fn name(writer: &mut Writer<'_>, field: &Field) -> fmt::Result {
+        if field.name() == "message" {
+            return Ok(());
+        }
+        writer.write_str(field.name())?;
+        writer.write_char('=')
+    }
+
+    fn string(writer: &mut Writer<'_>, field: &Field, value: &str) -> fmt::Result {
+        if field.name() == "message" || is_bare(value) {
+            writer.write_str(value)
+        } else {
+            write!(writer, "{value:?}")
+        }
+    }
+
+    fn text(writer: &mut Writer<'_>, value: fmt::Arguments<'_>) -> fmt::Result {
+        writer.write_fmt(value)
+    }
+}
+
+/// How a layout writes fields: what separates them, the name before a value, string values, and
+/// any other value's `Display` or `Debug` output (numbers and booleans are written as such).
+trait Layout {
+    const SEPARATOR: char;
+    fn name(writer: &mut Writer<'_>, field: &Field) -> fmt::Result;
+    fn string(writer: &mut Writer<'_>, field: &Field, value: &str) -> fmt::Result;
+    fn text(writer: &mut Writer<'_>, value: fmt::Arguments<'_>) -> fmt::Result;
+}
+
+/// Records `fields` in `L`'s layout; `first`: no separator before the first one.
+fn write_fields<L: Layout>(mut writer: Writer<'_>, first: bool, fields: impl RecordFields) -> fmt::Result {
+    let mut visitor = FieldWriter::<L> {
+        writer: &mut writer,
+        first,
+        result: Ok(()),
+        layout: PhantomData,
+    };
+    fields.record(&mut visitor);
+    visitor.result
+}
+
+struct FieldWriter<'a, 'w, L> {
     writer: &'a mut Writer<'w>,
     first: bool,
     result: fmt::Result,
+    layout: PhantomData<L>,
 }
 
-impl PlainVisitor<'_, '_> {
-    /// Writes the separator and `name=` (nothing for the message), then the value.
+impl<L: Layout> FieldWriter<'_, '_, L> {
+    /// Writes the separator and the name, then the value; after an error, nothing more.
     fn field(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
         if self.result.is_err() {
             return;
         }
         self.result = (|| {
             if !self.first {
-                self.writer.write_char(' ')?;
+                self.writer.write_char(L::SEPARATOR)?;
             }
             self.first = false;
-            if field.name() != "message" {
-                self.writer.write_str(field.name())?;
-                self.writer.write_char('=')?;
-            }
+            L::name(self.writer, field)?;
             value(self.writer)
         })();
     }
 }
 
-impl Visit for PlainVisitor<'_, '_> {
+impl<L: Layout> Visit for FieldWriter<'_, '_, L> {
     fn record_str(&mut self, field: &Field, value: &str) {
-        let bare = field.name() == "message" || is_bare(value);
-        self.field(field, |w| {
-            if bare {
-                w.write_str(value)
-            } else {
-                write!(w, "{value:?}")
-            }
-        });
+        self.field(field, |w| L::string(w, field, value));
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
@@ -114,16 +145,27 @@ impl Visit for PlainVisitor<'_, '_> {
         self.field(field, |w| write!(w, "{value}"));
     }
 
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        // JSON has no NaN or infinities: those go as text.
+        self.field(field, |w| {
+            if value.is_finite() {
+                write!(w, "{value}")
+            } else {
+                L::text(w, format_args!("{value}"))
+            }
+        });
+    }
+
     fn record_bool(&mut self, field: &Field, value: bool) {
         self.field(field, |w| w.write_str(if value { "true" } else { "false" }));
     }
 
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.field(field, |w| write!(w, "{value}"));
+        self.field(field, |w| L::text(w, format_args!("{value}")));
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.field(field, |w| write!(w, "{value:?}"));
+        self.field(field, |w| L::text(w, format_args!("{value:?}")));
     }
 }
 
@@ -252,14 +294,8 @@ fn level_colour(level: &Level) -> &'static str {
 pub struct JsonFields;
 
 impl<'w> FormatFields<'w> for JsonFields {
-    fn format_fields<R: RecordFields>(&self, mut writer: Writer<'w>, fields: R) -> fmt::Result {
-        let mut visitor = JsonVisitor {
-            writer: &mut writer,
-            first: true,
-            result: Ok(()),
-        };
-        fields.record(&mut visitor);
-        visitor.result
+    fn format_fields<R: RecordFields>(&self, writer: Writer<'w>, fields: R) -> fmt::Result {
+        write_fields::<Self>(writer, true, fields)
     }
 
     fn add_fields(
@@ -268,74 +304,24 @@ impl<'w> FormatFields<'w> for JsonFields {
         fields: &tracing::span::Record<'_>,
     ) -> fmt::Result {
         let first = current.is_empty();
-        let mut writer = current.as_writer();
-        let mut visitor = JsonVisitor {
-            writer: &mut writer,
-            first,
-            result: Ok(()),
-        };
-        fields.record(&mut visitor);
-        visitor.result
+        write_fields::<Self>(current.as_writer(), first, fields)
     }
 }
 
-struct JsonVisitor<'a, 'w> {
-    writer: &'a mut Writer<'w>,
-    first: bool,
-    result: fmt::Result,
-}
+impl Layout for JsonFields {
+    const SEPARATOR: char = ',';
 
-impl JsonVisitor<'_, '_> {
-    fn field(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
-        if self.result.is_err() {
-            return;
-        }
-        self.result = (|| {
-            if !self.first {
-                self.writer.write_char(',')?;
-            }
-            self.first = false;
-            json_string(self.writer, field.name())?;
-            self.writer.write_char(':')?;
-            value(self.writer)
-        })();
-    }
-}
-
-impl Visit for JsonVisitor<'_, '_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.field(field, |w| json_string(w, value));
+    fn name(writer: &mut Writer<'_>, field: &Field) -> fmt::Result {
+        json_string(writer, field.name())?;
+        writer.write_char(':')
     }
 
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.field(field, |w| write!(w, "{value}"));
+    fn string(writer: &mut Writer<'_>, _: &Field, value: &str) -> fmt::Result {
+        json_string(writer, value)
     }
 
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.field(field, |w| write!(w, "{value}"));
-    }
-
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        // JSON has no NaN or infinities: those become strings.
-        self.field(field, |w| {
-            if value.is_finite() {
-                write!(w, "{value}")
-            } else {
-                json_string(w, &value.to_string())
-            }
-        });
-    }
-
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        self.field(field, |w| w.write_str(if value { "true" } else { "false" }));
-    }
-
-    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
-        self.field(field, |w| json_display(w, format_args!("{value}")));
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.field(field, |w| json_display(w, format_args!("{value:?}")));
+    fn text(writer: &mut Writer<'_>, value: fmt::Arguments<'_>) -> fmt::Result {
+        json_display(writer, value)
     }
 }
 
@@ -526,6 +512,17 @@ mod tests {
             let theirs = time::OffsetDateTime::from(at).format(&format).unwrap();
             assert_eq!(ours, theirs, "{seconds}");
         }
+    }
+
+    #[test]
+    fn floats_are_numbers_and_non_finite_ones_text() {
+        let emit = || tracing::info!(ratio = 0.5f64, none = f64::NAN, "f");
+        assert!(lines(LogFormat::Plain, emit).ends_with(": f ratio=0.5 none=NaN\n"));
+        let json: serde_json::Value = serde_json::from_str(&lines(LogFormat::Json, emit)).unwrap();
+        assert_eq!(
+            json["fields"],
+            serde_json::json!({"message": "f", "ratio": 0.5, "none": "NaN"})
+        );
     }
 
     #[test]
