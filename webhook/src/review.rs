@@ -28,13 +28,16 @@ pub enum ReviewError {
     MissingUid,
 }
 
-/// A request's object (or oldObject) that is valid JSON but not the shape a rule reads.
+/// A request's object (or oldObject) that is valid JSON but not the shape a rule reads. Says
+/// where, not what: serde's own message quotes the offending value, and the object's contents
+/// stay out of logs and warnings.
 #[derive(Debug, thiserror::Error)]
-#[error("AdmissionReview request.{field} cannot be read: {source}")]
+#[error(
+    "AdmissionReview request.{field} cannot be read: not the shape of a Kubernetes object (column {column})"
+)]
 pub struct ObjectError {
     field: &'static str,
-    #[source]
-    source: serde_json::Error,
+    column: usize,
 }
 
 /// What holdfast reads of an `admission.k8s.io/v1` AdmissionRequest, borrowed from the body:
@@ -104,7 +107,10 @@ impl Request<'_> {
 fn read<T: DeserializeOwned>(raw: Option<&RawValue>, field: &'static str) -> Result<Option<T>, ObjectError> {
     raw.map(|raw| serde_json::from_str(raw.get()))
         .transpose()
-        .map_err(|source| ObjectError { field, source })
+        .map_err(|e| ObjectError {
+            field,
+            column: e.column(),
+        })
 }
 
 /// An object as the rules read it: its metadata and, when `S` asks for it, its spec (by default
@@ -465,6 +471,15 @@ mod tests {
             err.starts_with("AdmissionReview request.object cannot be read: "),
             "{err}"
         );
+        // serde quotes the offending value; the error must not carry the object's contents.
+        let text = body(review_json(
+            "CREATE",
+            json!({"metadata": {"labels": "leaky-value"}}),
+        ));
+        let req = decode(&text).unwrap();
+        let err = req.object::<Object>().unwrap_err().to_string();
+        assert!(!err.contains("leaky-value"), "{err}");
+        assert!(err.contains("column"), "{err}");
     }
 
     #[test]
