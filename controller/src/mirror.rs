@@ -320,8 +320,14 @@ pub async fn run(
             )
             .map(|(_, at)| *at)
             .min();
+        // Copies already handed to a deletion, being copied, or waiting for a retry wake the
+        // loop through those (their join or `next_retry`), not through their past deadline.
         let next_due = retention
-            .next_due(settings.retention)
+            .next_due(settings.retention, |location| {
+                deleting.contains(location)
+                    || running.contains(location)
+                    || delete_retry_at.get(location).is_some_and(|at| *at > now)
+            })
             .map(|due| Instant::now() + due.duration_since(SystemTime::now()).unwrap_or_default());
         let wake = next_retry.into_iter().chain(next_due).min();
         tokio::select! {

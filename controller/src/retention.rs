@@ -90,9 +90,16 @@ impl Retention {
             .collect()
     }
 
-    /// When the next unreferenced copy's grace ends.
-    pub fn next_due(&self, grace: Duration) -> Option<SystemTime> {
-        self.unreferenced_since.values().min().map(|since| *since + grace)
+    /// When the next unreferenced copy's grace ends, among the copies `waiting` does not name.
+    /// A copy whose grace has ended but that waits for something else (its deletion or copy
+    /// running, a retry later) must not count: its deadline is past, and the caller would wake at
+    /// once, find it still waiting, and spin.
+    pub fn next_due(&self, grace: Duration, waiting: impl Fn(&str) -> bool) -> Option<SystemTime> {
+        self.unreferenced_since
+            .iter()
+            .filter(|(location, _)| !waiting(location))
+            .map(|(_, since)| *since + grace)
+            .min()
     }
 
     /// Forgets `location` (deleted, or found referenced after all).
@@ -193,13 +200,16 @@ mod tests {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let decide = |r: &mut Retention, at| r.expired(&records, &mirror(), &referenced, at, GRACE);
         assert!(decide(&mut retention, t0).is_empty(), "the clock starts now");
-        assert_eq!(retention.next_due(GRACE), Some(t0 + GRACE));
+        assert_eq!(retention.next_due(GRACE, |_| false), Some(t0 + GRACE));
         assert!(decide(&mut retention, t0 + GRACE - Duration::from_secs(1)).is_empty());
         let due = decide(&mut retention, t0 + GRACE);
         assert_eq!(locations(&due), [copy(D1)]);
         assert_eq!(due[0].keys, [records[0].0.clone()]);
         // Long after: the referenced copy is still never due.
         assert_eq!(locations(&decide(&mut retention, t0 + 100 * GRACE)), [copy(D1)]);
+        // A due copy that waits for something else (its deletion, a retry) sets no deadline.
+        let d1 = copy(D1);
+        assert_eq!(retention.next_due(GRACE, |location| location == d1), None);
     }
 
     #[test]
@@ -220,7 +230,7 @@ mod tests {
                 .expired(&records, &mirror(), &some, t1, GRACE)
                 .is_empty()
         );
-        assert_eq!(retention.next_due(GRACE), None, "referenced: no clock");
+        assert_eq!(retention.next_due(GRACE, |_| false), None, "referenced: no clock");
         let t2 = t0 + GRACE;
         assert!(
             retention
@@ -298,9 +308,13 @@ mod tests {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         retention.expired(&records, &mirror(), &HashSet::new(), t0, GRACE);
         retention.forget(&copy(D1));
-        assert_eq!(retention.next_due(GRACE), None);
+        assert_eq!(retention.next_due(GRACE, |_| false), None);
         retention.expired(&records, &mirror(), &HashSet::new(), t0, GRACE);
         retention.expired(&[], &mirror(), &HashSet::new(), t0, GRACE);
-        assert_eq!(retention.next_due(GRACE), None, "no record: nothing to time");
+        assert_eq!(
+            retention.next_due(GRACE, |_| false),
+            None,
+            "no record: nothing to time"
+        );
     }
 }
