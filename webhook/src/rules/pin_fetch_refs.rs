@@ -13,7 +13,9 @@ use crate::{
 pub use holdfast_pins::NAME;
 
 /// `cluster` gives the namespace's labels, which decide whether the object is pinned to the
-/// mirror (an unknown namespace is not selected: the controller re-pins once it sees it).
+/// mirror. A namespace the watch has not seen yet reads as unlabelled: a selector that requires a
+/// label does not select it, a negative one (`!key`, `key!=v`) does; either way the controller
+/// re-pins the object once it sees the namespace's real labels.
 pub async fn evaluate(
     kind: PinnedKind,
     request: &Request<'_>,
