@@ -14,7 +14,7 @@
 //! The controller also records, per entry, where the entry's content was copied into the
 //! mirror ([`Mirrored`], see `crate::mirror`): kept beside the entries (a [`CacheEntry`] is
 //! the registry's answer, the mirror record is the controller's), persisted through
-//! [`EntrySink::persist_mirror`] and loaded with [`DigestCache::insert_mirrored`], and handed
+//! [`EntrySink::persist_mirror`] and loaded with [`DigestCache::load_mirror`], and handed
 //! out with every [`Answer`]. A record names the digest it holds (`…@sha256:…`), so a tag that
 //! moved is never answered with the old digest's mirror location. When the new digest's copy is
 //! recorded, the old copy is kept as [`Superseded`] (persisted too, so a new leader knows it)
@@ -182,6 +182,8 @@ pub struct MirrorFields {
 struct Copies {
     current: Option<Mirrored>,
     superseded: Vec<Superseded>,
+    /// Recorded by this cache (the leader): loads of the key's object are echoes, ignored.
+    recorded_here: bool,
 }
 
 impl Copies {
@@ -379,30 +381,36 @@ impl DigestCache {
         }
     }
 
-    /// Loads the mirror record of `key` (from the persisted store); a later copy already held
-    /// wins. A record of another location supersedes the one held (see [`Superseded`]).
-    pub fn insert_mirrored(&self, key: CacheKey, mirrored: Mirrored) {
+    /// Loads `key`'s mirror records as a persisted object holds them, replacing those held: the
+    /// leader deletes copies in passes whose writes may merge (only the last deletion reaches
+    /// the object) and a re-list skips states, so only the object's whole fields say what is
+    /// left. A held current copy recorded later than the object's is kept (the object lags),
+    /// unless its deletion is recorded. Keys this cache recorded itself ([`Self::record_mirrored`]
+    /// and the like: the leader, the only writer) are left alone: their objects only echo those
+    /// writes, possibly an older one.
+    pub fn load_mirror(&self, key: CacheKey, fields: MirrorFields) {
         let mut records = self.mirrored.write().unwrap_or_else(|e| e.into_inner());
         let copies = records.entry(key).or_default();
-        match &copies.current {
-            Some(held) if *held == mirrored || (held.at > mirrored.at) => {}
-            _ => {
-                copies.copied(mirrored);
-                drop(records);
-                self.changed();
-            }
+        if copies.recorded_here {
+            return;
         }
-    }
-
-    /// Loads the superseded copies of `key` (from the persisted store), beside those held.
-    pub fn insert_superseded(&self, key: CacheKey, superseded: Vec<Superseded>) {
-        let mut records = self.mirrored.write().unwrap_or_else(|e| e.into_inner());
-        let copies = records.entry(key).or_default();
-        let before = copies.superseded.len();
-        for copy in superseded {
-            copies.supersede(copy.location, copy.since);
+        let current = match (copies.current.clone(), fields.current) {
+            (Some(held), Some(loaded)) if held.at > loaded.at => Some(held),
+            (_, loaded) => loaded,
+        };
+        let mut loaded = Copies {
+            current,
+            ..Copies::default()
+        };
+        for copy in fields.superseded {
+            loaded.supersede(copy.location, copy.since);
         }
-        if copies.superseded.len() != before {
+        if let Some(deleted) = &fields.deleted {
+            loaded.deleted(deleted);
+        }
+        let changed = (&loaded.current, &loaded.superseded) != (&copies.current, &copies.superseded);
+        *copies = loaded;
+        if changed {
             drop(records);
             self.changed();
         }
@@ -448,6 +456,7 @@ impl DigestCache {
     ) {
         let mut records = self.mirrored.write().unwrap_or_else(|e| e.into_inner());
         let copies = records.entry(key.clone()).or_default();
+        copies.recorded_here = true;
         change(copies);
         if let Some(sink) = &self.sink {
             sink.persist_mirror(
@@ -461,16 +470,6 @@ impl DigestCache {
         }
         drop(records);
         self.changed();
-    }
-
-    /// Loads a deletion (from the persisted store): drops `key`'s record of that copy, current
-    /// or superseded, unless recorded after the deletion was decided.
-    pub fn insert_mirror_deleted(&self, key: &CacheKey, deleted: &MirrorDeletion) {
-        let mut records = self.mirrored.write().unwrap_or_else(|e| e.into_inner());
-        if records.get_mut(key).is_some_and(|copies| copies.deleted(deleted)) {
-            drop(records);
-            self.changed();
-        }
     }
 
     /// Every copy recorded on an entry, current or superseded, with the key of its entry
@@ -1121,6 +1120,24 @@ mod tests {
         assert_eq!(cache.serving_record(&scoped), Some(record));
     }
 
+    /// Loads `key`'s mirror fields as an object would hold them.
+    fn load(
+        cache: &DigestCache,
+        key: &CacheKey,
+        current: Option<&Mirrored>,
+        superseded: &[Superseded],
+        deleted: Option<&MirrorDeletion>,
+    ) {
+        cache.load_mirror(
+            key.clone(),
+            MirrorFields {
+                current: current.cloned(),
+                superseded: superseded.to_vec(),
+                deleted: deleted.cloned(),
+            },
+        );
+    }
+
     #[test]
     fn a_loaded_mirror_record_never_replaces_a_later_copy() {
         let (_, cache) = cache(FakeSource::default(), CacheConfig::default());
@@ -1130,10 +1147,16 @@ mod tests {
             location: format!("cache.example/x@{}", digest(d)),
             at,
         };
-        cache.insert_mirrored(key.clone(), record("new", now));
+        load(&cache, &key, Some(&record("new", now)), &[], None);
         let changes = cache.changes();
-        cache.insert_mirrored(key.clone(), record("old", now - Duration::from_secs(5)));
-        cache.insert_mirrored(key.clone(), record("new", now));
+        load(
+            &cache,
+            &key,
+            Some(&record("old", now - Duration::from_secs(5))),
+            &[],
+            None,
+        );
+        load(&cache, &key, Some(&record("new", now)), &[], None);
         assert!(!changes.has_changed().unwrap(), "nothing new was loaded");
         assert!(cache.mirrored(&key).unwrap().holds(&digest("new")));
         assert!(!cache.mirrored(&key).unwrap().holds(&digest("old")));
@@ -1152,20 +1175,36 @@ mod tests {
             location: copy.location.clone(),
             at,
         };
-        cache.record_mirrored(&key, copy.clone());
-        // A deletion decided before this copy was recorded (an old persisted one) changes nothing.
-        cache.insert_mirror_deleted(&key, &deletion(now - Duration::from_secs(1)));
-        assert_eq!(cache.mirrored(&key), Some(copy.clone()));
-        // Another copy's deletion neither.
-        cache.insert_mirror_deleted(
+        // A replica: a deletion decided before this copy was recorded (an old persisted one)
+        // changes nothing, another copy's deletion neither.
+        let (_, replica) = self::cache(FakeSource::default(), CacheConfig::default());
+        load(&replica, &key, Some(&copy), &[], None);
+        load(
+            &replica,
             &key,
-            &MirrorDeletion {
-                location: "cache.example/m/other@sha256:0".into(),
-                at: now,
-            },
+            Some(&copy),
+            &[],
+            Some(&deletion(now - Duration::from_secs(1))),
         );
-        assert_eq!(cache.recorded_copies(), [(key.clone(), copy.location.clone())]);
+        assert_eq!(replica.mirrored(&key), Some(copy.clone()));
+        let other = MirrorDeletion {
+            location: "cache.example/m/other@sha256:0".into(),
+            at: now,
+        };
+        load(&replica, &key, Some(&copy), &[], Some(&other));
+        assert_eq!(replica.recorded_copies(), [(key.clone(), copy.location.clone())]);
+        // Its deletion: gone.
+        load(
+            &replica,
+            &key,
+            None,
+            &[],
+            Some(&deletion(now + Duration::from_secs(1))),
+        );
+        assert_eq!(replica.mirrored(&key), None);
 
+        // The leader.
+        cache.record_mirrored(&key, copy.clone());
         let mut changes = cache.changes();
         changes.mark_unchanged();
         cache.record_mirror_deleted(&key, deletion(now + Duration::from_secs(1)));
@@ -1176,15 +1215,55 @@ mod tests {
             None,
             "answers stop naming the deleted copy"
         );
+        // The object of its earlier write, loaded late, does not bring the copy back.
+        load(&cache, &key, Some(&copy), &[], None);
+        assert_eq!(cache.mirrored(&key), None, "the leader's own write, echoed late");
         // Copied again later: answered again.
         let again = Mirrored {
             at: now + Duration::from_secs(2),
             ..copy
         };
-        cache.insert_mirrored(key.clone(), again.clone());
+        cache.record_mirrored(&key, again.clone());
         assert_eq!(
             lookup(&cache, APP, Scope::Anonymous).await.unwrap().mirrored,
-            Some(again)
+            Some(again.clone())
+        );
+        load(&replica, &key, Some(&again), &[], None);
+        assert_eq!(replica.mirrored(&key), Some(again));
+    }
+
+    #[tokio::test]
+    async fn a_current_copy_deleted_with_its_superseded_one_is_no_longer_answered() {
+        // The leader deletes the current copy (v2), then the superseded one (v1), in one pass:
+        // the writes merge, so the replica sees only the last (no copy left, `v1` deleted).
+        let (_, replica) = cache(FakeSource::with(&[(APP, "v2")]), CacheConfig::default());
+        let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
+        let now = SystemTime::now();
+        let copy = |d: &str| format!("cache.example/m/registry.example/team/app@{}", digest(d));
+        let v2 = Mirrored {
+            location: copy("v2"),
+            at: now,
+        };
+        let v1 = Superseded {
+            location: copy("v1"),
+            since: now,
+        };
+        load(&replica, &key, Some(&v2), std::slice::from_ref(&v1), None);
+        assert_eq!(
+            lookup(&replica, APP, Scope::Anonymous).await.unwrap().mirrored,
+            Some(v2.clone())
+        );
+        let deleted = MirrorDeletion {
+            location: v1.location,
+            at: now + Duration::from_secs(2),
+        };
+        load(&replica, &key, None, &[], Some(&deleted));
+        assert_eq!(replica.mirrored(&key), None);
+        assert!(replica.recorded_copies().is_empty());
+        assert_eq!(
+            lookup(&replica, APP, Scope::Anonymous).await.unwrap().mirrored,
+            None,
+            "no answer names the deleted current copy"
         );
     }
 
@@ -1222,21 +1301,27 @@ mod tests {
         assert_eq!(cache.mirrored(&key), Some(v2.clone()), "still the current copy");
         assert_eq!(cache.recorded_copies().len(), 2);
         // The deletion loaded late (a watch event) does not drop the restored copy.
-        cache.insert_mirror_deleted(&key, &deletion);
+        load(&cache, &key, Some(&v2), &[], Some(&deletion));
         assert_eq!(cache.recorded_copies().len(), 2);
 
-        // Loaded by another replica: the superseded list beside the record; the tag moving back
-        // to v1 makes that copy current again and supersedes v2.
+        // Loaded by another replica: the superseded list beside the record (no duplicates);
+        // the tag moving back to v1 makes that copy current again and supersedes v2.
         let (_, replica) = self::cache(FakeSource::default(), CacheConfig::default());
-        replica.insert_mirrored(key.clone(), v2.clone());
-        let superseded = Superseded {
-            location: v1.location.clone(),
-            since: now,
+        let superseded = |location: &str, since| Superseded {
+            location: location.to_owned(),
+            since,
         };
-        replica.insert_superseded(key.clone(), vec![superseded.clone(), superseded]);
+        let old = superseded(&v1.location, now);
+        load(&replica, &key, Some(&v2), &[old.clone(), old], None);
         assert_eq!(replica.recorded_copies().len(), 2, "no duplicates");
         let back = copy("v1", now + Duration::from_secs(4));
-        replica.insert_mirrored(key.clone(), back.clone());
+        load(
+            &replica,
+            &key,
+            Some(&back),
+            &[superseded(&v2.location, back.at)],
+            None,
+        );
         assert_eq!(replica.mirrored(&key), Some(back));
         let mut copies = replica.recorded_copies();
         copies.sort();

@@ -10,7 +10,8 @@
 //! mirror (retention), the same manager applies `spec.mirrorDeleted` and `spec.mirrorDeletedAt`
 //! without that copy, which drops it (fields a manager stops applying are removed) and tells
 //! every replica to stop pinning to it. Each write applies the manager's fields whole
-//! ([`MirrorFields`]).
+//! ([`MirrorFields`]), and replicas load them whole: writes to one object merge and a re-list
+//! skips states, so a copy the object no longer records is gone whatever `mirrorDeleted` names.
 
 use std::{collections::HashMap, sync::Arc, time::SystemTime};
 
@@ -167,6 +168,15 @@ pub fn mirrored_from_object(object: &DynamicObject) -> Option<Mirrored> {
     })
 }
 
+/// Every mirror field an object holds (what [`MIRROR_FIELD_MANAGER`] last applied).
+pub fn mirror_fields_from_object(object: &DynamicObject) -> MirrorFields {
+    MirrorFields {
+        current: mirrored_from_object(object),
+        superseded: superseded_from_object(object),
+        deleted: mirror_deleted_from_object(object),
+    }
+}
+
 /// The entry an object holds; `None` for an object holdfast did not write.
 pub fn from_object(object: &DynamicObject) -> Option<CacheEntry> {
     let spec = object.data.get("spec")?;
@@ -268,17 +278,7 @@ pub fn follow(
         while let Some(event) = events.next().await {
             match event {
                 Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
-                    if let Some(entry) = from_object(&object) {
-                        let key = entry.key.clone();
-                        cache.insert(entry);
-                        if let Some(deleted) = mirror_deleted_from_object(&object) {
-                            cache.insert_mirror_deleted(&key, &deleted);
-                        }
-                        if let Some(mirrored) = mirrored_from_object(&object) {
-                            cache.insert_mirrored(key.clone(), mirrored);
-                        }
-                        cache.insert_superseded(key, superseded_from_object(&object));
-                    }
+                    load(&cache, &object);
                 }
                 Ok(watcher::Event::InitDone) => {
                     let _ = synced_tx.send(true);
@@ -289,6 +289,16 @@ pub fn follow(
         }
     });
     synced
+}
+
+/// Loads what `object` holds into `cache`: its entry, and its mirror records whole (what the
+/// object no longer records is gone, see [`DigestCache::load_mirror`]).
+fn load(cache: &DigestCache, object: &DynamicObject) {
+    if let Some(entry) = from_object(object) {
+        let key = entry.key.clone();
+        cache.insert(entry);
+        cache.load_mirror(key, mirror_fields_from_object(object));
+    }
 }
 
 /// The namespaced API for the entries (holdfast's namespace).
@@ -432,6 +442,93 @@ mod tests {
             ..MirrorFields::default()
         };
         assert!(mirrored_from_object(&applied(&mirror_patch(&key, &only_deleted))).is_none());
+    }
+
+    /// Loading asks no registry.
+    struct NoRegistry;
+
+    impl crate::cache::Source for NoRegistry {
+        fn digest<'a>(
+            &'a self,
+            _: &'a crate::Reference,
+            _: &'a crate::Credentials,
+        ) -> futures::future::BoxFuture<'a, Result<Digest, crate::ResolveError>> {
+            unreachable!("no registry in this test")
+        }
+
+        fn tags<'a>(
+            &'a self,
+            _: &'a crate::Reference,
+            _: &'a crate::Credentials,
+        ) -> futures::future::BoxFuture<'a, Result<Vec<String>, crate::ResolveError>> {
+            unreachable!("no registry in this test")
+        }
+    }
+
+    #[test]
+    fn a_replica_drops_a_current_copy_its_object_no_longer_records() {
+        let now = SystemTime::now();
+        let key = CacheKey {
+            reference: "registry.example/team/app:1.0".into(),
+            selection: None,
+            scope: Scope::Anonymous,
+        };
+        let entry = CacheEntry {
+            key: key.clone(),
+            digest: Digest::sha256_of(b"v2"),
+            tag: None,
+            resolved_at: now,
+            checked_at: now,
+            error: None,
+        };
+        let copy = |seed: &[u8]| {
+            format!(
+                "cache.example/m/registry.example/team/app@{}",
+                Digest::sha256_of(seed)
+            )
+        };
+        // The entry's object with the mirror manager's fields `fields` (those it holds now).
+        let object = |fields: &MirrorFields| {
+            let mut object = to_object(&entry);
+            for (field, value) in mirror_patch(&key, fields)["spec"].as_object().unwrap() {
+                object["spec"][field] = value.clone();
+            }
+            serde_json::from_value::<DynamicObject>(object).unwrap()
+        };
+        let replica = DigestCache::new(Arc::new(NoRegistry), Default::default(), None);
+        let v2 = Mirrored {
+            location: copy(b"v2"),
+            at: now,
+        };
+        load(
+            &replica,
+            &object(&MirrorFields {
+                current: Some(v2.clone()),
+                superseded: vec![Superseded {
+                    location: copy(b"v1"),
+                    since: now,
+                }],
+                deleted: None,
+            }),
+        );
+        assert_eq!(replica.mirrored(&key), Some(v2));
+        assert_eq!(replica.recorded_copies().len(), 2);
+
+        // The leader deleted v2, then v1, in one pass; the merged write leaves no copy and
+        // names only v1's deletion.
+        load(
+            &replica,
+            &object(&MirrorFields {
+                deleted: Some(MirrorDeletion {
+                    location: copy(b"v1"),
+                    at: now + Duration::from_secs(2),
+                }),
+                ..MirrorFields::default()
+            }),
+        );
+        assert_eq!(replica.mirrored(&key), None, "v2 was deleted from the mirror");
+        assert!(replica.recorded_copies().is_empty());
+        assert_eq!(replica.get(&key), Some(entry));
     }
 
     #[test]
