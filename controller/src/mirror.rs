@@ -431,6 +431,13 @@ pub async fn run(
                         retention.forget(&expired.location);
                         tracing::info!(location = %expired.location, "mirror: an object references the copy again; kept");
                     }
+                    Outcome::Held { holder } => {
+                        // Its records stay dropped: it is part of `holder` now (module docs).
+                        retention.forget(&expired.location);
+                        delete_retries.succeeded(&expired.location);
+                        delete_retry_at.remove(&expired.location);
+                        tracing::info!(location = %expired.location, %holder, "mirror: a copy an object references holds this one (an index's manifest, a bundle's image); kept, no longer timed");
+                    }
                     Outcome::Failed(error) => {
                         let delay = delete_retries.failed(expired.location.clone());
                         tracing::error!(location = %expired.location, %error, retry_in = ?delay, "mirror: could not delete an unreferenced copy; kept");

@@ -14,6 +14,12 @@
 //!   references the copy is its manifest deleted (`DELETE /v2/<repository>/manifests/<digest>`);
 //!   otherwise, or when the mirror refuses, the records are restored (a superseded copy as
 //!   superseded).
+//! - **Held by another copy** ([`holder`]): a copy can also be part of another copy in the same
+//!   mirror repository (a platform manifest of a copied index, an image of a copied bundle's
+//!   ImagesLock). If a copy there that objects reference holds it (read from the mirror,
+//!   [`Copier::contents`]), it is not deleted and its records stay dropped: it belongs to that
+//!   copy now, like the index's other manifests, and retention does not come back to it every
+//!   grace period (an object that references it again has it copied, that is recorded, again).
 //! - **The window that remains**: an admission a webhook replica answered from a cache that had
 //!   not seen the deletion yet, whose object reaches the API server after that fresh list, is
 //!   pinned to a copy that is then deleted. The copy is then referenced again, so the mirror
@@ -26,9 +32,9 @@ use std::{
 };
 
 use holdfast_registry::{
-    Reference,
+    Digest, Reference,
     cache::{CacheKey, DigestCache, MirrorDeletion},
-    mirror::{Copier, DeleteError, Deletion, MirrorLocation},
+    mirror::{Copier, CopyError, DeleteError, Deletion, MirrorLocation},
 };
 
 use crate::references::References;
@@ -115,6 +121,8 @@ pub enum Outcome {
     Deleted(Deletion),
     /// Referenced again by the time of the check: kept, records restored.
     Referenced,
+    /// Held by `holder`, a referenced copy in the same repository: kept, records dropped.
+    Held { holder: String },
     /// The check or the deletion failed: kept, records restored.
     Failed(DeleteFailure),
 }
@@ -125,6 +133,49 @@ pub enum DeleteFailure {
     List(#[from] kube::Error),
     #[error(transparent)]
     Mirror(#[from] DeleteError),
+    #[error("reading what the repository's other copies hold before deleting: {0}")]
+    Contents(#[from] CopyError),
+}
+
+/// The copies of `candidate`'s mirror repository among `referenced`, other than `candidate`:
+/// those that may hold it.
+pub fn siblings(candidate: &Reference, referenced: &HashSet<String>) -> Vec<Reference> {
+    let mut siblings: Vec<Reference> = referenced
+        .iter()
+        .filter_map(|location| Reference::parse(location).ok())
+        .filter(|other| {
+            other.name() == candidate.name()
+                && other.digest().is_some()
+                && other.digest() != candidate.digest()
+        })
+        .collect();
+    siblings.sort_by_key(Reference::to_string);
+    siblings
+}
+
+/// The first of `siblings` (a copy, what it holds) that holds `candidate`'s digest.
+pub fn holder<'a>(candidate: &Digest, siblings: &'a [(String, Vec<Digest>)]) -> Option<&'a str> {
+    siblings
+        .iter()
+        .find(|(_, held)| held.contains(candidate))
+        .map(|(location, _)| location.as_str())
+}
+
+/// Reads what each sibling of `location` holds from the mirror; which one holds `location`.
+async fn held_by(
+    location: &Reference,
+    referenced: &HashSet<String>,
+    copier: &Copier,
+) -> Result<Option<String>, CopyError> {
+    let Some(digest) = location.digest() else {
+        return Ok(None);
+    };
+    let mut held = Vec::new();
+    for sibling in siblings(location, referenced) {
+        let contents = copier.contents(&sibling).await?;
+        held.push((sibling.to_string(), contents));
+    }
+    Ok(holder(digest, &held).map(str::to_owned))
 }
 
 /// Deletes `expired` from the mirror as the module docs describe.
@@ -144,16 +195,20 @@ pub async fn delete(
     tokio::time::sleep(SETTLE).await;
     let outcome = match references.listed().await {
         Ok(referenced) if referenced.contains(&expired.location) => Outcome::Referenced,
-        Ok(_) => match Reference::parse(&expired.location) {
-            Ok(location) => match copier.delete(&location).await {
-                Ok(done) => Outcome::Deleted(done),
+        Ok(referenced) => match Reference::parse(&expired.location) {
+            Ok(location) => match held_by(&location, &referenced, copier).await {
+                Ok(Some(holder)) => Outcome::Held { holder },
+                Ok(None) => match copier.delete(&location).await {
+                    Ok(done) => Outcome::Deleted(done),
+                    Err(error) => Outcome::Failed(error.into()),
+                },
                 Err(error) => Outcome::Failed(error.into()),
             },
             Err(_) => Outcome::Failed(DeleteError::NotInMirror(expired.location.clone()).into()),
         },
         Err(error) => Outcome::Failed(error.into()),
     };
-    if !matches!(outcome, Outcome::Deleted(_)) {
+    if !matches!(outcome, Outcome::Deleted(_) | Outcome::Held { .. }) {
         // The copy is still there: record it again (a later record wins over the deletion).
         for key in &expired.keys {
             cache.restore_mirror_copy(key, &expired.location, SystemTime::now());
@@ -299,6 +354,36 @@ mod tests {
         let mut keys = vec![records[0].0.clone(), records[1].0.clone()];
         keys.sort();
         assert_eq!(due[0].keys, keys);
+    }
+
+    #[test]
+    fn only_the_other_digests_of_the_same_mirror_repository_are_siblings() {
+        let candidate = Reference::parse(&copy(D1)).unwrap();
+        let referenced: HashSet<String> = [
+            copy(D1),
+            copy(D2),
+            format!("cache.corp.com:5000/m/registry.corp.com/team/other@{D2}"),
+            "cache.corp.com:5000/m/registry.corp.com/team/app:1.0".to_owned(),
+            "not a reference".to_owned(),
+        ]
+        .into();
+        let siblings: Vec<String> = siblings(&candidate, &referenced)
+            .iter()
+            .map(Reference::to_string)
+            .collect();
+        assert_eq!(siblings, [copy(D2)]);
+    }
+
+    #[test]
+    fn a_copy_held_by_a_referenced_index_or_bundle_is_kept() {
+        let digest = |d: &str| d.parse::<Digest>().unwrap();
+        const D3: &str = "sha256:3333333333333333333333333333333333333333333333333333333333333333";
+        // D1 is a platform manifest of the index D2 (or an image of the bundle D2's lock).
+        let held = [(copy(D3), vec![]), (copy(D2), vec![digest(D3), digest(D1)])];
+        assert_eq!(holder(&digest(D1), &held), Some(copy(D2).as_str()));
+        assert_eq!(holder(&digest(D2), &held), None, "nothing holds the index");
+        assert_eq!(holder(&digest(D1), &held[..1]), None);
+        assert_eq!(holder(&digest(D1), &[]), None, "no referenced sibling");
     }
 
     #[test]

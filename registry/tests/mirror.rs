@@ -3,7 +3,8 @@
 //! on the mirror side: the copy must fail with a verification error, and the bad blob must never
 //! complete an upload (the copier withholds the last chunk, so the mirror sees an aborted body),
 //! nor may any manifest be pushed. Deleting a copy is checked against a fake mirror for the
-//! answers a real one gives only when misconfigured (405: deletes disabled). The happy paths run
+//! answers a real one gives only when misconfigured (405: deletes disabled), and what a copy holds
+//! (an index's manifests, a bundle's locked images) is read back from a fake mirror. The happy paths run
 //! against real registries in `e2e/tests/mirror.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -273,4 +274,124 @@ async fn deleting_a_copy_says_whether_it_was_there_and_when_the_mirror_refuses()
         );
     }
     assert_eq!(seen.lock().unwrap().len(), 3);
+}
+
+/// A mirror repository holding an index (`index`) of a plain image (`plain`) and a bundle
+/// (`bundle`) whose ImagesLock lists `locked` (absent from this fake): what retention reads to
+/// keep a copy another copy holds.
+struct Held {
+    manifests: std::collections::HashMap<String, Vec<u8>>,
+    blobs: std::collections::HashMap<String, Vec<u8>>,
+}
+
+async fn held(State(held): State<Arc<Held>>, method: Method, uri: Uri) -> Response {
+    let Some(rest) = uri.path().strip_prefix("/v2/mirror/up_5000/app/") else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let found = match rest.split_once('/') {
+        Some(("manifests", d)) if method == Method::GET => held.manifests.get(d),
+        Some(("blobs", d)) if method == Method::GET => held.blobs.get(d),
+        _ => None,
+    };
+    match found {
+        Some(bytes) => Bytes::from(bytes.clone()).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+#[tokio::test]
+async fn what_a_copy_holds_is_read_from_the_mirror_through_indexes_and_bundle_locks() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let digest_of = |bytes: &[u8]| Digest::sha256_of(bytes).to_string();
+    let descriptor = |media_type: &str, bytes: &[u8]| serde_json::json!({"mediaType": media_type, "digest": digest_of(bytes), "size": bytes.len()});
+    let image = |config: &[u8], layer: &[u8]| {
+        serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": descriptor("application/vnd.oci.image.config.v1+json", config),
+            "layers": [descriptor("application/vnd.oci.image.layer.v1.tar", layer)],
+        }))
+        .unwrap()
+    };
+    let plain_config = br#"{"config":{}}"#.to_vec();
+    let plain_layer = b"plain layer".to_vec();
+    let plain = image(&plain_config, &plain_layer);
+    let locked = Digest::sha256_of(b"locked image");
+    let lock = format!(
+        "apiVersion: imgpkg.carvel.dev/v1alpha1\nkind: ImagesLock\nimages:\n- image: registry.corp.com/other/img@{locked}\n"
+    );
+    let mut builder = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(lock.len() as u64);
+    header.set_mode(0o644);
+    builder
+        .append_data(&mut header, ".imgpkg/images.yml", lock.as_bytes())
+        .unwrap();
+    let bundle_layer = builder.into_inner().unwrap();
+    let bundle_config = br#"{"config":{"Labels":{"dev.carvel.imgpkg.bundle":""}}}"#.to_vec();
+    let bundle = image(&bundle_config, &bundle_layer);
+    let index = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [
+            descriptor("application/vnd.oci.image.manifest.v1+json", &plain),
+            descriptor("application/vnd.oci.image.manifest.v1+json", &bundle),
+        ],
+    }))
+    .unwrap();
+    let fake = Held {
+        manifests: [&plain, &bundle, &index]
+            .map(|m| (digest_of(m), m.clone()))
+            .into(),
+        blobs: [&plain_config, &plain_layer, &bundle_config, &bundle_layer]
+            .map(|b| (digest_of(b), b.clone()))
+            .into(),
+    };
+    let app = Router::new().fallback(held).with_state(Arc::new(fake));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let resolver = Resolver::new(ResolverConfig {
+        insecure_registries: [addr.clone()].into(),
+        ..ResolverConfig::default()
+    })
+    .unwrap();
+    let copier = Copier::new(
+        resolver,
+        CopierConfig::new(MirrorLocation::new(&addr, "mirror").unwrap()),
+        Credentials::anonymous(),
+    );
+    let copy = |digest: &str| Reference::parse(&format!("{addr}/mirror/up_5000/app@{digest}")).unwrap();
+    let contents = |digest: String| {
+        let copier = &copier;
+        let location = copy(&digest);
+        async move {
+            let mut held: Vec<String> = copier
+                .contents(&location)
+                .await
+                .unwrap()
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            held.sort();
+            held
+        }
+    };
+
+    let mut all = vec![digest_of(&plain), digest_of(&bundle), locked.to_string()];
+    all.sort();
+    assert_eq!(
+        contents(digest_of(&index)).await,
+        all,
+        "the index, and the bundle's lock below it"
+    );
+    assert_eq!(contents(digest_of(&bundle)).await, [locked.to_string()]);
+    assert!(
+        contents(digest_of(&plain)).await.is_empty(),
+        "a plain image holds no manifest"
+    );
+    assert!(
+        contents(locked.to_string()).await.is_empty(),
+        "absent: holds nothing"
+    );
 }

@@ -35,6 +35,7 @@
 //! `2 × blob_concurrency × concurrent copies` slots per host (or the copier a resolver of its
 //! own): otherwise a copy waits for a slot until its request timeout and fails (transiently).
 
+mod contents;
 mod lock;
 mod naming;
 mod verify;
@@ -301,7 +302,8 @@ impl Copier {
     /// holds) with `DELETE /v2/<repository>/manifests/<digest>`. Only that manifest: the
     /// registry's garbage collection frees the blobs no manifest references any more; platform
     /// manifests of an index and the images of a bundle's ImagesLock stay (they may be shared
-    /// with other copies in the same repository).
+    /// with other copies in the same repository); the caller checks that no copy in use holds
+    /// `location` ([`Copier::contents`]), since this does not.
     pub async fn delete(&self, location: &Reference) -> Result<Deletion, DeleteError> {
         let not_ours = || DeleteError::NotInMirror(location.to_string());
         let digest = location.digest().ok_or_else(not_ours)?;
