@@ -263,6 +263,7 @@ pub async fn run(
                 &referenced,
                 SystemTime::now(),
                 settings.retention,
+                |location| deleting.contains(location),
             )
             .into_iter()
             .filter(|e| !deleting.contains(&e.location) && !running.contains(&e.location))

@@ -61,7 +61,10 @@ impl Retention {
     /// The copies of `mirror` among `records` (entry key, copy: current or superseded) that
     /// nothing in `referenced` names and that have been unreferenced for `grace` at `now`.
     /// Records of another mirror (the configuration changed) are never deleted: that registry
-    /// is not this controller's any more.
+    /// is not this controller's any more. A copy `deleting` names keeps its clock although its
+    /// records are gone meanwhile (a deletion drops them first): if the deletion fails and
+    /// restores them, the copy is due again at once and retried with backoff, not after a whole
+    /// new grace period.
     pub fn expired(
         &mut self,
         records: &[(CacheKey, String)],
@@ -69,6 +72,7 @@ impl Retention {
         referenced: &HashSet<String>,
         now: SystemTime,
         grace: Duration,
+        deleting: impl Fn(&str) -> bool,
     ) -> Vec<Expired> {
         let mut candidates: BTreeMap<&str, Vec<CacheKey>> = BTreeMap::new();
         for (key, location) in records {
@@ -79,7 +83,7 @@ impl Retention {
             }
         }
         self.unreferenced_since
-            .retain(|location, _| candidates.contains_key(location.as_str()));
+            .retain(|location, _| candidates.contains_key(location.as_str()) || deleting(location));
         candidates
             .into_iter()
             .filter_map(|(location, mut keys)| {
@@ -253,7 +257,8 @@ mod tests {
         let referenced: HashSet<String> = [copy(D2)].into();
         let mut retention = Retention::default();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let decide = |r: &mut Retention, at| r.expired(&records, &mirror(), &referenced, at, GRACE);
+        let decide =
+            |r: &mut Retention, at| r.expired(&records, &mirror(), &referenced, at, GRACE, |_| false);
         assert!(decide(&mut retention, t0).is_empty(), "the clock starts now");
         assert_eq!(retention.next_due(GRACE, |_| false), Some(t0 + GRACE));
         assert!(decide(&mut retention, t0 + GRACE - Duration::from_secs(1)).is_empty());
@@ -276,28 +281,69 @@ mod tests {
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         assert!(
             retention
-                .expired(&records, &mirror(), &none, t0, GRACE)
+                .expired(&records, &mirror(), &none, t0, GRACE, |_| false)
                 .is_empty()
         );
         let t1 = t0 + GRACE / 2;
         assert!(
             retention
-                .expired(&records, &mirror(), &some, t1, GRACE)
+                .expired(&records, &mirror(), &some, t1, GRACE, |_| false)
                 .is_empty()
         );
         assert_eq!(retention.next_due(GRACE, |_| false), None, "referenced: no clock");
         let t2 = t0 + GRACE;
         assert!(
             retention
-                .expired(&records, &mirror(), &none, t2, GRACE)
+                .expired(&records, &mirror(), &none, t2, GRACE, |_| false)
                 .is_empty(),
             "unreferenced again only since t2"
         );
         assert_eq!(
             retention
-                .expired(&records, &mirror(), &none, t2 + GRACE, GRACE)
+                .expired(&records, &mirror(), &none, t2 + GRACE, GRACE, |_| false)
                 .len(),
             1
+        );
+    }
+
+    #[test]
+    fn a_failed_deletion_is_due_again_at_once_not_after_a_new_grace() {
+        let records = [record("1.0", &copy(D1))];
+        let none = HashSet::new();
+        let d1 = copy(D1);
+        let mut retention = Retention::default();
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert!(
+            retention
+                .expired(&records, &mirror(), &none, t0, GRACE, |_| false)
+                .is_empty()
+        );
+        assert_eq!(
+            retention
+                .expired(&records, &mirror(), &none, t0 + GRACE, GRACE, |_| false)
+                .len(),
+            1
+        );
+        // The deletion drops the records first; while it runs, the clock stays.
+        let deleting = |location: &str| location == d1;
+        assert!(
+            retention
+                .expired(&[], &mirror(), &none, t0 + GRACE, GRACE, deleting)
+                .is_empty()
+        );
+        // It failed and restored them: due again at once (the caller's backoff paces it).
+        assert_eq!(
+            retention
+                .expired(&records, &mirror(), &none, t0 + GRACE, GRACE, |_| false)
+                .len(),
+            1
+        );
+        // Without the deletion running, a vanished record takes its clock with it.
+        retention.expired(&[], &mirror(), &none, t0 + GRACE, GRACE, |_| false);
+        assert!(
+            retention
+                .expired(&records, &mirror(), &none, t0 + GRACE, GRACE, |_| false)
+                .is_empty()
         );
     }
 
@@ -320,17 +366,17 @@ mod tests {
         let records = cache.recorded_copies();
         assert!(
             retention
-                .expired(&records, &mirror(), &referenced, t0, GRACE)
+                .expired(&records, &mirror(), &referenced, t0, GRACE, |_| false)
                 .is_empty()
         );
-        let due = retention.expired(&records, &mirror(), &referenced, t0 + GRACE, GRACE);
+        let due = retention.expired(&records, &mirror(), &referenced, t0 + GRACE, GRACE, |_| false);
         assert_eq!(locations(&due), [copy(D1)]);
         assert_eq!(due[0].keys, [key]);
         // While an object is still on the old copy (a freeze pin), it is kept.
         let both: HashSet<String> = [copy(D1), copy(D2)].into();
         assert!(
             Retention::default()
-                .expired(&records, &mirror(), &both, t0, Duration::ZERO)
+                .expired(&records, &mirror(), &both, t0, Duration::ZERO, |_| false)
                 .is_empty()
         );
     }
@@ -348,8 +394,12 @@ mod tests {
         ];
         let mut retention = Retention::default();
         let t0 = SystemTime::UNIX_EPOCH;
-        retention.expired(&records, &mirror(), &HashSet::new(), t0, Duration::ZERO);
-        let due = retention.expired(&records, &mirror(), &HashSet::new(), t0, Duration::ZERO);
+        retention.expired(&records, &mirror(), &HashSet::new(), t0, Duration::ZERO, |_| {
+            false
+        });
+        let due = retention.expired(&records, &mirror(), &HashSet::new(), t0, Duration::ZERO, |_| {
+            false
+        });
         assert_eq!(locations(&due), [copy(D1)]);
         let mut keys = vec![records[0].0.clone(), records[1].0.clone()];
         keys.sort();
@@ -391,11 +441,11 @@ mod tests {
         let records = [record("1.0", &copy(D1))];
         let mut retention = Retention::default();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        retention.expired(&records, &mirror(), &HashSet::new(), t0, GRACE);
+        retention.expired(&records, &mirror(), &HashSet::new(), t0, GRACE, |_| false);
         retention.forget(&copy(D1));
         assert_eq!(retention.next_due(GRACE, |_| false), None);
-        retention.expired(&records, &mirror(), &HashSet::new(), t0, GRACE);
-        retention.expired(&[], &mirror(), &HashSet::new(), t0, GRACE);
+        retention.expired(&records, &mirror(), &HashSet::new(), t0, GRACE, |_| false);
+        retention.expired(&[], &mirror(), &HashSet::new(), t0, GRACE, |_| false);
         assert_eq!(
             retention.next_due(GRACE, |_| false),
             None,
