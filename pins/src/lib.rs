@@ -10,7 +10,9 @@
 //!    recorded pin, or nothing because the site is invalid (with a warning).
 //! 2. The caller resolves: [`Need::Tag`] → digest of that tag; [`Need::Select`] → list the
 //!    repository's tags, pick one with `holdfast_registry::select_tag`, then the digest of
-//!    `repo.with_tag(tag)`. Credentials come from the site's `secretRef` (same namespace).
+//!    `repo.with_tag(tag)`. Credentials come from the site's `secretRef` (same namespace; its
+//!    [`FetchSite::upstream_secret`]: the user's Secret where holdfast had written the mirror
+//!    pull Secret over it).
 //! 3. [`pin_patch`] turns the resolutions into JSON-patch operations and warnings. Call it even
 //!    when nothing was resolved: it also drops annotation entries that are no longer in place.
 //!
@@ -76,7 +78,10 @@
 //!   `mirror`, when set, is the mirror repository holdfast pinned to instead (the content was
 //!   copied there, see `holdfast_registry::mirror`): then the field holds `mirror@digest`.
 //!   `secretRef` and `pullSecret`, when set: the source's `secretRef.name` was the user's
-//!   `secretRef` and now names the mirror pull Secret `pullSecret` (see [`mirror_scope`]).
+//!   `secretRef` and now names the mirror pull Secret `pullSecret` (see [`mirror_scope`]). A
+//!   reference the user changes while its source still names `pullSecret` is resolved with,
+//!   and given back, `secretRef` (unless pinned to a private mirror copy again), since the
+//!   entry goes with the pin ([`FetchSite::upstream_secret`]).
 //! - An entry is kept only while it is **in place**: the field still holds `ref`'s repository
 //!   pinned to `digest`. So an entry re-pinned now is overwritten with what the user wrote now;
 //!   an entry whose field the user replaced (by their own digest, another tag, or by removing
@@ -239,7 +244,8 @@ pub struct ObjectPlan {
 
 impl ObjectPlan {
     /// Plans `object` (the request's object). `old_object` (the stored object of an UPDATE)
-    /// contributes recorded pins when the new object lost or never had the annotation.
+    /// contributes recorded pins, and the user's Secret behind a mirror pull Secret (see
+    /// [`FetchSite::upstream_secret`]), when the new object lost or never had the annotation.
     pub fn new(kind: PinnedKind, object: &Value, old_object: Option<&Value>) -> Self {
         let (policy, mut warnings) = PinPolicy::from_object(object);
         if policy == PinPolicy::Disabled || is_terminating(object) {
@@ -254,7 +260,19 @@ impl ObjectPlan {
         let recorded_before = old_object
             .and_then(|old| OriginalRefs::from_object(old).ok())
             .unwrap_or_default();
-        let sites = fetch_sites(kind, object);
+        let mut sites = fetch_sites(kind, object);
+        // A site the user edited after holdfast pinned it to a private mirror copy still names
+        // the mirror pull Secret: it is resolved with, and given back, the user's Secret (a
+        // pin in place, already a digest, keeps the pull Secret).
+        for site in &mut sites {
+            if !matches!(plan(site), Ok(Need::AlreadyPinned))
+                && let Some(user) = recorded
+                    .users_secret(site)
+                    .or_else(|| recorded_before.users_secret(site))
+            {
+                site.upstream_secret = Some(user);
+            }
+        }
         let steps = sites
             .iter()
             .map(|site| {

@@ -133,6 +133,16 @@ impl OriginalRefs {
             .filter(move |(pointer, entry)| entry.is_in_place(object, pointer))
     }
 
+    /// The user's Secret recorded for `site`'s field when its `secretRef` names the pull Secret
+    /// holdfast wrote there (a pin to a private mirror copy): what the source fetched upstream
+    /// with before holdfast pointed it at the mirror.
+    pub fn users_secret(&self, site: &FetchSite) -> Option<String> {
+        let entry = self.get(site.pointer.as_str())?;
+        (entry.pull_secret.is_some() && entry.pull_secret == site.secret_ref)
+            .then(|| entry.secret_ref.clone())
+            .flatten()
+    }
+
     /// The pin recorded for exactly what `site` holds now, if any.
     pub fn recorded_pin(&self, site: &FetchSite) -> Option<Resolution> {
         let entry = self.get(site.pointer.as_str())?;

@@ -41,7 +41,9 @@ pub struct PinOutcome {
 
 /// The operations that pin `sites[index]` to each resolution's digest, remove the resolved
 /// `tagSelection`s and bring the `holdfast.dev/original-refs` annotation up to date (new
-/// entries for these pins, entries no longer in place dropped). `sites` must come from
+/// entries for these pins, entries no longer in place dropped), and give each source that
+/// still names a mirror pull Secret but is no longer pinned to the mirror its user's Secret
+/// back ([`FetchSite::upstream_secret`](super::FetchSite)). `sites` must come from
 /// [`fetch_sites`](super::fetch_sites) on this same `object`.
 ///
 /// Never touches a reference that already has a digest, or a site [`plan`] rejects (a
@@ -63,6 +65,7 @@ pub fn pin_patch(
     let mut removals = Vec::new();
     let mut fresh: BTreeMap<String, Value> = BTreeMap::new();
     let mut seen = BTreeSet::new();
+    let mut written_secrets = BTreeSet::new();
     for (index, resolution) in resolutions {
         let Some(site) = sites.get(*index) else {
             outcome.warnings.push(format!(
@@ -117,15 +120,19 @@ pub fn pin_patch(
             value: Value::String(pinned),
         }));
         // A pin to a mirror copy pulls with the mirror's Secret; the user's name is recorded.
-        if let (Some(pull), Some(user), Some(_)) = (&resolution.pull_secret, &site.secret_ref, &entry.mirror)
-            && pull != user
-        {
-            replacements.push(PatchOperation::Replace(ReplaceOperation {
-                path: site.secret_name_pointer(),
-                value: Value::String(pull.clone()),
-            }));
-            entry.secret_ref = Some(user.clone());
-            entry.pull_secret = Some(pull.clone());
+        // Any other pin fetches upstream, with the user's Secret (back, if the source still
+        // names the pull Secret of an earlier mirror pin).
+        let secret = match (&resolution.pull_secret, &site.upstream_secret, &entry.mirror) {
+            (Some(pull), Some(user), Some(_)) if pull != user => {
+                entry.secret_ref = Some(user.clone());
+                entry.pull_secret = Some(pull.clone());
+                Some(pull)
+            }
+            (_, user, _) => user.as_ref(),
+        };
+        written_secrets.insert(*index);
+        if let Some(op) = secret_op(site, secret) {
+            replacements.push(op);
         }
         if let Some(path) = &site.tag_selection_pointer {
             removals.push(PatchOperation::Remove(RemoveOperation { path: path.clone() }));
@@ -141,12 +148,34 @@ pub fn pin_patch(
             )),
         }
     }
+    // Sites left as they are (unresolved, invalid) still get the user's Secret back: the
+    // annotation entry that recorded it is dropped with this patch.
+    for (index, site) in sites.iter().enumerate() {
+        if !written_secrets.contains(&index)
+            && !matches!(plan(site), Ok(Need::AlreadyPinned))
+            && let Some(op) = secret_op(site, site.upstream_secret.as_ref())
+        {
+            replacements.push(op);
+        }
+    }
     outcome.ops = replacements;
     outcome.ops.append(&mut removals);
     if let Some(op) = annotation_op(object, fresh, &mut outcome.warnings) {
         outcome.ops.push(op);
     }
     outcome
+}
+
+/// The operation that makes `site`'s `secretRef.name` `secret`, when it names another Secret
+/// (never one that removes or adds a `secretRef`).
+fn secret_op(site: &FetchSite, secret: Option<&String>) -> Option<PatchOperation> {
+    let secret = secret?;
+    (site.secret_ref.as_ref().is_some_and(|written| written != secret)).then(|| {
+        PatchOperation::Replace(ReplaceOperation {
+            path: site.secret_name_pointer(),
+            value: Value::String(secret.clone()),
+        })
+    })
 }
 
 /// The operation that makes the annotation hold the entries still in place plus `fresh`, if

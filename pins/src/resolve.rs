@@ -212,7 +212,7 @@ impl Pinner {
                 Step::Keep | Step::Invalid(_) => {}
                 Step::Reuse(resolution) => resolutions.push((index, resolution.clone())),
                 Step::Resolve { need, fallback } => {
-                    let scope = match &site.secret_ref {
+                    let scope = match &site.upstream_secret {
                         Some(name) => Scope::Secret {
                             namespace: namespace.to_string(),
                             name: name.clone(),

@@ -118,8 +118,15 @@ pub struct FetchSite {
     /// The `tagSelection` exactly as written (recorded in the annotation); present even when it
     /// does not parse, which [`plan`](super::plan) reports.
     pub tag_selection_json: Option<Value>,
-    /// `secretRef.name`: the Secret, in the object's namespace, with the registry credentials.
+    /// `secretRef.name`, as written: the Secret, in the object's namespace, with the registry
+    /// credentials.
     pub secret_ref: Option<String>,
+    /// The Secret to resolve the reference with (upstream): `secret_ref`, except in an
+    /// [`ObjectPlan`](super::ObjectPlan) for a source whose `secretRef` still names the mirror
+    /// pull Secret holdfast wrote over the user's while its reference is no longer pinned:
+    /// then the user's Secret recorded in `holdfast.dev/original-refs`, since the pull
+    /// Secret's credentials are the mirror's and must not go to the upstream registry.
+    pub upstream_secret: Option<String>,
 }
 
 impl FetchSite {
@@ -199,6 +206,7 @@ fn entry_sites(entry: &Value, pointer: &PointerBuf, field: &str, sites: &mut Vec
             reference: reference.to_owned(),
             tag_selection,
             tag_selection_json,
+            upstream_secret: secret_ref.clone(),
             secret_ref,
         });
     }

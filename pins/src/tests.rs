@@ -1473,3 +1473,203 @@ fn a_site_without_a_secret_ref_gets_none_written() {
             .is_none()
     );
 }
+
+/// The private mirror pin of `object`'s first fetch entry, as the webhook admits it.
+fn pinned_to_private_copy(object: &Value) -> Value {
+    apply(object, &pin_one(object, private_mirror_pin()).ops)
+}
+
+fn team_app() -> Value {
+    app(
+        json!([{"image": {"url": "registry.corp.com/team/app-config:v1.2.0",
+        "secretRef": {"name": "team-creds"}}}]),
+    )
+}
+
+#[test]
+fn a_url_edited_on_a_private_mirror_pin_goes_upstream_with_the_users_secret() {
+    let pinned = pinned_to_private_copy(&team_app());
+    assert_eq!(
+        pinned["spec"]["fetch"][0]["image"]["secretRef"]["name"],
+        "mirror-pull"
+    );
+    // The user patches a new tag in, leaving the pull Secret holdfast wrote; with and without
+    // the annotation (a replace that drops it: the old object's is used).
+    let mut edited = pinned.clone();
+    edited["spec"]["fetch"][0]["image"]["url"] = json!("registry.corp.com/team/app-config:v1.3.0");
+    let mut bare = edited.clone();
+    bare["metadata"]["annotations"] = json!({});
+    for object in [&edited, &bare] {
+        let plan = ObjectPlan::new(PinnedKind::App, object, Some(&pinned));
+        let site = &plan.sites[0];
+        assert_eq!(site.secret_ref.as_deref(), Some("mirror-pull"));
+        assert_eq!(
+            site.upstream_secret.as_deref(),
+            Some("team-creds"),
+            "resolved with the user's Secret, not the mirror's"
+        );
+        assert!(matches!(&plan.steps[0], Step::Resolve { fallback: None, .. }));
+        // Pinned upstream: the user's Secret is back, the entry has no Secrets.
+        let upstream = Resolution {
+            digest: digest(2),
+            selected_tag: None,
+            mirror: None,
+            pull_secret: None,
+        };
+        let out = apply(
+            object,
+            &pin_patch(object, &plan.sites, &[(0, upstream)], plan.policy).ops,
+        );
+        let image = &out["spec"]["fetch"][0]["image"];
+        assert_eq!(
+            image["url"],
+            json!(format!("registry.corp.com/team/app-config@{}", sha(2)))
+        );
+        assert_eq!(image["secretRef"]["name"], "team-creds");
+        assert_eq!(
+            annotation_of(&out)["/spec/fetch/0/image/url"],
+            json!({"ref": "registry.corp.com/team/app-config:v1.3.0", "digest": sha(2)})
+        );
+        // Left unpinned (the registry failed): the user's Secret is back all the same, since
+        // the entry that recorded it goes.
+        let out = apply(object, &pin_patch(object, &plan.sites, &[], plan.policy).ops);
+        let image = &out["spec"]["fetch"][0]["image"];
+        assert_eq!(image["url"], "registry.corp.com/team/app-config:v1.3.0");
+        assert_eq!(image["secretRef"]["name"], "team-creds");
+        assert!(
+            out["metadata"]["annotations"]
+                .get(ORIGINAL_REFS_ANNOTATION)
+                .is_none()
+        );
+        // Pinned to the new digest's private copy: the pull Secret stays and the user's is
+        // still recorded.
+        let mirrored = Resolution {
+            digest: digest(2),
+            ..private_mirror_pin()
+        };
+        let ops = pin_patch(object, &plan.sites, &[(0, mirrored)], plan.policy).ops;
+        assert!(
+            !paths(&ops).iter().any(|p| p.ends_with("secretRef/name")),
+            "{ops:?}"
+        );
+        let out = apply(object, &ops);
+        assert_eq!(
+            out["spec"]["fetch"][0]["image"]["secretRef"]["name"],
+            "mirror-pull"
+        );
+        let recorded = &annotation_of(&out)["/spec/fetch/0/image/url"];
+        assert_eq!(
+            (&recorded["secretRef"], &recorded["pullSecret"]),
+            (&json!("team-creds"), &json!("mirror-pull"))
+        );
+        // …and it is in place: the controller's view of it has the user's Secret back.
+        assert_eq!(
+            repin::unpinned(&out)["spec"]["fetch"][0]["image"]["secretRef"]["name"],
+            "team-creds"
+        );
+    }
+}
+
+#[test]
+fn a_private_mirror_pin_in_place_or_replaced_keeps_its_secret() {
+    let pinned = pinned_to_private_copy(&team_app());
+    // In place: the pull Secret is what it fetches with.
+    let plan = ObjectPlan::new(PinnedKind::App, &pinned, Some(&pinned));
+    assert_eq!(plan.sites[0].upstream_secret.as_deref(), Some("mirror-pull"));
+    assert_eq!(pin_patch(&pinned, &plan.sites, &[], plan.policy).ops, vec![]);
+    // The user's own digest with the pull Secret: holdfast touches neither.
+    let mut own = pinned.clone();
+    own["spec"]["fetch"][0]["image"]["url"] = json!(format!("registry.corp.com/team/app-config@{}", sha(3)));
+    let plan = ObjectPlan::new(PinnedKind::App, &own, Some(&pinned));
+    let ops = pin_patch(&own, &plan.sites, &[], plan.policy).ops;
+    assert_eq!(paths(&ops), [ANNOTATION_PATH]);
+    // A Secret the user named themselves is theirs, whatever the old entry says.
+    let mut renamed = pinned.clone();
+    renamed["spec"]["fetch"][0]["image"]["url"] = json!("registry.corp.com/team/app-config:v1.3.0");
+    renamed["spec"]["fetch"][0]["image"]["secretRef"]["name"] = json!("other");
+    let plan = ObjectPlan::new(PinnedKind::App, &renamed, Some(&pinned));
+    assert_eq!(plan.sites[0].upstream_secret.as_deref(), Some("other"));
+}
+
+#[test]
+fn freeze_on_a_private_mirror_pin_keeps_the_users_secret_recorded() {
+    // The original tag sent again with the pull Secret (the recorded pin is reused).
+    let pinned = pinned_to_private_copy(&with_metadata(
+        team_app(),
+        "labels",
+        json!({"holdfast.dev/pin": "freeze"}),
+    ));
+    let mut resent = pinned.clone();
+    resent["spec"]["fetch"][0]["image"]["url"] = json!("registry.corp.com/team/app-config:v1.2.0");
+    let outcome = run(PinnedKind::App, &resent, Some(&pinned), &registry());
+    assert_eq!(apply(&resent, &outcome.ops), pinned);
+}
+
+#[test]
+fn the_reconcile_of_an_edited_private_mirror_pin_resolves_with_the_users_secret() {
+    let namespace = "team";
+    let pinned = with_metadata(pinned_to_private_copy(&team_app()), "namespace", json!(namespace));
+    let mut stored = pinned.clone();
+    stored["spec"]["fetch"][0]["image"]["url"] = json!("registry.corp.com/team/app-config:v1.3.0");
+    let reference = holdfast_registry::Reference::parse("registry.corp.com/team/app-config:v1.3.0").unwrap();
+    let scope = |name: &str| holdfast_registry::cache::Scope::Secret {
+        namespace: namespace.into(),
+        name: name.into(),
+    };
+    let cache =
+        holdfast_registry::cache::DigestCache::new(std::sync::Arc::new(NoRegistry), Default::default(), None);
+    // Only the user's Secret's entry is held; the pull Secret's would need the registry,
+    // which this pinner (no Secret reads) cannot ask with it.
+    let now = std::time::SystemTime::now();
+    cache.insert(holdfast_registry::cache::CacheEntry {
+        key: holdfast_registry::cache::CacheKey::tag(&reference, scope("team-creds")),
+        digest: digest(2),
+        tag: None,
+        resolved_at: now,
+        checked_at: now,
+        error: None,
+    });
+    let pinner = Pinner::new(std::sync::Arc::new(cache), None);
+    let update =
+        futures::executor::block_on(pinner.reconcile(PinnedKind::App, namespace, &BTreeMap::new(), &stored))
+            .unwrap();
+    assert_eq!(update.warnings, Vec::<String>::new());
+    let out = apply(&stored, &update.ops);
+    let image = &out["spec"]["fetch"][0]["image"];
+    assert_eq!(
+        image["url"],
+        json!(format!("registry.corp.com/team/app-config@{}", sha(2)))
+    );
+    assert_eq!(image["secretRef"]["name"], "team-creds");
+    // The webhook's UPDATE, likewise.
+    let outcome = futures::executor::block_on(pinner.pin(
+        PinnedKind::App,
+        namespace,
+        &BTreeMap::new(),
+        &stored,
+        Some(&pinned),
+    ));
+    assert_eq!(outcome.warnings, Vec::<String>::new());
+    assert_eq!(apply(&stored, &outcome.ops), out);
+}
+
+/// A registry that is never to be asked.
+struct NoRegistry;
+
+impl holdfast_registry::cache::Source for NoRegistry {
+    fn digest<'a>(
+        &'a self,
+        _: &'a holdfast_registry::Reference,
+        _: &'a holdfast_registry::Credentials,
+    ) -> futures::future::BoxFuture<'a, Result<Digest, holdfast_registry::ResolveError>> {
+        unreachable!("the registry was asked")
+    }
+
+    fn tags<'a>(
+        &'a self,
+        _: &'a holdfast_registry::Reference,
+        _: &'a holdfast_registry::Credentials,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<String>, holdfast_registry::ResolveError>> {
+        unreachable!("the registry was asked")
+    }
+}
