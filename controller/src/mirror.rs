@@ -268,6 +268,8 @@ pub async fn run(
             .into_iter()
             .filter(|e| !deleting.contains(&e.location) && !running.contains(&e.location))
             .filter(|e| delete_retry_at.get(&e.location).is_none_or(|at| *at <= now))
+            // Each deletion lists every pinned object afresh: as many at a time as copies.
+            .take(limit.saturating_sub(deleting.len()))
             .collect();
         if !jobs.is_empty() || !expired.is_empty() {
             match current_copier(&client, &namespace, &settings, &resolver, &config, &mut copier).await {
@@ -321,11 +323,13 @@ pub async fn run(
             )
             .map(|(_, at)| *at)
             .min();
-        // Copies already handed to a deletion, being copied, or waiting for a retry wake the
-        // loop through those (their join or `next_retry`), not through their past deadline.
+        // Copies already handed to a deletion, being copied, waiting for a retry or for a free
+        // deletion slot wake the loop through those (a join or `next_retry`), not through their
+        // past deadline.
         let next_due = retention
             .next_due(settings.retention, |location| {
-                deleting.contains(location)
+                deleting.len() >= limit
+                    || deleting.contains(location)
                     || running.contains(location)
                     || delete_retry_at.get(location).is_some_and(|at| *at > now)
             })
