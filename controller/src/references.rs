@@ -16,7 +16,11 @@
 //! pinned to a copy; a site with a `secretRef` pinned upstream references its namespace's
 //! private copy (with `--mirror-pull-secret`) as well as the public one.
 
-use std::{collections::HashSet, fmt::Debug};
+use std::{
+    collections::{HashMap, HashSet},
+    fmt::Debug,
+    hash::{DefaultHasher, Hash, Hasher},
+};
 
 use futures::StreamExt;
 use holdfast_pins::{MirrorPins, PinnedKind, fetch_sites};
@@ -100,14 +104,14 @@ impl References {
             let resource = ApiResource::erase::<Namespace>(&());
             // An Api of PartialObjectMeta makes metadata-only list/watch requests.
             let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), &resource);
-            let store = reflect(api, &resource, &changed, &cancel);
+            let store = reflect(api, &resource, labels_fingerprint, &changed, &cancel);
             (resource, store)
         });
         let stores = kinds
             .into_iter()
             .map(|(kind, resource)| {
                 let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-                let store = reflect(api, &resource, &changed, &cancel);
+                let store = reflect(api, &resource, spec_fingerprint, &changed, &cancel);
                 (kind, resource, store)
             })
             .collect();
@@ -145,7 +149,7 @@ impl References {
         }
     }
 
-    /// Changes whenever an object changes.
+    /// Changes whenever what the objects reference may have changed (see [`significant`]).
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changes.clone()
     }
@@ -178,10 +182,12 @@ impl References {
     }
 }
 
-/// A store of `api`'s objects, kept by a watch until `cancel`; every event bumps `changed`.
+/// A store of `api`'s objects, kept by a watch until `cancel`; a [`significant`] event (by
+/// `fingerprint`) bumps `changed`.
 fn reflect<K>(
     api: Api<K>,
     resource: &ApiResource,
+    fingerprint: fn(&K) -> u64,
     changed: &watch::Sender<u64>,
     cancel: &CancellationToken,
 ) -> reflector::Store<K>
@@ -197,9 +203,14 @@ where
     let (changed, kind) = (changed.clone(), resource.kind.clone());
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
+        let mut seen = HashMap::new();
         while let Some(event) = events.next().await {
             match event {
-                Ok(_) => changed.send_modify(|n| *n = n.wrapping_add(1)),
+                Ok(event) => {
+                    if significant(&mut seen, &event, fingerprint) {
+                        changed.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                }
                 Err(error) => {
                     tracing::warn!(%kind, %error, "watching for the mirror; retrying with backoff")
                 }
@@ -207,6 +218,58 @@ where
         }
     });
     store
+}
+
+/// Whether `event` can change what the objects reference: an object added, deleted or with a
+/// new `fingerprint`, or a re-list complete. Not the status updates kapp-controller writes on
+/// every sync: each wake-up recomputes every object's references. `seen`: fingerprints by uid.
+fn significant<K: kube::Resource>(
+    seen: &mut HashMap<String, u64>,
+    event: &watcher::Event<K>,
+    fingerprint: fn(&K) -> u64,
+) -> bool {
+    let uid = |object: &K| object.meta().uid.clone().unwrap_or_default();
+    match event {
+        watcher::Event::Apply(object) => {
+            let print = fingerprint(object);
+            seen.insert(uid(object), print) != Some(print)
+        }
+        // A re-list replaces the store: remember afresh, and wake once when it is complete.
+        watcher::Event::Init => {
+            seen.clear();
+            false
+        }
+        watcher::Event::InitApply(object) => {
+            seen.insert(uid(object), fingerprint(object));
+            false
+        }
+        watcher::Event::InitDone => true,
+        watcher::Event::Delete(object) => {
+            seen.remove(&uid(object));
+            true
+        }
+    }
+}
+
+/// A pinned object's fetch references are in its spec. Hashed as text, not read off
+/// `metadata.generation`: Packages are served by kapp-controller's aggregated API, whose objects
+/// need not keep one.
+fn spec_fingerprint(object: &DynamicObject) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    object
+        .data
+        .get("spec")
+        .map(Value::to_string)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// What of a namespace decides the mirror's selection: its labels.
+fn labels_fingerprint(namespace: &PartialObjectMeta<DynamicObject>) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    namespace.metadata.labels.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// An object as the pins crate reads it: metadata and spec in one document.
@@ -231,6 +294,49 @@ mod tests {
     fn app(urls: &[&str]) -> Value {
         let fetch: Vec<Value> = urls.iter().map(|u| json!({"image": {"url": u}})).collect();
         json!({"metadata": {"name": "a", "namespace": "n"}, "spec": {"fetch": fetch}})
+    }
+
+    fn object(uid: &str, tag: &str, status: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
+            "metadata": {"name": uid, "namespace": "n", "uid": uid},
+            "spec": {"fetch": [{"image": {"url": format!("registry.corp.com/app:{tag}")}}]},
+            "status": {"friendlyDescription": status},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_spec_changes_additions_deletions_and_relists_wake_the_mirror() {
+        let mut seen = HashMap::new();
+        let mut wakes =
+            |event: watcher::Event<DynamicObject>| significant(&mut seen, &event, spec_fingerprint);
+        assert!(!wakes(watcher::Event::Init));
+        assert!(!wakes(watcher::Event::InitApply(object("a", "1", "x"))));
+        assert!(wakes(watcher::Event::InitDone));
+        assert!(
+            !wakes(watcher::Event::Apply(object("a", "1", "syncing"))),
+            "status only"
+        );
+        assert!(
+            wakes(watcher::Event::Apply(object("a", "2", "syncing"))),
+            "spec changed"
+        );
+        assert!(wakes(watcher::Event::Apply(object("b", "1", ""))), "added");
+        assert!(wakes(watcher::Event::Delete(object("b", "1", ""))), "deleted");
+        assert!(wakes(watcher::Event::Apply(object("b", "1", ""))), "added again");
+    }
+
+    #[test]
+    fn a_namespaces_labels_are_its_fingerprint() {
+        let namespace = |labels: Value| -> PartialObjectMeta<DynamicObject> {
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": "n", "uid": "u", "labels": labels}}))
+            .unwrap()
+        };
+        let a = namespace(json!({"holdfast.dev/mirror": "true"}));
+        assert_eq!(labels_fingerprint(&a), labels_fingerprint(&a.clone()));
+        assert_ne!(labels_fingerprint(&a), labels_fingerprint(&namespace(json!({}))));
     }
 
     #[test]
