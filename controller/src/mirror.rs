@@ -217,10 +217,16 @@ pub async fn run(
         kinds,
         cancel.clone(),
     ));
-    // Until every object is known, nothing is known to be referenced or unreferenced.
-    tokio::select! {
-        _ = cancel.cancelled() => return,
-        _ = references.ready() => {}
+    // Copies start from the kinds listed so far. Retention waits until every kind is listed:
+    // before that, a copy is not known to be unreferenced (a kind that cannot be listed — an
+    // aggregated API down, a forbidden list — keeps deletions off, not copies).
+    let (listed_tx, mut listed) = watch::channel(false);
+    {
+        let references = references.clone();
+        tokio::spawn(async move {
+            references.ready().await;
+            let _ = listed_tx.send(true);
+        });
     }
     let announcer = Arc::new(Announcer::new(client.clone(), &namespace));
     let mut copier: Option<(Credentials, Arc<Copier>)> = None;
@@ -256,8 +262,10 @@ pub async fn run(
             .filter(|job| retry_at.get(&job.target).is_none_or(|at| *at <= now))
             .take(limit.saturating_sub(running.len()))
             .collect();
-        let expired: Vec<Expired> = retention
-            .expired(
+        // No clock runs before every kind is listed: a copy is not known to be unreferenced.
+        let all_listed = *listed.borrow();
+        let expired: Vec<Expired> = if all_listed {
+            retention.expired(
                 &cache.recorded_copies(),
                 &settings.location,
                 &referenced,
@@ -265,12 +273,15 @@ pub async fn run(
                 settings.retention,
                 |location| deleting.contains(location),
             )
-            .into_iter()
-            .filter(|e| !deleting.contains(&e.location) && !running.contains(&e.location))
-            .filter(|e| delete_retry_at.get(&e.location).is_none_or(|at| *at <= now))
-            // Each deletion lists every pinned object afresh: as many at a time as copies.
-            .take(limit.saturating_sub(deleting.len()))
-            .collect();
+        } else {
+            Vec::new()
+        }
+        .into_iter()
+        .filter(|e| !deleting.contains(&e.location) && !running.contains(&e.location))
+        .filter(|e| delete_retry_at.get(&e.location).is_none_or(|at| *at <= now))
+        // Each deletion lists every pinned object afresh: as many at a time as copies.
+        .take(limit.saturating_sub(deleting.len()))
+        .collect();
         if !jobs.is_empty() || !expired.is_empty() {
             match current_copier(&client, &namespace, &settings, &resolver, &config, &mut copier).await {
                 Ok(current) => {
@@ -346,6 +357,8 @@ pub async fn run(
                     return;
                 }
             }
+            // Once: the sender is dropped after sending, and its channel then reads as changed.
+            _ = listed.changed(), if !all_listed => {}
             changed = objects.changed() => {
                 if changed.is_err() {
                     return;
