@@ -251,14 +251,23 @@ mod tests {
         expired.iter().map(|e| e.location.as_str()).collect()
     }
 
+    /// `Retention::expired` with this module's mirror and grace, no deletion running.
+    fn due(
+        retention: &mut Retention,
+        records: &[(CacheKey, String)],
+        referenced: &HashSet<String>,
+        at: SystemTime,
+    ) -> Vec<Expired> {
+        retention.expired(records, &mirror(), referenced, at, GRACE, |_| false)
+    }
+
     #[test]
     fn an_unreferenced_copy_is_due_after_the_grace_and_a_referenced_one_never() {
         let records = [record("1.0", &copy(D1)), record("2.0", &copy(D2))];
         let referenced: HashSet<String> = [copy(D2)].into();
         let mut retention = Retention::default();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let decide =
-            |r: &mut Retention, at| r.expired(&records, &mirror(), &referenced, at, GRACE, |_| false);
+        let decide = |r: &mut Retention, at| due(r, &records, &referenced, at);
         assert!(decide(&mut retention, t0).is_empty(), "the clock starts now");
         assert_eq!(retention.next_due(GRACE, |_| false), Some(t0 + GRACE));
         assert!(decide(&mut retention, t0 + GRACE - Duration::from_secs(1)).is_empty());
@@ -279,31 +288,16 @@ mod tests {
         let some: HashSet<String> = [copy(D1)].into();
         let mut retention = Retention::default();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        assert!(
-            retention
-                .expired(&records, &mirror(), &none, t0, GRACE, |_| false)
-                .is_empty()
-        );
+        assert!(due(&mut retention, &records, &none, t0).is_empty());
         let t1 = t0 + GRACE / 2;
-        assert!(
-            retention
-                .expired(&records, &mirror(), &some, t1, GRACE, |_| false)
-                .is_empty()
-        );
+        assert!(due(&mut retention, &records, &some, t1).is_empty());
         assert_eq!(retention.next_due(GRACE, |_| false), None, "referenced: no clock");
         let t2 = t0 + GRACE;
         assert!(
-            retention
-                .expired(&records, &mirror(), &none, t2, GRACE, |_| false)
-                .is_empty(),
+            due(&mut retention, &records, &none, t2).is_empty(),
             "unreferenced again only since t2"
         );
-        assert_eq!(
-            retention
-                .expired(&records, &mirror(), &none, t2 + GRACE, GRACE, |_| false)
-                .len(),
-            1
-        );
+        assert_eq!(due(&mut retention, &records, &none, t2 + GRACE).len(), 1);
     }
 
     #[test]
@@ -313,17 +307,8 @@ mod tests {
         let d1 = copy(D1);
         let mut retention = Retention::default();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        assert!(
-            retention
-                .expired(&records, &mirror(), &none, t0, GRACE, |_| false)
-                .is_empty()
-        );
-        assert_eq!(
-            retention
-                .expired(&records, &mirror(), &none, t0 + GRACE, GRACE, |_| false)
-                .len(),
-            1
-        );
+        assert!(due(&mut retention, &records, &none, t0).is_empty());
+        assert_eq!(due(&mut retention, &records, &none, t0 + GRACE).len(), 1);
         // The deletion drops the records first; while it runs, the clock stays.
         let deleting = |location: &str| location == d1;
         assert!(
@@ -332,19 +317,10 @@ mod tests {
                 .is_empty()
         );
         // It failed and restored them: due again at once (the caller's backoff paces it).
-        assert_eq!(
-            retention
-                .expired(&records, &mirror(), &none, t0 + GRACE, GRACE, |_| false)
-                .len(),
-            1
-        );
+        assert_eq!(due(&mut retention, &records, &none, t0 + GRACE).len(), 1);
         // Without the deletion running, a vanished record takes its clock with it.
         retention.expired(&[], &mirror(), &none, t0 + GRACE, GRACE, |_| false);
-        assert!(
-            retention
-                .expired(&records, &mirror(), &none, t0 + GRACE, GRACE, |_| false)
-                .is_empty()
-        );
+        assert!(due(&mut retention, &records, &none, t0 + GRACE).is_empty());
     }
 
     #[test]
@@ -364,12 +340,8 @@ mod tests {
         let mut retention = Retention::default();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         let records = cache.recorded_copies();
-        assert!(
-            retention
-                .expired(&records, &mirror(), &referenced, t0, GRACE, |_| false)
-                .is_empty()
-        );
-        let due = retention.expired(&records, &mirror(), &referenced, t0 + GRACE, GRACE, |_| false);
+        assert!(due(&mut retention, &records, &referenced, t0).is_empty());
+        let due = due(&mut retention, &records, &referenced, t0 + GRACE);
         assert_eq!(locations(&due), [copy(D1)]);
         assert_eq!(due[0].keys, [key]);
         // While an object is still on the old copy (a freeze pin), it is kept.
@@ -441,11 +413,11 @@ mod tests {
         let records = [record("1.0", &copy(D1))];
         let mut retention = Retention::default();
         let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        retention.expired(&records, &mirror(), &HashSet::new(), t0, GRACE, |_| false);
+        due(&mut retention, &records, &HashSet::new(), t0);
         retention.forget(&copy(D1));
         assert_eq!(retention.next_due(GRACE, |_| false), None);
-        retention.expired(&records, &mirror(), &HashSet::new(), t0, GRACE, |_| false);
-        retention.expired(&[], &mirror(), &HashSet::new(), t0, GRACE, |_| false);
+        due(&mut retention, &records, &HashSet::new(), t0);
+        due(&mut retention, &[], &HashSet::new(), t0);
         assert_eq!(
             retention.next_due(GRACE, |_| false),
             None,

@@ -343,22 +343,27 @@ mod tests {
         assert!(object.metadata.name.unwrap().starts_with("d-"));
     }
 
-    #[test]
-    fn mirror_records_are_applied_alone_and_read_back() {
-        let now = SystemTime::now();
-        let key = CacheKey {
-            reference: "registry.example/team/app:1.0".into(),
-            selection: None,
-            scope: Scope::Anonymous,
-        };
-        let entry = CacheEntry {
-            key: key.clone(),
-            digest: Digest::sha256_of(b"x"),
+    /// An anonymous entry for `registry.example/team/app:1.0`, resolved to the digest of `seed`.
+    fn tag_entry(seed: &[u8], now: SystemTime) -> CacheEntry {
+        CacheEntry {
+            key: CacheKey {
+                reference: "registry.example/team/app:1.0".into(),
+                selection: None,
+                scope: Scope::Anonymous,
+            },
+            digest: Digest::sha256_of(seed),
             tag: None,
             resolved_at: now,
             checked_at: now,
             error: None,
-        };
+        }
+    }
+
+    #[test]
+    fn mirror_records_are_applied_alone_and_read_back() {
+        let now = SystemTime::now();
+        let entry = tag_entry(b"x", now);
+        let key = entry.key.clone();
         let mirrored = Mirrored {
             location: format!("cache.example/m/registry.example/team/app@{}", entry.digest),
             at: now,
@@ -468,19 +473,8 @@ mod tests {
     #[test]
     fn a_replica_drops_a_current_copy_its_object_no_longer_records() {
         let now = SystemTime::now();
-        let key = CacheKey {
-            reference: "registry.example/team/app:1.0".into(),
-            selection: None,
-            scope: Scope::Anonymous,
-        };
-        let entry = CacheEntry {
-            key: key.clone(),
-            digest: Digest::sha256_of(b"v2"),
-            tag: None,
-            resolved_at: now,
-            checked_at: now,
-            error: None,
-        };
+        let entry = tag_entry(b"v2", now);
+        let key = entry.key.clone();
         let copy = |seed: &[u8]| {
             format!(
                 "cache.example/m/registry.example/team/app@{}",

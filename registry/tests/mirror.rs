@@ -135,22 +135,27 @@ async fn handle(State(fake): State<Arc<Fake>>, method: Method, uri: Uri, body: B
     }
 }
 
-#[tokio::test]
-async fn content_that_does_not_match_its_digest_never_completes_an_upload() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let fake = Arc::new(Fake::new());
-    let app = Router::new().fallback(handle).with_state(fake.clone());
+/// Serves `app` on loopback as a plain-HTTP registry; its address, and a copier into its
+/// `mirror` prefix.
+async fn serve(app: Router) -> (String, Copier) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(async move { axum::serve(listener, app).await });
-
     let resolver = Resolver::new(ResolverConfig {
         insecure_registries: [addr.clone()].into(),
         ..ResolverConfig::default()
     })
     .unwrap();
     let config = CopierConfig::new(MirrorLocation::new(&addr, "mirror").unwrap());
-    let copier = Copier::new(resolver, config, Credentials::anonymous());
+    (addr, Copier::new(resolver, config, Credentials::anonymous()))
+}
+
+#[tokio::test]
+async fn content_that_does_not_match_its_digest_never_completes_an_upload() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = Arc::new(Fake::new());
+    let app = Router::new().fallback(handle).with_state(fake.clone());
+    let (addr, copier) = serve(app).await;
     let manifest_digest = Digest::sha256_of(&fake.manifest);
     let source = Reference::parse(&format!("{addr}/src/app@{manifest_digest}")).unwrap();
 
@@ -222,19 +227,7 @@ async fn deleting_a_copy_says_whether_it_was_there_and_when_the_mirror_refuses()
     let _ = rustls::crypto::ring::default_provider().install_default();
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let app = Router::new().fallback(deletes).with_state(seen.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let resolver = Resolver::new(ResolverConfig {
-        insecure_registries: [addr.clone()].into(),
-        ..ResolverConfig::default()
-    })
-    .unwrap();
-    let copier = Copier::new(
-        resolver,
-        CopierConfig::new(MirrorLocation::new(&addr, "mirror").unwrap()),
-        Credentials::anonymous(),
-    );
+    let (addr, copier) = serve(app).await;
     let digest = Digest::sha256_of(b"manifest");
     let copy =
         |repository: &str| Reference::parse(&format!("{addr}/mirror/up_5000/{repository}@{digest}")).unwrap();
@@ -348,19 +341,7 @@ async fn what_a_copy_holds_is_read_from_the_mirror_through_indexes_and_bundle_lo
             .into(),
     };
     let app = Router::new().fallback(held).with_state(Arc::new(fake));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let resolver = Resolver::new(ResolverConfig {
-        insecure_registries: [addr.clone()].into(),
-        ..ResolverConfig::default()
-    })
-    .unwrap();
-    let copier = Copier::new(
-        resolver,
-        CopierConfig::new(MirrorLocation::new(&addr, "mirror").unwrap()),
-        Credentials::anonymous(),
-    );
+    let (addr, copier) = serve(app).await;
     let copy = |digest: &str| Reference::parse(&format!("{addr}/mirror/up_5000/app@{digest}")).unwrap();
     let contents = |digest: String| {
         let copier = &copier;
