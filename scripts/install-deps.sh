@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# Installs everything the local control plane needs, idempotently:
-#   Debian packages (etcd, registry, skopeo, Go toolchain) and kube-apiserver +
-#   kube-controller-manager 1.20.2 built from Debian's `kubernetes` source package.
-# Built binaries are cached outside the repository; a second run does not rebuild.
-# Facts behind each step: ../shared/TESTENV.md.
+# Installs everything the local control plane and the real peers need, idempotently:
+#   - Debian packages: the OCI registry (Distribution), skopeo, openssl, shellcheck;
+#   - Go programs built from their Go modules, one module per program under e2e/peers/<name>/
+#     (a go.mod that requires the program, its go.sum pinning every hash): Kubernetes
+#     (kube-apiserver, kube-controller-manager, kube-scheduler), etcd, kwok, kapp-controller with
+#     the vendir/ytt/kapp/kbld it runs, kpack, Korifi's controllers.
+# Each build is cached outside the repository under $CACHE/peers/<name>-<hash of go.mod+go.sum>/
+# (bin/ and the upstream CRDs the harness installs, crds/), and $CACHE/peers/<name> links to the
+# current one: a second run rebuilds nothing. Nothing built here is ever committed.
+# Facts behind each step: ../shared/TESTENV.md; what each build costs: README "The test environment".
 set -euo pipefail
 
-K8S_VERSION=1.20.2
-K8S_DEB_VERSION=1.20.5+really1.20.2-1.1+deb12u1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE_DIR=${HOLDFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/holdfast}
-BIN_DIR="$CACHE_DIR/k8s/$K8S_VERSION"
-PACKAGES=(etcd-server docker-registry skopeo golang-go rsync curl openssl shellcheck
-  golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev)
+PEERS_DIR="$CACHE_DIR/peers"
+PACKAGES=(docker-registry skopeo curl openssl shellcheck)
+# The Go toolchain of this machine kind (Kubernetes 1.37's go.mod says go 1.26.0).
+GO_MIN_MINOR=26
 
 log() { printf '[install-deps %(%H:%M:%S)T] %s\n' -1 "$*"; }
 
@@ -26,92 +31,135 @@ missing_packages() {
   done
 }
 
-enable_deb_src() {
-  local f=/etc/apt/sources.list.d/holdfast-deb-src.sources
-  if [ ! -f "$f" ]; then
-    log "enabling Debian source packages ($f)"
-    as_root tee "$f" >/dev/null <<'SRC'
-Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: bookworm
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-    return 0
-  fi
-  return 1
-}
-
 install_packages() {
-  local missing updated=0
-  if enable_deb_src; then as_root apt-get update -qq; updated=1; fi
+  local missing
   missing=$(missing_packages)
-  if [ -n "$missing" ]; then
-    [ "$updated" -eq 1 ] || as_root apt-get update -qq
-    log "installing Debian packages: $(echo "$missing" | tr '\n' ' ')"
-    # The Debian services must not start system-wide: the harness starts its own on loopback.
-    as_root env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
-      apt-get install -y -qq --no-install-recommends $missing >/dev/null
-    # Packages may start daemons through invoke-rc.d where no init blocks them; stop them.
-    for svc in etcd docker-registry; do
-      if command -v service >/dev/null && service "$svc" status >/dev/null 2>&1; then
-        as_root service "$svc" stop >/dev/null 2>&1 || true
-      fi
-    done
-  else
+  if [ -z "$missing" ]; then
     log "Debian packages already installed"
-  fi
-}
-
-build_kubernetes() {
-  if [ -x "$BIN_DIR/kube-apiserver" ] && [ -x "$BIN_DIR/kube-controller-manager" ] \
-    && [ -s "$BIN_DIR/kube-apiserver" ] && [ -s "$BIN_DIR/kube-controller-manager" ]; then
-    log "kube-apiserver and kube-controller-manager $K8S_VERSION cached in $BIN_DIR"
     return
   fi
-  local work="$CACHE_DIR/build"
-  mkdir -p "$work"
-  cd "$work"
-  if ! ls kubernetes_*.orig.tar.gz >/dev/null 2>&1; then
-    log "downloading Debian source package kubernetes=$K8S_DEB_VERSION"
-    apt-get source --download-only "kubernetes=$K8S_DEB_VERSION" >/dev/null
+  as_root apt-get update -qq
+  log "installing Debian packages: $(echo "$missing" | tr '\n' ' ')"
+  # The Debian services must not start system-wide: the harness starts its own on loopback.
+  # shellcheck disable=SC2086 # one word per package
+  as_root env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  if command -v service >/dev/null && service docker-registry status >/dev/null 2>&1; then
+    as_root service docker-registry stop >/dev/null 2>&1 || true
   fi
-  local src="$work/kubernetes-$K8S_VERSION"
-  if [ ! -f "$src/.holdfast-prepared" ]; then
-    rm -rf "$src"
-    log "unpacking source"
-    tar xzf kubernetes_*.orig.tar.gz
-    # reflect2 v1.0.1 (vendored) segfaults under Go >= 1.18; take Debian's fixed copies.
-    log "replacing vendored reflect2 and json-iterator with Debian's copies"
-    local lib
-    for lib in github.com/modern-go/reflect2 github.com/json-iterator/go; do
-      rm -rf "$src/vendor/$lib"
-      cp -rL "/usr/share/gocode/src/$lib" "$src/vendor/$lib"
-      find "$src/vendor/$lib" -name '*_test.go' -delete
-    done
-    touch "$src/.holdfast-prepared"
-  fi
-  cd "$src"
-  # An interrupted tool build leaves empty placeholder binaries behind: start generation clean.
-  if [ ! -f .holdfast-generated ]; then
-    rm -rf _output
-    log "generating files (about 2.5 minutes on 2 cores)"
-    make generated_files >"$work/generate.log" 2>&1 || { tail -40 "$work/generate.log"; exit 1; }
-    touch .holdfast-generated
-  fi
-  log "building kube-apiserver and kube-controller-manager (about 11 minutes on 2 cores)"
-  make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >"$work/build.log" 2>&1 \
-    || { tail -40 "$work/build.log"; exit 1; }
-  mkdir -p "$BIN_DIR"
-  for b in kube-apiserver kube-controller-manager; do
-    install -m 0755 "_output/local/bin/linux/amd64/$b" "$BIN_DIR/$b.tmp"
-    mv "$BIN_DIR/$b.tmp" "$BIN_DIR/$b"
-  done
-  log "cached binaries in $BIN_DIR"
-  cd "$CACHE_DIR"
-  rm -rf "$work"
 }
 
+check_go() {
+  local go version minor
+  go=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+  if ! version=$("$go" env GOVERSION 2>/dev/null); then
+    echo "install-deps: no Go toolchain found (need Go >= 1.$GO_MIN_MINOR, e.g. /usr/local/go/bin/go)" >&2
+    exit 1
+  fi
+  minor=$(echo "$version" | sed -E 's/^go1\.([0-9]+).*/\1/')
+  if [ "$minor" -lt "$GO_MIN_MINOR" ]; then
+    echo "install-deps: $go is $version; the peers need Go >= 1.$GO_MIN_MINOR (put /usr/local/go/bin first on PATH)" >&2
+    exit 1
+  fi
+  GO=$go
+  # The module proxy serves these Carvel versions, but the checksum database does not know them:
+  # their hashes are pinned by the go.sum files under e2e/peers/ instead (-mod=readonly below).
+  export GONOSUMDB=carvel.dev GOFLAGS="-mod=readonly -buildvcs=false"
+}
+
+# build_peer NAME LDFLAGS PKG=OUT... : builds the packages of e2e/peers/NAME into the cache.
+build_peer() {
+  local name=$1 ldflags=$2
+  shift 2
+  local mod="$ROOT/e2e/peers/$name" key dir
+  key=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)
+  dir="$PEERS_DIR/$name-$key"
+  if [ ! -f "$dir/.built" ]; then
+    local started=$SECONDS pair
+    log "building $name from its Go module $(cd "$mod" && "$GO" list -f '{{.Module.Path}}@{{.Module.Version}}' "${1%%=*}")"
+    rm -rf "$dir.tmp"
+    mkdir -p "$dir.tmp/bin"
+    for pair in "$@"; do
+      (cd "$mod" && "$GO" build -trimpath -ldflags "$ldflags" -o "$dir.tmp/bin/${pair#*=}" "${pair%%=*}") \
+        >"$dir.tmp/build.log" 2>&1 || { tail -40 "$dir.tmp/build.log"; exit 1; }
+    done
+    rm -rf "$dir"
+    mv "$dir.tmp" "$dir"
+    touch "$dir/.built"
+    log "built $name in $((SECONDS - started)) s"
+  fi
+  ln -sfn "$name-$key" "$PEERS_DIR/$name"
+}
+
+# module_dir PEER MODULE: where the Go module cache holds MODULE at the version PEER requires.
+module_dir() {
+  (cd "$ROOT/e2e/peers/$1" && "$GO" list -m -f '{{.Dir}}' "$2")
+}
+
+# collect_crds PEER MODULE SUBDIR...: copies the CustomResourceDefinitions found in the module's
+# SUBDIRs into the peer's cache directory, one file each, for the harness to install.
+collect_crds() {
+  local peer=$1 module=$2 src out
+  shift 2
+  src=$(module_dir "$peer" "$module")
+  out="$PEERS_DIR/$peer/crds"
+  [ -f "$out/.done" ] && return
+  rm -rf "$out" && mkdir -p "$out"
+  local sub f
+  for sub in "$@"; do
+    # shellcheck disable=SC2086 # SUBDIR may be a glob
+    for f in $src/$sub; do
+      [ -f "$f" ] || continue
+      # Keep only the CRD documents of a multi-document file.
+      awk -v out="$out" -v base="$(basename "$f")" '
+        function flush() { if (doc ~ /\nkind: CustomResourceDefinition\n/ || doc ~ /^kind: CustomResourceDefinition\n/) { n++; file = out "/" base "." n ".yaml"; printf "%s", doc > file; close(file) } doc = "" }
+        /^---/ { flush(); next }
+        { doc = doc $0 "\n" }
+        END { flush() }' "$f"
+    done
+  done
+  touch "$out/.done"
+  log "collected $(find "$out" -name '*.yaml' | wc -l) CRDs of $peer"
+}
+
+k8s_ldflags() {
+  local v=$1 minor
+  minor=$(echo "$v" | cut -d. -f2)
+  echo "-s -w -X k8s.io/component-base/version.gitVersion=$v -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z -X k8s.io/client-go/pkg/version.gitVersion=$v"
+}
+
+required_version() { (cd "$ROOT/e2e/peers/$1" && "$GO" list -m -f "{{.Version}}" "$2"); }
+
 install_packages
-build_kubernetes
-log "ready: etcd $(command -v etcd), docker-registry $(command -v docker-registry), kubernetes in $BIN_DIR"
+check_go
+mkdir -p "$PEERS_DIR"
+K8S_VERSION=$(required_version kubernetes k8s.io/kubernetes)
+build_peer kubernetes "$(k8s_ldflags "$K8S_VERSION")" \
+  k8s.io/kubernetes/cmd/kube-apiserver=kube-apiserver \
+  k8s.io/kubernetes/cmd/kube-controller-manager=kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler=kube-scheduler
+build_peer etcd "-s -w" go.etcd.io/etcd/server/v3=etcd
+build_peer kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$(required_version kwok sigs.k8s.io/kwok)" \
+  sigs.k8s.io/kwok/cmd/kwok=kwok
+# kwok's own node stages (initialize, heartbeat) and pod-ready stage; the harness adds its own
+# pod-complete and pod-delete stages (e2e/kwok/pod-stages.yaml: deletes honour the grace period).
+KWOK_STAGES="$PEERS_DIR/kwok/kwok-stages.yaml"
+if [ ! -f "$KWOK_STAGES" ]; then
+  KWOK_SRC=$(module_dir kwok sigs.k8s.io/kwok)/kustomize/stage
+  for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml pod/fast/pod-ready.yaml; do
+    cat "$KWOK_SRC/$f"; echo "---"
+  done >"$KWOK_STAGES.tmp" && mv "$KWOK_STAGES.tmp" "$KWOK_STAGES"
+fi
+KAPP_CONTROLLER_LD="-s -w -X carvel.dev/kapp-controller/pkg/version.Version=$(required_version kapp-controller carvel.dev/kapp-controller)"
+build_peer kapp-controller "$KAPP_CONTROLLER_LD" carvel.dev/kapp-controller/cmd/controller=kapp-controller
+collect_crds kapp-controller carvel.dev/kapp-controller config/config/crds.yml
+build_peer vendir "-s -w" carvel.dev/vendir/cmd/vendir=vendir
+build_peer ytt "-s -w" carvel.dev/ytt/cmd/ytt=ytt
+build_peer kapp "-s -w" carvel.dev/kapp/cmd/kapp=kapp
+build_peer kbld "-s -w" carvel.dev/kbld/cmd/kbld=kbld
+build_peer kpack "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
+  github.com/pivotal/kpack/cmd/webhook=kpack-webhook
+collect_crds kpack github.com/pivotal/kpack 'config/*.yaml'
+build_peer korifi "-s -w" code.cloudfoundry.org/korifi/controllers=korifi-controllers
+collect_crds korifi code.cloudfoundry.org/korifi 'helm/korifi/controllers/crds/*.yaml'
+log "ready: docker-registry $(command -v docker-registry); peers in $PEERS_DIR: $(cd "$PEERS_DIR" && find . -maxdepth 1 -type l -printf '%f ' )"

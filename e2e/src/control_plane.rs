@@ -1,6 +1,7 @@
 //! A real local control plane and OCI registry on loopback: etcd, kube-apiserver,
-//! kube-controller-manager (garbage collector, namespace controller, service accounts) and a
-//! Distribution registry, each on a free port in a temporary directory.
+//! kube-controller-manager (garbage collector, namespace controller, service accounts),
+//! kube-scheduler, kwok with a few fake nodes (pods are scheduled, run and terminate with their
+//! grace periods) and a Distribution registry, each on a free port in a temporary directory.
 
 use std::{
     path::{Path, PathBuf},
@@ -10,7 +11,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::{
-    api::core::v1::{Namespace, ServiceAccount},
+    api::core::v1::{Namespace, Node, ServiceAccount},
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
@@ -24,6 +25,8 @@ use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
 use crate::{
+    peers::KappController,
+    pki::Pki,
     process::{ServerProcess, free_port},
     tools::Tools,
 };
@@ -49,8 +52,13 @@ pub struct Env {
     /// The registry's address inside the cluster, when it differs ([`CLUSTER_REGISTRY_ENV`]).
     cluster_registry: Option<String>,
     boot_time: Duration,
+    apiserver_port: u16,
+    apiserver_ca: PathBuf,
+    admin_token: String,
     /// In start order; stopped in reverse.
     processes: Vec<ServerProcess>,
+    /// Started by the first test that asks for it; stopped before the control plane.
+    kapp_controller: tokio::sync::OnceCell<Result<KappController, String>>,
     dir: Option<TempDir>,
 }
 
@@ -76,7 +84,11 @@ impl Env {
             registry,
             cluster_registry: std::env::var(CLUSTER_REGISTRY_ENV).ok(),
             boot_time: Duration::ZERO,
+            apiserver_port: 0,
+            apiserver_ca: PathBuf::new(),
+            admin_token: String::new(),
             processes: Vec::new(),
+            kapp_controller: tokio::sync::OnceCell::new(),
             dir: None,
         })
     }
@@ -96,27 +108,21 @@ impl Env {
             registry: String::new(),
             cluster_registry: None,
             boot_time: Duration::ZERO,
+            apiserver_port: 0,
+            apiserver_ca: PathBuf::new(),
+            admin_token: String::new(),
             processes: Vec::new(),
+            kapp_controller: tokio::sync::OnceCell::new(),
             dir: Some(dir),
         };
 
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
         let apiserver_port = free_port()?;
-        let kcm_port = free_port()?;
         let registry_port = free_port()?;
         env.registry = format!("127.0.0.1:{registry_port}");
 
-        let pki = root.join("pki");
-        std::fs::create_dir_all(&pki)?;
-        let sa_key = rcgen::KeyPair::generate().context("generating the service-account key")?;
-        std::fs::write(pki.join("sa.key"), sa_key.serialize_pem())?;
-        std::fs::write(pki.join("sa.pub"), sa_key.public_key_pem())?;
-        let token = random_token();
-        std::fs::write(
-            pki.join("tokens.csv"),
-            format!("{token},admin,admin,system:masters\n"),
-        )?;
+        let pki = Pki::write(&root.join("pki"), random_token())?;
 
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
@@ -131,6 +137,8 @@ impl Env {
                 format!("--listen-peer-urls={peer_url}"),
                 format!("--initial-advertise-peer-urls={peer_url}"),
                 format!("--initial-cluster=default={peer_url}"),
+                // Metrics on a port of its own would be one more port to find free: none.
+                "--listen-metrics-urls=".into(),
             ],
         )?;
 
@@ -147,49 +155,70 @@ impl Env {
 
         let cert_dir = root.join("apiserver");
         let ca_file = cert_dir.join("apiserver.crt");
-        env.spawn(
-            "kube-apiserver",
-            &tools.kube_apiserver,
-            &[
-                format!("--etcd-servers={etcd_url}"),
-                format!("--secure-port={apiserver_port}"),
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
-                "--insecure-port=0".into(),
-                format!("--cert-dir={}", cert_dir.display()),
-                format!("--token-auth-file={}", pki.join("tokens.csv").display()),
-                "--authorization-mode=RBAC".into(),
-                "--service-account-issuer=https://kubernetes.default.svc".into(),
-                format!("--service-account-key-file={}", pki.join("sa.pub").display()),
-                format!(
-                    "--service-account-signing-key-file={}",
-                    pki.join("sa.key").display()
-                ),
-                "--service-cluster-ip-range=10.96.0.0/24".into(),
-            ],
-        )?;
+        env.apiserver_port = apiserver_port;
+        env.apiserver_ca = ca_file.clone();
+        env.admin_token = pki.token.clone();
+        let mut apiserver_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            format!("--secure-port={apiserver_port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--cert-dir={}", cert_dir.display()),
+            "--authorization-mode=Node,RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            "--service-cluster-ip-range=10.96.0.0/24".into(),
+            // Endpoints may not hold a loopback address: the `kubernetes` Service gets none, and
+            // programs that run "in cluster" here are given KUBERNETES_SERVICE_HOST=127.0.0.1.
+            "--endpoint-reconciler-type=none".into(),
+        ];
+        apiserver_args.extend(pki.apiserver_flags());
+        env.spawn("kube-apiserver", &tools.kube_apiserver, &apiserver_args)?;
 
         env.wait_for_registry().await?;
-        let client = env.wait_for_apiserver(apiserver_port, &ca_file, &token).await?;
-        install_crds(&client, &crd_dirs()).await?;
+        let client = env
+            .wait_for_apiserver(apiserver_port, &ca_file, &pki.token)
+            .await?;
+        install_crds(&client, &crd_dirs()?).await?;
 
+        let kubeconfig = format!("--kubeconfig={}", env.kubeconfig.display());
         env.spawn(
             "kube-controller-manager",
             &tools.kube_controller_manager,
             &[
-                format!("--kubeconfig={}", env.kubeconfig.display()),
+                kubeconfig.clone(),
                 "--leader-elect=false".into(),
-                format!(
-                    "--service-account-private-key-file={}",
-                    pki.join("sa.key").display()
-                ),
+                format!("--service-account-private-key-file={}", pki.sa_key.display()),
                 format!("--root-ca-file={}", ca_file.display()),
                 "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={kcm_port}"),
-                "--port=0".into(),
+                format!("--secure-port={}", free_port()?),
             ],
         )?;
+        env.spawn(
+            "kube-scheduler",
+            &tools.kube_scheduler,
+            &[
+                kubeconfig.clone(),
+                "--leader-elect=false".into(),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={}", free_port()?),
+            ],
+        )?;
+        let pod_stages = Path::new(env!("CARGO_MANIFEST_DIR")).join("kwok/pod-stages.yaml");
+        env.spawn(
+            "kwok",
+            &tools.kwok,
+            &[
+                kubeconfig,
+                format!("--config={}", tools.kwok_stages.display()),
+                format!("--config={}", pod_stages.display()),
+                "--manage-all-nodes=false".into(),
+                format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
+                format!("--server-address=127.0.0.1:{}", free_port()?),
+            ],
+        )?;
+        create_kwok_nodes(&client, KWOK_NODES).await?;
         env.wait_for_service_account(&client, "default").await?;
+        env.wait_for_nodes_ready(&client, KWOK_NODES).await?;
 
         env.boot_time = started.elapsed();
         tracing::info!(boot_seconds = env.boot_time.as_secs_f64(), dir = %root.display(), "local control plane ready");
@@ -306,17 +335,36 @@ impl Env {
         self.client().await
     }
 
-    /// The controller manager is useful once its service-account and token controllers run.
+    /// The controller manager is useful once its service-account controller runs (Kubernetes
+    /// >= 1.24 issues tokens on request, not as Secrets).
     async fn wait_for_service_account(&mut self, client: &Client, namespace: &str) -> Result<()> {
         let api: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
-        let has_token = |sa: Option<&ServiceAccount>| {
-            sa.is_some_and(|sa| sa.secrets.as_ref().is_some_and(|s| !s.is_empty()))
-        };
-        let wait = await_condition(api, "default", has_token);
+        let wait = await_condition(api, "default", |sa: Option<&ServiceAccount>| sa.is_some());
+        self.until_ready("the default service account (kube-controller-manager)", wait)
+            .await
+    }
+
+    /// Pods are scheduled once kwok reports the nodes Ready.
+    async fn wait_for_nodes_ready(&mut self, client: &Client, count: usize) -> Result<()> {
+        let api: Api<Node> = Api::all(client.clone());
+        for i in 0..count {
+            let name = kwok_node_name(i);
+            let wait = await_condition(api.clone(), &name, node_is_ready);
+            self.until_ready("the kwok nodes to become Ready", wait).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits for `wait` up to [`READY_TIMEOUT`], failing at once (with its log) if a server exits.
+    async fn until_ready<T>(
+        &mut self,
+        what: &str,
+        wait: impl std::future::Future<Output = Result<T, kube::runtime::wait::Error>>,
+    ) -> Result<()> {
         tokio::select! {
             done = tokio::time::timeout(READY_TIMEOUT, wait) => {
-                done.context("timed out waiting for the default service account (kube-controller-manager)")?
-                    .context("watching service accounts")?;
+                done.with_context(|| format!("timed out waiting for {what}"))?
+                    .with_context(|| format!("watching for {what}"))?;
                 Ok(())
             }
             err = self.watch_for_exit() => Err(err),
@@ -356,6 +404,50 @@ impl Env {
 
     pub fn boot_time(&self) -> Duration {
         self.boot_time
+    }
+
+    /// The real kapp-controller with its packaging API, started on first use and kept for the
+    /// rest of the environment's life. On an existing cluster it is assumed installed.
+    pub async fn kapp_controller(&self) -> Result<()> {
+        if self.is_existing_cluster() {
+            return Ok(());
+        }
+        let started = self
+            .kapp_controller
+            .get_or_init(|| async {
+                let dir = self.dir().map_err(|e| e.to_string())?.join("kapp-controller");
+                // Spawned from a runtime worker, like the control plane (see `Env::start`).
+                KappController::start(self, &dir)
+                    .await
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .await;
+        started
+            .as_ref()
+            .map(drop)
+            .map_err(|e| anyhow::anyhow!("kapp-controller failed to start: {e}"))
+    }
+
+    /// The end of kapp-controller's logs, when it runs (for a failing test's message).
+    pub fn kapp_controller_log(&self, lines: usize) -> String {
+        match self.kapp_controller.get() {
+            Some(Ok(k)) => k.log_tail(lines),
+            _ => String::from("(kapp-controller not running)"),
+        }
+    }
+
+    pub fn apiserver_port(&self) -> u16 {
+        self.apiserver_port
+    }
+
+    /// The API server's self-signed serving certificate (its CA for clients).
+    pub fn apiserver_ca(&self) -> &Path {
+        &self.apiserver_ca
+    }
+
+    /// The bearer token of the `system:masters` user the kubeconfig holds.
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
     }
 
     /// PIDs of the servers, in start order (for `make up`'s state file).
@@ -431,20 +523,19 @@ impl Env {
             .create(&PostParams::default(), &ns)
             .await?;
         let api: Api<ServiceAccount> = Api::namespaced(client, &name);
-        // Kubernetes >= 1.24 (kind) no longer creates token Secrets: there, the account suffices.
-        let existing = self.is_existing_cluster();
-        let ready = move |sa: Option<&ServiceAccount>| {
-            sa.is_some_and(|sa| existing || sa.secrets.as_ref().is_some_and(|s| !s.is_empty()))
-        };
-        tokio::time::timeout(READY_TIMEOUT, await_condition(api, "default", ready))
+        let exists = |sa: Option<&ServiceAccount>| sa.is_some();
+        tokio::time::timeout(READY_TIMEOUT, await_condition(api, "default", exists))
             .await
-            .with_context(|| format!("default service account in {name} never got a token"))??;
+            .with_context(|| format!("default service account in {name} never created"))??;
         Ok(name)
     }
 }
 
 impl Drop for Env {
     fn drop(&mut self) {
+        if let Some(Ok(mut kapp_controller)) = self.kapp_controller.take() {
+            kapp_controller.stop();
+        }
         while let Some(mut process) = self.processes.pop() {
             process.stop(Duration::from_secs(5));
         }
@@ -512,10 +603,57 @@ async fn wait_for_registry(addr: &str, mut check: impl FnMut() -> Result<()>) ->
     }
 }
 
-/// The peers' CRDs (`e2e/crds`) and holdfast's own (`manifests/crds`).
-pub fn crd_dirs() -> Vec<PathBuf> {
+/// The CRDs every control plane gets: the peers' upstream CRDs, collected from their Go modules by
+/// the install script (kapp-controller's, kpack's, Korifi's), and holdfast's own
+/// (`manifests/crds`). Packages are not among them: kapp-controller's aggregated API serves them
+/// ([`crate::peers::KappController`]).
+pub fn crd_dirs() -> Result<Vec<PathBuf>> {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
-    vec![crate_dir.join("crds"), crate_dir.join("../manifests/crds")]
+    let mut dirs = Vec::new();
+    for peer in ["kapp-controller", "kpack", "korifi"] {
+        dirs.push(crate::tools::peer_dir(peer)?.join("crds"));
+    }
+    dirs.push(crate_dir.join("../manifests/crds"));
+    Ok(dirs)
+}
+
+/// Nodes that kwok runs (pods scheduled to them reach Running, finish, and go when deleted,
+/// after their grace period: `e2e/kwok/pod-stages.yaml`).
+pub const KWOK_NODES: usize = 3;
+/// The annotation kwok selects the nodes it manages by.
+const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
+
+fn kwok_node_name(i: usize) -> String {
+    format!("kwok-node-{i}")
+}
+
+async fn create_kwok_nodes(client: &Client, count: usize) -> Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    for i in 0..count {
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": kwok_node_name(i),
+                "annotations": {KWOK_NODE_ANNOTATION: "fake"},
+                "labels": {"type": "kwok", "kubernetes.io/hostname": kwok_node_name(i)},
+            },
+            "status": {
+                "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
+                "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
+            },
+        }))?;
+        api.create(&PostParams::default(), &node)
+            .await
+            .with_context(|| format!("creating node {}", kwok_node_name(i)))?;
+    }
+    Ok(())
+}
+
+fn node_is_ready(node: Option<&Node>) -> bool {
+    node.and_then(|n| n.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// Creates every CRD found in `dirs` and waits until each is established.

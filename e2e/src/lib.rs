@@ -1,12 +1,14 @@
 //! Test harness for holdfast: a real local control plane (etcd, kube-apiserver,
-//! kube-controller-manager) and a real OCI registry on loopback, test images pushed to it,
-//! and the runner the e2e suites share.
+//! kube-controller-manager, kube-scheduler, kwok nodes) and a real OCI registry on loopback, the
+//! real peers on demand, test images pushed to it, and the runner the e2e suites share.
 
 pub mod control_plane;
 pub mod controller;
 pub mod emulators;
 pub mod images;
 pub mod objects;
+pub mod peers;
+pub mod pki;
 pub mod process;
 pub mod scenarios;
 pub mod slow_link;

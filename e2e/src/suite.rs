@@ -76,7 +76,8 @@ async fn run_one(env: &SharedEnv, test: fn(Arc<Env>) -> TestFuture) -> Result<()
             match Env::start().await {
                 Ok(env) => {
                     eprintln!(
-                        "harness: control plane (etcd, kube-apiserver, kube-controller-manager) and registry ready in {:.1} s",
+                        "harness: control plane (etcd, kube-apiserver {}, kube-controller-manager, kube-scheduler, kwok nodes) and registry ready in {:.1} s",
+                        crate::tools::KUBERNETES_VERSION,
                         env.boot_time().as_secs_f64()
                     );
                     Ok(Arc::new(env))

@@ -1,52 +1,69 @@
-//! Where the harness finds its server binaries (installed by `scripts/install-deps.sh`).
+//! Where the harness finds its programs: the Go builds `scripts/install-deps.sh` caches under
+//! `$HOLDFAST_CACHE/peers/<name>/` (one per module under `e2e/peers/`), and the registry on `PATH`.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, bail};
 
-/// The Kubernetes version the harness runs; the install script builds and caches it.
-pub const KUBERNETES_VERSION: &str = "1.20.2";
+/// The Kubernetes release the harness runs (`e2e/peers/kubernetes/go.mod`).
+pub const KUBERNETES_VERSION: &str = "1.37.2";
 
+/// The control plane's programs.
 #[derive(Debug, Clone)]
 pub struct Tools {
     pub etcd: PathBuf,
     pub kube_apiserver: PathBuf,
     pub kube_controller_manager: PathBuf,
+    pub kube_scheduler: PathBuf,
+    pub kwok: PathBuf,
+    /// kwok's own node and pod-ready stages, collected from its module by the install script.
+    pub kwok_stages: PathBuf,
     pub registry: PathBuf,
 }
 
 impl Tools {
-    /// Looks in `HOLDFAST_K8S_BIN` (or the install script's cache) and `PATH`.
     pub fn locate() -> Result<Self> {
-        let k8s = k8s_bin_dir();
-        let tools = Self {
-            etcd: on_path("etcd")?,
-            kube_apiserver: k8s.join("kube-apiserver"),
-            kube_controller_manager: k8s.join("kube-controller-manager"),
+        let k8s = peer_dir("kubernetes")?;
+        Ok(Self {
+            etcd: peer_bin("etcd", "etcd")?,
+            kube_apiserver: existing(k8s.join("bin/kube-apiserver"))?,
+            kube_controller_manager: existing(k8s.join("bin/kube-controller-manager"))?,
+            kube_scheduler: existing(k8s.join("bin/kube-scheduler"))?,
+            kwok: peer_bin("kwok", "kwok")?,
+            kwok_stages: existing(peer_dir("kwok")?.join("kwok-stages.yaml"))?,
             registry: on_path("docker-registry")?,
-        };
-        for bin in [&tools.kube_apiserver, &tools.kube_controller_manager] {
-            if !bin.is_file() {
-                bail!(
-                    "{} is missing: run `make deps` (scripts/install-deps.sh) first",
-                    bin.display()
-                );
-            }
-        }
-        Ok(tools)
+        })
     }
 }
 
-fn k8s_bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("HOLDFAST_K8S_BIN") {
-        return dir.into();
+/// The cached build of one peer (`$HOLDFAST_CACHE/peers/<name>`, a link to the build of the
+/// current `e2e/peers/<name>/go.mod`).
+pub fn peer_dir(name: &str) -> Result<PathBuf> {
+    existing(cache_dir().join("peers").join(name))
+}
+
+/// A program of a peer's build.
+pub fn peer_bin(peer: &str, program: &str) -> Result<PathBuf> {
+    existing(peer_dir(peer)?.join("bin").join(program))
+}
+
+fn existing(path: PathBuf) -> Result<PathBuf> {
+    if !path.exists() {
+        bail!(
+            "{} is missing: run `make deps` (scripts/install-deps.sh) first",
+            path.display()
+        );
     }
-    let cache = std::env::var_os("HOLDFAST_CACHE")
+    Ok(path)
+}
+
+/// `HOLDFAST_CACHE`, else `$XDG_CACHE_HOME/holdfast`, else `~/.cache/holdfast`.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("HOLDFAST_CACHE")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| Path::new(&d).join("holdfast")))
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/holdfast")))
-        .unwrap_or_else(|| PathBuf::from("/root/.cache/holdfast"));
-    cache.join("k8s").join(KUBERNETES_VERSION)
+        .unwrap_or_else(|| PathBuf::from("/root/.cache/holdfast"))
 }
 
 fn on_path(name: &str) -> Result<PathBuf> {

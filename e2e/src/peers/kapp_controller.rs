@@ -1,0 +1,212 @@
+//! The real kapp-controller (`e2e/peers/kapp-controller`, with vendir, ytt, kapp and kbld on its `PATH`)
+//! as two processes against the local control plane, the way its Deployment runs it: the
+//! controller with its aggregated API server for `data.packaging.carvel.dev` (Package,
+//! PackageMetadata), and the sidecar that runs vendir/ytt/kapp/kbld for it.
+//!
+//! Out of a cluster, three things need a route (facts in `../shared/TESTENV.md`):
+//! - the aggregated API server builds its client from the in-cluster configuration and writes its
+//!   self-signed certificate to the fixed `/home/kapp-controller`: each process runs in a mount
+//!   namespace of its own (`unshare`) where a tmpfs over `/home` and `/run` holds those paths and a
+//!   service-account directory with the admin token and the API server's CA; nothing is written
+//!   outside the environment's directory;
+//! - kube-apiserver reaches the APIService through a Service of type ExternalName naming
+//!   127.0.0.1 (the aggregator and the webhook client resolve ExternalName to that host, and the
+//!   APIService's `service.port` to the port; Endpoints may not hold loopback addresses, and
+//!   cluster IPs are never dialled here);
+//! - kapp builds its service-account kubeconfig from `KUBERNETES_SERVICE_HOST`/`_PORT` and
+//!   `KAPPCTRL_KUBERNETES_CA_DATA`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+use kube::Api;
+
+use crate::{
+    control_plane::Env,
+    process::{ServerProcess, free_port},
+    tools::peer_bin,
+};
+
+/// kapp-controller's system namespace, as its release manifests name it.
+pub const NAMESPACE: &str = "kapp-controller";
+/// The namespace whose Packages every namespace sees (its release's default).
+pub const GLOBAL_NAMESPACE: &str = "kapp-controller-packaging-global";
+const API_SERVICE: &str = "v1alpha1.data.packaging.carvel.dev";
+
+/// A running kapp-controller; stopped when dropped.
+#[derive(Debug)]
+pub struct KappController {
+    processes: Vec<ServerProcess>,
+}
+
+impl KappController {
+    pub(crate) async fn start(env: &Env, dir: &Path) -> Result<Self> {
+        let binary = peer_bin("kapp-controller", "kapp-controller")?;
+        let path = tool_path(&[
+            peer_bin("vendir", "vendir")?,
+            peer_bin("ytt", "ytt")?,
+            peer_bin("kapp", "kapp")?,
+            peer_bin("kbld", "kbld")?,
+        ])?;
+        let api_port = free_port()?;
+        for ns in [NAMESPACE, GLOBAL_NAMESPACE] {
+            env.kubectl_apply(
+                "default",
+                &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"),
+            )?;
+        }
+        env.kubectl_apply(
+            NAMESPACE,
+            &format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: packaging-api}}\nspec: {{type: ExternalName, externalName: 127.0.0.1}}\n---\napiVersion: apiregistration.k8s.io/v1\nkind: APIService\nmetadata: {{name: {API_SERVICE}}}\nspec:\n  group: data.packaging.carvel.dev\n  version: v1alpha1\n  groupPriorityMinimum: 100\n  versionPriority: 100\n  service: {{name: packaging-api, namespace: {NAMESPACE}, port: {api_port}}}\n"
+            ),
+        )?;
+
+        std::fs::create_dir_all(dir.join("home"))?;
+        let sa = dir.join("serviceaccount");
+        std::fs::create_dir_all(&sa)?;
+        std::fs::write(sa.join("token"), env.admin_token())?;
+        std::fs::copy(env.apiserver_ca(), sa.join("ca.crt"))?;
+        std::fs::write(sa.join("namespace"), NAMESPACE)?;
+        let ca_data = std::fs::read_to_string(env.apiserver_ca())?;
+        let mem_tmp = dir.join("mem-tmp");
+        std::fs::create_dir_all(&mem_tmp)?;
+        let socket = mem_tmp.join("sidecarexec.sock");
+        let port = env.apiserver_port().to_string();
+        let api_port = api_port.to_string();
+        let envs: Vec<(&str, &Path)> = vec![
+            ("PATH", Path::new(&path)),
+            ("KUBECONFIG", env.kubeconfig()),
+            ("KUBERNETES_SERVICE_HOST", Path::new("127.0.0.1")),
+            ("KUBERNETES_SERVICE_PORT", Path::new(&port)),
+            ("KAPPCTRL_KUBERNETES_CA_DATA", Path::new(&ca_data)),
+            ("KAPPCTRL_SYSTEM_NAMESPACE", Path::new(NAMESPACE)),
+            ("KAPPCTRL_MEM_TMP_DIR", mem_tmp.as_path()),
+            ("KAPPCTRL_SIDECAREXEC_SOCK", socket.as_path()),
+            ("KAPPCTRL_API_PORT", Path::new(&api_port)),
+        ];
+        let mut this = Self {
+            processes: Vec::new(),
+        };
+        let sidecar = isolated(dir, &sa, &binary, &["--sidecarexec".into()]);
+        this.processes.push(ServerProcess::spawn(
+            "kapp-controller-sidecarexec",
+            Path::new("unshare"),
+            &sidecar,
+            &envs,
+            dir.join("sidecarexec.log"),
+        )?);
+        let controller = isolated(
+            dir,
+            &sa,
+            &binary,
+            &[
+                format!("-packaging-global-namespace={GLOBAL_NAMESPACE}"),
+                "-metrics-bind-address=0".into(),
+                // Its API server library (k8s.io/apiserver 0.27) watches flowcontrol v1beta3,
+                // which Kubernetes 1.32 removed: without this it logs a failed watch every second.
+                "-enable-api-priority-and-fairness=false".into(),
+            ],
+        );
+        this.processes.push(ServerProcess::spawn(
+            "kapp-controller",
+            Path::new("unshare"),
+            &controller,
+            &envs,
+            dir.join("controller.log"),
+        )?);
+        this.wait_available(env).await?;
+        Ok(this)
+    }
+
+    /// The aggregated API is usable once kube-apiserver's availability check of it passes.
+    async fn wait_available(&mut self, env: &Env) -> Result<()> {
+        let api: Api<APIService> = Api::all(env.client().await?);
+        let deadline = std::time::Instant::now() + crate::wait::DEFAULT_TIMEOUT * 2;
+        let available = |s: Option<&APIService>| {
+            s.and_then(|s| s.status.as_ref())
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Available" && c.status == "True"))
+        };
+        let wait = kube::runtime::wait::await_condition(api, API_SERVICE, available);
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                done = &mut wait => {
+                    done.context("watching the packaging APIService")?;
+                    return Ok(());
+                }
+                () = tokio::time::sleep(std::time::Duration::from_millis(250)) => {
+                    for p in &mut self.processes {
+                        p.check_running()?;
+                    }
+                    if std::time::Instant::now() > deadline {
+                        anyhow::bail!(
+                            "APIService {API_SERVICE} not Available after {:?}; kapp-controller log:\n{}",
+                            crate::wait::DEFAULT_TIMEOUT * 2,
+                            self.processes[1].log_tail(30)
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The end of the controller's log, for a failing test's message.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.processes
+            .iter()
+            .map(|p| format!("== {}\n{}", p.name(), p.log_tail(lines)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    pub fn stop(&mut self) {
+        while let Some(mut p) = self.processes.pop() {
+            p.stop(std::time::Duration::from_secs(5));
+        }
+    }
+}
+
+/// `unshare` arguments that run `binary args…` in a mount namespace of its own where
+/// `/home/kapp-controller` is `dir/home` and `/run/secrets/kubernetes.io/serviceaccount` holds
+/// `sa` (see the module docs).
+fn isolated(dir: &Path, sa: &Path, binary: &Path, args: &[String]) -> Vec<String> {
+    let script = "set -e; home=$1 sa=$2; shift 2; \
+        mount -t tmpfs tmpfs /home; mkdir /home/kapp-controller; mount --bind \"$home\" /home/kapp-controller; \
+        mount -t tmpfs tmpfs /run; mkdir -p /run/secrets/kubernetes.io; \
+        mkdir /run/secrets/kubernetes.io/serviceaccount; mount --bind \"$sa\" /run/secrets/kubernetes.io/serviceaccount; \
+        exec \"$@\"";
+    let mut out = vec![
+        "--mount".into(),
+        "--propagation".into(),
+        "private".into(),
+        "--".into(),
+        "sh".into(),
+        "-c".into(),
+        script.into(),
+        "sh".into(),
+        dir.join("home").display().to_string(),
+        sa.display().to_string(),
+        binary.display().to_string(),
+    ];
+    out.extend(args.iter().cloned());
+    out
+}
+
+/// `PATH` with the directories of `tools` first.
+fn tool_path(tools: &[PathBuf]) -> Result<String> {
+    let mut dirs: Vec<PathBuf> = tools
+        .iter()
+        .map(|t| {
+            t.parent()
+                .map(Path::to_path_buf)
+                .context("tool without a directory")
+        })
+        .collect::<Result<_>>()?;
+    dirs.extend(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    ));
+    Ok(std::env::join_paths(dirs)?.to_string_lossy().into_owned())
+}

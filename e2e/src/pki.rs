@@ -1,0 +1,90 @@
+//! Key material of the local control plane, written into its directory at boot: the
+//! service-account key pair, the admin token, and the front-proxy (request-header) CA with the
+//! client certificate kube-apiserver presents to aggregated API servers (kapp-controller's
+//! `data.packaging.carvel.dev`), which authenticate it through the
+//! `extension-apiserver-authentication` ConfigMap.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// The common name kube-apiserver's proxy client certificate carries, and the only one
+/// `--requestheader-allowed-names` accepts.
+pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
+
+/// Paths of the files [`Pki::write`] created.
+#[derive(Debug, Clone)]
+pub struct Pki {
+    pub sa_key: PathBuf,
+    pub sa_pub: PathBuf,
+    pub tokens: PathBuf,
+    pub token: String,
+    pub front_proxy_ca: PathBuf,
+    pub front_proxy_client_cert: PathBuf,
+    pub front_proxy_client_key: PathBuf,
+}
+
+impl Pki {
+    pub fn write(dir: &Path, token: String) -> Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let pki = Pki {
+            sa_key: dir.join("sa.key"),
+            sa_pub: dir.join("sa.pub"),
+            tokens: dir.join("tokens.csv"),
+            token,
+            front_proxy_ca: dir.join("front-proxy-ca.crt"),
+            front_proxy_client_cert: dir.join("front-proxy-client.crt"),
+            front_proxy_client_key: dir.join("front-proxy-client.key"),
+        };
+        let sa_key = KeyPair::generate().context("generating the service-account key")?;
+        std::fs::write(&pki.sa_key, sa_key.serialize_pem())?;
+        std::fs::write(&pki.sa_pub, sa_key.public_key_pem())?;
+        std::fs::write(&pki.tokens, format!("{},admin,admin,system:masters\n", pki.token))?;
+
+        let mut ca = CertificateParams::new(Vec::<String>::new())?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "front-proxy-ca");
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+        let ca =
+            CertifiedIssuer::self_signed(ca, KeyPair::generate()?).context("issuing the front-proxy CA")?;
+        let client_key = KeyPair::generate()?;
+        let mut client = CertificateParams::new(Vec::<String>::new())?;
+        client
+            .distinguished_name
+            .push(DnType::CommonName, FRONT_PROXY_CLIENT);
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let client = client
+            .signed_by(&client_key, &ca)
+            .context("issuing the front-proxy client certificate")?;
+        std::fs::write(&pki.front_proxy_ca, ca.pem())?;
+        std::fs::write(&pki.front_proxy_client_cert, client.pem())?;
+        std::fs::write(&pki.front_proxy_client_key, client_key.serialize_pem())?;
+        Ok(pki)
+    }
+
+    /// kube-apiserver's flags for these files.
+    pub fn apiserver_flags(&self) -> Vec<String> {
+        vec![
+            format!("--token-auth-file={}", self.tokens.display()),
+            format!("--service-account-key-file={}", self.sa_pub.display()),
+            format!("--service-account-signing-key-file={}", self.sa_key.display()),
+            format!("--requestheader-client-ca-file={}", self.front_proxy_ca.display()),
+            format!("--requestheader-allowed-names={FRONT_PROXY_CLIENT}"),
+            "--requestheader-username-headers=X-Remote-User".into(),
+            "--requestheader-group-headers=X-Remote-Group".into(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+            format!(
+                "--proxy-client-cert-file={}",
+                self.front_proxy_client_cert.display()
+            ),
+            format!(
+                "--proxy-client-key-file={}",
+                self.front_proxy_client_key.display()
+            ),
+        ]
+    }
+}
