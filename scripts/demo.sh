@@ -15,13 +15,19 @@ for f in examples/*.yaml; do
   sed "s|REGISTRY|$HOLDFAST_REGISTRY|g" "$f" >"$rendered/$(basename "$f")"
 done
 kubectl apply -f "$rendered/namespace.yaml"
-for f in app-image packagerepository package korifi-app; do
+for f in app-image app-deployed packagerepository package korifi-app; do
   kubectl apply -f "$rendered/$f.yaml"
 done
 
 echo
 echo "=== each reference as written (examples/) and as stored after admission ==="
-target/debug/holdfast-localenv show "$rendered/app-image.yaml" "$rendered/packagerepository.yaml" \
-  "$rendered/package.yaml" "$rendered/korifi-app.yaml"
+target/debug/holdfast-localenv show "$rendered/app-image.yaml" "$rendered/app-deployed.yaml" \
+  "$rendered/packagerepository.yaml" "$rendered/package.yaml" "$rendered/korifi-app.yaml"
+echo
+echo "=== the real kapp-controller reconciles the pinned App demo-deployed ==="
+kubectl wait -n demo app.kappctrl.k14s.io/demo-deployed --for=condition=ReconcileSucceeded --timeout=180s
+kubectl get -n demo app.kappctrl.k14s.io/demo-deployed \
+  -o jsonpath='{.spec.fetch[0].image.url}{"  ->  "}{.status.friendlyDescription}{"\n"}'
+kubectl get -n demo configmap demo -o jsonpath='deployed: ConfigMap {.metadata.name} (kapp app {.metadata.labels.kapp\.k14s\.io/app}){"\n"}'
 echo
 echo "The environment keeps running: source $state/env to use it; make down stops it."

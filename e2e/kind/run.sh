@@ -20,8 +20,8 @@
 #   being deleted (kpack PR #1820); set KPACK_VERSION=0.16.1 to see holdfast against the older loop.
 # - Korifi: SKIPPED. A Korifi install needs cert-manager, a Gateway API implementation (Contour or
 #   Envoy Gateway), a container registry with push credentials for droplets, DNS names for its
-#   API and apps, and Helm; the scenarios need only its CFApp and BuildWorkload kinds, so the CRDs
-#   in e2e/crds (a copy of Korifi's, restricted to the fields holdfast reads) are installed
+#   API and apps, and Helm; the scenarios need only its CFApp and BuildWorkload kinds, so Korifi's
+#   upstream CRDs (collected from its Go module by scripts/install-deps.sh) are installed
 #   instead. The scenarios create CFApps themselves, as Korifi would.
 set -euo pipefail
 
@@ -81,8 +81,8 @@ peers_up() {
   k apply -f "https://github.com/carvel-dev/kapp-controller/releases/download/${KAPP_CONTROLLER_VERSION}/release.yml"
   log "kpack v$KPACK_VERSION"
   k apply -f "https://github.com/buildpacks-community/kpack/releases/download/v${KPACK_VERSION}/release-${KPACK_VERSION}.yaml"
-  log "Korifi: skipped (see the top of this script); installing its CRDs from e2e/crds"
-  k apply -f "$REPO/e2e/crds/korifi.cloudfoundry.org.yaml"
+  log "Korifi: skipped (see the top of this script); installing its upstream CRDs"
+  k apply -f "${HOLDFAST_CACHE:-$HOME/.cache/holdfast}/peers/korifi/crds/"
   k -n kapp-controller rollout status deployment/kapp-controller --timeout=300s
   k -n kpack rollout status deployment/kpack-controller --timeout=300s
   k -n kpack rollout status deployment/kpack-webhook --timeout=300s

@@ -28,7 +28,7 @@ use k8s_openapi::{
         },
         core::v1::Namespace,
     },
-    apimachinery::pkg::apis::meta::v1::LabelSelector,
+    apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
 };
 use kube::{
     Api,
@@ -72,6 +72,9 @@ pub struct Registration {
     pub installed: Option<Installed>,
     /// `--mirror-*`: pin to the mirror copies the controller recorded.
     pub mirror: Option<MirrorPins>,
+    /// Install the webhook configurations `manifests/overlays/recommended` ships (see
+    /// [`shipped_configurations`]) instead of `rules`/`validating_rules`.
+    pub shipped: bool,
 }
 
 /// The webhook's identity and names as `manifests/` installs it: its ServiceAccount's client,
@@ -95,8 +98,95 @@ impl Registration {
             policy: Policy::default(),
             installed: None,
             mirror: None,
+            shipped: false,
         }
     }
+
+    /// The shipped webhook configurations, as a user installs them.
+    pub fn shipped() -> Self {
+        Self {
+            shipped: true,
+            ..Self::rules(Vec::new())
+        }
+    }
+}
+
+/// The overlay README recommends on a supported Kubernetes (the base with match-conditions).
+pub fn recommended_overlay() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/overlays/recommended")
+}
+
+/// The MutatingWebhookConfiguration and ValidatingWebhookConfiguration that
+/// `kubectl kustomize manifests/overlays/recommended` renders, exactly as shipped (rules,
+/// namespace and object selectors, matchConditions, failure policies, timeouts) except for what
+/// the local control plane and a shared one need: `clientConfig` calls `base_url` + the shipped
+/// path (there is no Service network, and the caBundle is left for holdfast to inject), the
+/// configurations are named `name`, and each namespaceSelector also requires `scope` (so
+/// concurrent tests' webhooks serve their own namespaces only).
+pub fn shipped_configurations(
+    name: &str,
+    base_url: &str,
+    scope: Option<LabelSelectorRequirement>,
+) -> Result<(MutatingWebhookConfiguration, ValidatingWebhookConfiguration)> {
+    let out = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(recommended_overlay())
+        .output()
+        .context("running kubectl kustomize")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl kustomize {} failed: {}",
+        recommended_overlay().display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered = String::from_utf8(out.stdout)?;
+    let mut mutating = None;
+    let mut validating = None;
+    for doc in serde_yaml::Deserializer::from_str(&rendered) {
+        let value: serde_json::Value = serde::Deserialize::deserialize(doc)?;
+        match value["kind"].as_str() {
+            Some("MutatingWebhookConfiguration") => mutating = Some(serde_json::from_value(value)?),
+            Some("ValidatingWebhookConfiguration") => validating = Some(serde_json::from_value(value)?),
+            _ => {}
+        }
+    }
+    let mut mutating: MutatingWebhookConfiguration =
+        mutating.context("the overlay renders no MutatingWebhookConfiguration")?;
+    let mut validating: ValidatingWebhookConfiguration =
+        validating.context("the overlay renders no ValidatingWebhookConfiguration")?;
+    let local = |client: &mut WebhookClientConfig, selector: &mut Option<LabelSelector>| -> Result<()> {
+        let path = client
+            .service
+            .as_ref()
+            .and_then(|s| s.path.clone())
+            .context("a shipped webhook without a service path")?;
+        *client = WebhookClientConfig {
+            url: Some(format!("{base_url}{path}")),
+            ..Default::default()
+        };
+        if let Some(scope) = &scope {
+            selector
+                .get_or_insert_with(LabelSelector::default)
+                .match_expressions
+                .get_or_insert_with(Vec::new)
+                .push(scope.clone());
+        }
+        Ok(())
+    };
+    for w in mutating.webhooks.iter_mut().flatten() {
+        local(&mut w.client_config, &mut w.namespace_selector)?;
+    }
+    for w in validating.webhooks.iter_mut().flatten() {
+        local(&mut w.client_config, &mut w.namespace_selector)?;
+    }
+    for meta in [&mut mutating.metadata, &mut validating.metadata] {
+        *meta = ObjectMeta {
+            name: Some(name.into()),
+            labels: meta.labels.take(),
+            ..Default::default()
+        };
+    }
+    Ok((mutating, validating))
 }
 
 pub fn rule(group: &str, version: &str, resources: &[&str], operations: &[&str]) -> RuleWithOperations {
@@ -207,10 +297,26 @@ impl LocalWebhook {
             ..Default::default()
         };
         let url = format!("https://127.0.0.1:{port}{MUTATE_PATH}");
-        let config =
-            mutating_configuration(&configuration, url, selector.clone(), registration.rules, "Fail");
-        let validating = !registration.validating_rules.is_empty();
-        if validating {
+        let validating = registration.shipped || !registration.validating_rules.is_empty();
+        let config = if registration.shipped {
+            let scope_requirement = LabelSelectorRequirement {
+                key: SCOPE_LABEL.into(),
+                operator: "In".into(),
+                values: Some(vec![scope.clone()]),
+            };
+            let (mutating, validating) = shipped_configurations(
+                &configuration,
+                &format!("https://127.0.0.1:{port}"),
+                Some(scope_requirement),
+            )?;
+            Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                .create(&PostParams::default(), &validating)
+                .await?;
+            mutating
+        } else {
+            mutating_configuration(&configuration, url, selector.clone(), registration.rules, "Fail")
+        };
+        if validating && !registration.shipped {
             let url = format!("https://127.0.0.1:{port}{VALIDATE_PATH}");
             let config = validating_configuration(
                 &configuration,

@@ -10,13 +10,98 @@ use holdfast_e2e::{
     objects::{api_for, parse_documents},
     webhook::{LocalWebhook, Registration, rule},
 };
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::{ResourceExt, api::PostParams};
 use tokio_rustls::TlsConnector;
 
 e2e_main!(
     kubectl_apply_comes_back_patched_over_tls,
-    rotation_under_load_fails_no_admission
+    rotation_under_load_fails_no_admission,
+    the_shipped_configurations_decide_what_reaches_holdfast,
 );
+
+/// Pod CREATEs holdfast has answered so far: the terminating guard is the only rule for pods, and
+/// these tests create no kpack Builds, so its CREATE count is the pods' count.
+fn guard_creates(webhook: &LocalWebhook) -> Result<u64> {
+    let metrics = webhook
+        .running
+        .as_ref()
+        .context("webhook stopped")?
+        .metrics
+        .encode()?;
+    Ok(metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("holdfast_webhook_admission_duration_seconds_count{")
+                && l.contains("rule=\"terminating-guard\"")
+                && l.contains("operation=\"CREATE\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum())
+}
+
+fn pod_yaml(name: &str, labels: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{{labels}}}}}\nspec:\n  containers: [{{name: main, image: example.invalid/app:1}}]\n"
+    )
+}
+
+/// With the configurations `manifests/overlays/recommended` ships (only clientConfig pointed at
+/// the local URL), an unlabelled pod never reaches holdfast and a build pod does; with the pods
+/// webhook's objectSelector removed, the unlabelled pod reaches it: the selector is what the
+/// API server obeys.
+async fn the_shipped_configurations_decide_what_reaches_holdfast(env: Arc<Env>) -> Result<()> {
+    let webhook = LocalWebhook::start(env.clone(), Registration::shipped()).await?;
+    let ns = webhook.namespace("shipped").await?;
+    let before = guard_creates(&webhook)?;
+    env.kubectl_apply(&ns, &pod_yaml("plain", ""))?;
+    ensure!(
+        guard_creates(&webhook)? == before,
+        "an unlabelled pod reached holdfast despite the shipped objectSelector"
+    );
+    env.kubectl_apply(&ns, &pod_yaml("build-pod", "kpack.io/build: some-build"))?;
+    ensure!(
+        guard_creates(&webhook)? == before + 1,
+        "a build pod did not reach holdfast"
+    );
+
+    // The same configuration without the pods webhook's objectSelector.
+    let client = env.client().await?;
+    let configurations: kube::Api<ValidatingWebhookConfiguration> = kube::Api::all(client);
+    let mut config = configurations.get(&webhook.configuration).await?;
+    let pods_webhook = config
+        .webhooks
+        .iter_mut()
+        .flatten()
+        .find(|w| w.name == "terminating-guard-pods.holdfast.dev")
+        .context("no pods webhook shipped")?;
+    ensure!(
+        pods_webhook.object_selector.is_some(),
+        "the shipped pods webhook has no objectSelector"
+    );
+    pods_webhook.object_selector = None;
+    configurations
+        .replace(&webhook.configuration, &PostParams::default(), &config)
+        .await?;
+    // The API server applies a configuration change from its own informer, which nothing outside
+    // can watch: create unlabelled pods until one reaches holdfast, for at most 10 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut n = 0;
+    loop {
+        let seen = guard_creates(&webhook)?;
+        env.kubectl_apply(&ns, &pod_yaml(&format!("plain-{n}"), ""))?;
+        if guard_creates(&webhook)? > seen {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "without its objectSelector the pods webhook still got no unlabelled pod"
+        );
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    webhook.stop().await
+}
 
 fn cfapp_and_image(name: &str) -> String {
     format!(

@@ -83,6 +83,9 @@ async fn examples_are_pinned_to_the_pushed_digests(env: Arc<Env>) -> Result<()> 
     let repo = images::Image::bundle(&[("packages/p.yml", b"# packages\n")], &[])?;
     let repo_digest = images::push(reg, "demo/repo-bundle", "1.0.0", &repo).await?;
 
+    // The Package goes through kapp-controller's aggregated API server, whose admission chain
+    // calls holdfast as kube-apiserver's does.
+    env.kapp_controller().await?;
     let webhook = LocalWebhook::start(env.clone(), Registration::rules(pin_rules())).await?;
     let ns = webhook.namespace("pin").await?;
     for file in ["app-image.yaml", "packagerepository.yaml", "package.yaml"] {

@@ -1,5 +1,6 @@
-//! Smoke tests of the harness itself: the control plane, its controllers and the registry behave
-//! like a real cluster's, so the suites built on them test something real.
+//! Smoke tests of the harness itself: the control plane, its controllers, the peers' upstream CRDs
+//! (and kapp-controller's packaging API) and the registry behave like a real cluster's, so the
+//! suites built on them test something real.
 
 use std::sync::Arc;
 
@@ -33,6 +34,8 @@ fn example(env: &Env, file: &str) -> Result<String> {
 }
 
 async fn crds_accept_the_examples(env: Arc<Env>) -> Result<()> {
+    // Packages are served by kapp-controller's aggregated API, not by a CRD.
+    env.kapp_controller().await?;
     let client = env.client().await?;
     let ns = env.namespace("examples").await?;
     let mut kinds = Vec::new();

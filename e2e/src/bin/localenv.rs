@@ -1,5 +1,5 @@
-//! `make up`/`make demo` for people: the harness's control plane and registry as a long-running
-//! local environment, plus the demo's images.
+//! `make up`/`make demo` for people: the harness's control plane, registry and the real
+//! kapp-controller as a long-running local environment, plus the demo's images.
 //!
 //! `holdfast-localenv up --state-dir .holdfast` boots, writes `<state>/kubeconfig` and
 //! `<state>/env` (shell exports, written last: its presence means ready) and runs until SIGTERM or
@@ -10,22 +10,15 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use holdfast_e2e::{
-    Env, images, objects,
-    process::free_port,
-    webhook::{mutating_configuration, rule, validating_configuration},
-};
-use k8s_openapi::{
-    api::{
-        admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
-        core::v1::Namespace,
-    },
-    apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
+use holdfast_e2e::{Env, images, objects, process::free_port, webhook::shipped_configurations};
+use k8s_openapi::api::{
+    admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
+    core::v1::Namespace,
 };
 use kube::ResourceExt;
 use kube::{
     Api,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    api::{ObjectMeta, PostParams},
 };
 use serde_json::Value;
 use tokio::signal::unix::{SignalKind, signal};
@@ -65,6 +58,8 @@ async fn up(state: &Path) -> Result<()> {
 
     let mut env = Env::start().await?;
     let webhook = start_webhook(&mut env).await?;
+    // The real kapp-controller (and its packaging API) reconciles what the demo applies.
+    env.kapp_controller().await?;
     let kubeconfig = state.join("kubeconfig");
     std::fs::copy(env.kubeconfig(), &kubeconfig)?;
     let pids: Vec<String> = env
@@ -194,8 +189,6 @@ fn fetch_refs(data: &Value) -> Vec<(String, String)> {
     out
 }
 
-/// Namespaces labelled so are never sent to holdfast (its own, and kube-system).
-const IGNORE_LABEL: &str = "holdfast.dev/ignore";
 const NAMESPACE: &str = "holdfast-system";
 
 struct LocalWebhook {
@@ -203,13 +196,12 @@ struct LocalWebhook {
     admin: String,
 }
 
-/// Runs `holdfast-webhook` (and `holdfast-controller`) as processes of the environment, registered by URL in the
-/// MutatingWebhookConfiguration `holdfast`, with its self-managed certificate (caBundle injected).
+/// Runs `holdfast-webhook` (and `holdfast-controller`) as processes of the environment, with the
+/// webhook configurations `manifests/overlays/recommended` ships (named `holdfast`, called by URL
+/// instead of through the Service) and its self-managed certificate (caBundle injected).
 async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
     let client = env.client().await?;
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let ignored = serde_json::json!({"metadata": {"labels": {IGNORE_LABEL: "true"}}});
-    namespaces
+    Api::<Namespace>::all(client.clone())
         .create(
             &PostParams::default(),
             &Namespace {
@@ -221,61 +213,14 @@ async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
             },
         )
         .await?;
-    for ns in [NAMESPACE, "kube-system"] {
-        namespaces
-            .patch(ns, &PatchParams::default(), &Patch::Merge(&ignored))
-            .await?;
-    }
     let (port, admin_port) = (free_port()?, free_port()?);
-    let selector = LabelSelector {
-        match_expressions: Some(vec![LabelSelectorRequirement {
-            key: IGNORE_LABEL.into(),
-            operator: "NotIn".into(),
-            values: Some(vec!["true".into()]),
-        }]),
-        ..Default::default()
-    };
-    let write = &["CREATE", "UPDATE"];
-    let rules = vec![
-        rule("kpack.io", "v1alpha2", &["images"], write),
-        rule("kappctrl.k14s.io", "v1alpha1", &["apps"], write),
-        rule(
-            "packaging.carvel.dev",
-            "v1alpha1",
-            &["packagerepositories"],
-            write,
-        ),
-        rule("data.packaging.carvel.dev", "v1alpha1", &["packages"], write),
-    ];
-    // Ignore: mutation fails open, as in the manifests.
-    let config = mutating_configuration(
-        "holdfast",
-        format!("https://127.0.0.1:{port}/mutate"),
-        selector.clone(),
-        rules,
-        "Ignore",
-    );
+    let (mutating, validating) =
+        shipped_configurations("holdfast", &format!("https://127.0.0.1:{port}"), None)?;
     Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &config)
+        .create(&PostParams::default(), &mutating)
         .await?;
-    let validating_rules = vec![
-        rule("kappctrl.k14s.io", "v1alpha1", &["apps"], write),
-        rule(
-            "packaging.carvel.dev",
-            "v1alpha1",
-            &["packagerepositories"],
-            write,
-        ),
-        rule("data.packaging.carvel.dev", "v1alpha1", &["packages"], write),
-        rule("kpack.io", "v1alpha2", &["builds"], &["CREATE"]),
-        rule("kpack.io", "v1alpha2", &["images"], &["UPDATE"]),
-        rule("", "v1", &["pods"], &["CREATE"]),
-    ];
-    let url = format!("https://127.0.0.1:{port}/validate");
-    // Ignore: the terminating guard must never hold up a deletion if holdfast is down.
-    let config = validating_configuration("holdfast", url, selector, validating_rules, "Ignore");
     Api::<ValidatingWebhookConfiguration>::all(client)
-        .create(&PostParams::default(), &config)
+        .create(&PostParams::default(), &validating)
         .await?;
 
     let binary = std::env::current_exe()?.with_file_name("holdfast-webhook");
