@@ -5,7 +5,7 @@ CARGO ?= cargo
 
 .PHONY: deps build up down demo test lint fmt bench-admission bench-deletion bench-pinning bench-mirror
 
-## deps: install etcd, the registry, skopeo, Go; build and cache kube-apiserver/controller-manager 1.20.2
+## deps: install the registry, skopeo, shellcheck; build and cache Kubernetes 1.37, etcd, kwok and the peers from their Go modules
 deps:
 	@scripts/install-deps.sh
 

@@ -190,7 +190,7 @@ pub fn kpack_build(name: &str, image: &DynamicObject) -> Result<String> {
 
 pub fn build_pod(name: &str, build: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{kpack.io/build: {build}}}}}\nspec: {{restartPolicy: Never, containers: [{{name: build, image: registry.example/kpack/build-init}}]}}\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{kpack.io/build: {build}}}}}\nspec: {{restartPolicy: Never, securityContext: {{runAsNonRoot: true, runAsUser: 1000, seccompProfile: {{type: RuntimeDefault}}}}, containers: [{{name: build, image: registry.example/kpack/build-init, securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}}}]}}\n"
     )
 }
 

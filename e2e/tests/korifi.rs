@@ -10,7 +10,7 @@ use holdfast_e2e::{
     objects::api_for,
     scenarios::{self, HOLD, build_pod as pod, cfapp},
     wait,
-    webhook::{LocalWebhook, Registration, rule},
+    webhook::{LocalWebhook, Registration},
 };
 use kube::{
     ResourceExt,
@@ -23,14 +23,6 @@ e2e_main!(
     the_guard_refuses_builds_and_pods_for_terminating_owners,
     the_fast_finalizer_deletes_the_image_with_the_app
 );
-
-fn guard_rules() -> Vec<k8s_openapi::api::admissionregistration::v1::RuleWithOperations> {
-    vec![
-        rule("kpack.io", "v1alpha2", &["builds"], &["CREATE"]),
-        rule("kpack.io", "v1alpha2", &["images"], &["UPDATE"]),
-        rule("", "v1", &["pods"], &["CREATE"]),
-    ]
-}
 
 fn image(name: &str) -> String {
     format!(
@@ -80,14 +72,7 @@ fn denied(result: Result<DynamicObject>) -> Result<String> {
 }
 
 async fn the_guard_refuses_builds_and_pods_for_terminating_owners(env: Arc<Env>) -> Result<()> {
-    let mut registration = Registration::rules(vec![rule(
-        "kpack.io",
-        "v1alpha2",
-        &["images"],
-        &["CREATE", "UPDATE"],
-    )]);
-    registration.validating_rules = guard_rules();
-    let webhook = LocalWebhook::start(env.clone(), registration).await?;
+    let webhook = LocalWebhook::start(env.clone(), Registration::shipped()).await?;
     let ns = webhook.namespace("guard").await?;
 
     let app = create(&env, &ns, &cfapp("app-a")).await?;

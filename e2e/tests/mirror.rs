@@ -26,7 +26,7 @@ use holdfast_e2e::{
     images::{self, IMGPKG_BUNDLE_LABEL, Image, OCI_LAYER_TAR},
     objects::api_for,
     wait,
-    webhook::{LocalWebhook, Registration, rule},
+    webhook::{LocalWebhook, Registration},
 };
 use holdfast_pins::{MirrorPins, ORIGINAL_REFS_ANNOTATION, PinnedKind};
 use holdfast_registry::{
@@ -548,12 +548,7 @@ async fn mirroring_with(
     retention: Duration,
 ) -> Result<(LocalWebhook, LocalController)> {
     let m = pins.location.registry().to_owned();
-    let mut registration = Registration::rules(vec![rule(
-        "kappctrl.k14s.io",
-        "v1alpha1",
-        &["apps"],
-        &["CREATE", "UPDATE"],
-    )]);
+    let mut registration = Registration::shipped();
     registration.insecure_registries = vec![up.to_owned(), m.clone()];
     registration.mirror = Some(pins.clone());
     let webhook = LocalWebhook::start(env.clone(), registration).await?;

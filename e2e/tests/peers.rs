@@ -5,12 +5,14 @@
 
 use std::{sync::Arc, time::Duration};
 
-use anyhow::{Context, Result, bail, ensure};
-use holdfast_e2e::{Env, e2e_main, images, objects::api_for, objects::create_all, wait};
+use anyhow::{Context, Result, ensure};
+use holdfast_e2e::{
+    Env, e2e_main, images, objects::api_for, objects::create_all, peers::kapp_controller, wait,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, DynamicObject, PostParams},
+    api::{DeleteParams, PostParams},
 };
 use serde_json::Value;
 
@@ -90,56 +92,8 @@ async fn kwok_runs_pods_and_honours_grace_periods(env: Arc<Env>) -> Result<()> {
 /// A namespace with a ServiceAccount kapp may deploy with (what a kapp-controller user creates).
 async fn deployer_namespace(env: &Env, prefix: &str) -> Result<String> {
     let ns = env.namespace(prefix).await?;
-    env.kubectl_apply(
-        &ns,
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: deployer}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: deployer}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: admin}\nsubjects: [{kind: ServiceAccount, name: deployer}]\n",
-    )?;
+    kapp_controller::add_deployer(env, &ns)?;
     Ok(ns)
-}
-
-fn condition_types(object: &DynamicObject) -> Vec<String> {
-    object.data["status"]["conditions"]
-        .as_array()
-        .map(|c| {
-            c.iter()
-                .filter(|c| c["status"] == "True")
-                .filter_map(|c| c["type"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Waits until kapp-controller reports the object reconciled; fails at once if it reports a
-/// failure, with its message.
-async fn until_reconciled(env: &Env, api: &Api<DynamicObject>, name: &str) -> Result<DynamicObject> {
-    let done = |o: Option<&DynamicObject>| {
-        o.is_some_and(|o| {
-            let types = condition_types(o);
-            types
-                .iter()
-                .any(|t| t == "ReconcileSucceeded" || t == "ReconcileFailed")
-        })
-    };
-    let object = tokio::time::timeout(
-        Duration::from_secs(120),
-        kube::runtime::wait::await_condition(api.clone(), name, done),
-    )
-    .await
-    .with_context(|| {
-        format!(
-            "{name} not reconciled within 120 s; kapp-controller:\n{}",
-            env.kapp_controller_log(20)
-        )
-    })??
-    .context("object gone")?;
-    if condition_types(&object).iter().any(|t| t == "ReconcileFailed") {
-        bail!(
-            "{name} failed to reconcile: {} {}",
-            object.data["status"]["usefulErrorMessage"],
-            object.data["status"]["friendlyDescription"]
-        );
-    }
-    Ok(object)
 }
 
 async fn kapp_controller_deploys_an_app(env: Arc<Env>) -> Result<()> {
@@ -157,7 +111,7 @@ async fn kapp_controller_deploys_an_app(env: Arc<Env>) -> Result<()> {
     );
     let created = create_all(&client, &ns, &app).await?;
     let apps = api_for(&client, &created[0], Some(&ns)).await?;
-    until_reconciled(&env, &apps, "simple").await?;
+    kapp_controller::until_reconciled(&env, &apps, "simple").await?;
     let cm = Api::<ConfigMap>::namespaced(client, &ns).get("deployed").await?;
     ensure!(
         cm.data
@@ -190,7 +144,7 @@ async fn kapp_controller_serves_the_packages_of_a_repository(env: Arc<Env>) -> R
     );
     let created = create_all(&client, &ns, &repo).await?;
     let repos = api_for(&client, &created[0], Some(&ns)).await?;
-    until_reconciled(&env, &repos, "repo").await?;
+    kapp_controller::until_reconciled(&env, &repos, "repo").await?;
 
     // Served by kapp-controller's aggregated API server, as `kubectl get packages` shows them.
     let out = env

@@ -14,7 +14,7 @@ use holdfast_e2e::{
     objects::{api_for, parse_documents},
     slow_link::SlowLink,
     wait,
-    webhook::{LocalWebhook, Registration, rule},
+    webhook::{LocalWebhook, Registration},
 };
 use holdfast_registry::cache::{CacheConfig, Scope};
 use k8s_openapi::api::{core::v1::Secret, events::v1::Event};
@@ -32,24 +32,6 @@ e2e_main!(
     a_private_registry_is_pinned_with_the_secret_and_only_for_it,
     policy_denies_what_could_not_be_pinned_and_foreign_registries
 );
-
-fn pin_rules() -> Vec<k8s_openapi::api::admissionregistration::v1::RuleWithOperations> {
-    vec![
-        rule("kappctrl.k14s.io", "v1alpha1", &["apps"], &["CREATE", "UPDATE"]),
-        rule(
-            "packaging.carvel.dev",
-            "v1alpha1",
-            &["packagerepositories"],
-            &["CREATE", "UPDATE"],
-        ),
-        rule(
-            "data.packaging.carvel.dev",
-            "v1alpha1",
-            &["packages"],
-            &["CREATE", "UPDATE"],
-        ),
-    ]
-}
 
 /// An example with the registry filled in and its namespace left to `kubectl -n`.
 fn example(env: &Env, file: &str) -> Result<String> {
@@ -86,7 +68,7 @@ async fn examples_are_pinned_to_the_pushed_digests(env: Arc<Env>) -> Result<()> 
     // The Package goes through kapp-controller's aggregated API server, whose admission chain
     // calls holdfast as kube-apiserver's does.
     env.kapp_controller().await?;
-    let webhook = LocalWebhook::start(env.clone(), Registration::rules(pin_rules())).await?;
+    let webhook = LocalWebhook::start(env.clone(), Registration::shipped()).await?;
     let ns = webhook.namespace("pin").await?;
     for file in ["app-image.yaml", "packagerepository.yaml", "package.yaml"] {
         env.kubectl_apply(&ns, &example(&env, file)?)?;
@@ -156,7 +138,7 @@ async fn one_registry_lookup_per_unique_tag(env: Arc<Env>) -> Result<()> {
     let image = images::Image::with_files(&[("config.yml", b"shared: true\n")])?;
     let digest = images::push(&upstream.addr, "team/shared", "1.0.0", &image).await?;
     let link = SlowLink::start(&upstream.addr, Duration::from_millis(1500)).await?;
-    let mut registration = Registration::rules(pin_rules());
+    let mut registration = Registration::shipped();
     registration.insecure_registries.push(link.addr.clone());
     let webhook = LocalWebhook::start(env.clone(), registration).await?;
     let ns = webhook.namespace("unique").await?;
@@ -212,7 +194,7 @@ async fn a_registry_outage_pins_from_the_cache(env: Arc<Env>) -> Result<()> {
     let later = images::Image::with_files(&[("config.yml", b"outage: later\n")])?;
     let later_digest = images::push(&upstream.addr, "team/config", "3.0.0", &later).await?;
     // max_age 0: every admission asks the registry first, so the outage is really hit.
-    let mut registration = Registration::rules(pin_rules());
+    let mut registration = Registration::shipped();
     registration.cache = CacheConfig {
         max_age: Duration::ZERO,
         ..CacheConfig::default()
@@ -296,7 +278,7 @@ async fn a_private_registry_is_pinned_with_the_secret_and_only_for_it(env: Arc<E
     let url = format!("{}/team/private:1.0.0", private.addr);
     let pinned = format!("{}/team/private@{digest}", private.addr);
 
-    let mut registration = Registration::rules(pin_rules());
+    let mut registration = Registration::shipped();
     registration.insecure_registries.push(private.addr.clone());
     let webhook = LocalWebhook::start(env.clone(), registration).await?;
     let client = env.client().await?;
@@ -439,8 +421,7 @@ async fn policy_denies_what_could_not_be_pinned_and_foreign_registries(env: Arc<
     let reg = env.registry();
     let image = images::Image::with_files(&[("config.yml", b"policy: test\n")])?;
     let digest = images::push(reg, "policy/config", "1.0.0", &image).await?;
-    let mut registration = Registration::rules(pin_rules());
-    registration.validating_rules = pin_rules();
+    let mut registration = Registration::shipped();
     registration.policy = holdfast_webhook::rules::policy::Policy::from_yaml(&format!(
         "allowedRegistries: [\"{reg}/policy\"]\nrequireDigestsLabel: holdfast.dev/require-digests\n"
     ))?;

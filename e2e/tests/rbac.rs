@@ -29,9 +29,7 @@ use holdfast_e2e::{
 };
 use holdfast_registry::{ResolverConfig, cache::CacheConfig};
 use k8s_openapi::api::{
-    admissionregistration::v1::{
-        MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhookConfiguration,
-    },
+    admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
     authentication::v1::{TokenRequest, TokenRequestSpec},
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
     coordination::v1::Lease,
@@ -245,21 +243,6 @@ async fn service_account_client(env: &Env, account: &str, forbidden: &Forbidden)
 // ---------------------------------------------------------------------------------------------
 // holdfast, in-process, as installed
 
-/// The webhook configurations' rules, from `manifests/` (every webhook's rules, by kind of
-/// configuration): the in-process webhook is sent what the installed one would be.
-fn manifest_rules(file: &str) -> Result<Vec<RuleWithOperations>> {
-    let text = std::fs::read_to_string(manifests().join("base/webhook").join(file))?;
-    let configuration = serde_json::to_value(&parse_documents(&text)?[..])?;
-    let rules = configuration
-        .pointer("/0/webhooks")
-        .and_then(serde_json::Value::as_array)
-        .with_context(|| format!("{file}: no webhooks"))?
-        .iter()
-        .map(|webhook| serde_json::from_value::<Vec<RuleWithOperations>>(webhook["rules"].clone()))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(rules.concat())
-}
-
 struct Holdfast {
     webhook: Option<LocalWebhook>,
     controller: Option<(
@@ -339,8 +322,7 @@ impl Holdfast {
         });
         self.controller = Some((cancel, task));
 
-        let mut registration = Registration::rules(manifest_rules("mutatingwebhookconfiguration.yaml")?);
-        registration.validating_rules = manifest_rules("validatingwebhookconfiguration.yaml")?;
+        let mut registration = Registration::shipped();
         registration.installed = Some(Installed {
             client: service_account_client(env, WEBHOOK, forbidden).await?,
             namespace: NAMESPACE.into(),
@@ -375,6 +357,9 @@ async fn scenarios_as_service_accounts(
     env: &Arc<Env>,
     forbidden: &Forbidden,
 ) -> Result<(Result<()>, Result<()>)> {
+    // Packages exist only while kapp-controller serves their API: without it the controller's
+    // rule for them would never be exercised.
+    env.kapp_controller().await?;
     Holdfast::reset(env).await?;
     let mut holdfast = Holdfast {
         webhook: None,

@@ -530,9 +530,13 @@ fn new_build(image: &DynamicObject, number: u64, reasons: &[&str]) -> Result<Dyn
 }
 
 /// The build pod (ref §2.2): `<build>-build-pod`, controller-owned by the Build, the Build's
-/// labels plus `kpack.io/build`, `restartPolicy: Never`. The spec is the smallest the API server
-/// accepts; nothing runs it here.
+/// labels plus `kpack.io/build`, `restartPolicy: Never`, and the `restricted` Pod Security
+/// settings kpack's build pods carry (Korifi's namespaces enforce that profile). Otherwise the
+/// spec is the smallest the API server accepts.
 fn build_pod(build: &DynamicObject, name: &str) -> Result<DynamicObject> {
+    static RESTRICTED_CONTAINER: std::sync::LazyLock<serde_json::Value> = std::sync::LazyLock::new(
+        || json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}),
+    );
     let mut labels = labels(build);
     labels.insert(
         BUILD_LABEL.into(),
@@ -551,8 +555,9 @@ fn build_pod(build: &DynamicObject, name: &str) -> Result<DynamicObject> {
             "restartPolicy": "Never",
             "serviceAccountName": build.data["spec"]["serviceAccountName"].as_str().unwrap_or("default"),
             "automountServiceAccountToken": false,
-            "initContainers": [{"name": "prepare", "image": "registry.example/kpack/build-init"}],
-            "containers": [{"name": "completion", "image": "registry.example/kpack/completion"}],
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+            "initContainers": [{"name": "prepare", "image": "registry.example/kpack/build-init", "securityContext": RESTRICTED_CONTAINER.clone()}],
+            "containers": [{"name": "completion", "image": "registry.example/kpack/completion", "securityContext": RESTRICTED_CONTAINER.clone()}],
         },
     }))?)
 }

@@ -18,9 +18,9 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
-use kube::Api;
+use kube::{Api, api::DynamicObject};
 
 use crate::{
     control_plane::Env,
@@ -167,6 +167,64 @@ impl KappController {
             p.stop(std::time::Duration::from_secs(5));
         }
     }
+}
+
+/// The ServiceAccount kapp deploys with in the examples' Apps (`serviceAccountName: deployer`),
+/// bound to the `admin` ClusterRole in `namespace`: what a kapp-controller user creates.
+pub const DEPLOYER: &str = "deployer";
+
+pub fn add_deployer(env: &Env, namespace: &str) -> Result<()> {
+    env.kubectl_apply(
+        namespace,
+        &format!("apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {DEPLOYER}}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {DEPLOYER}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: admin}}\nsubjects: [{{kind: ServiceAccount, name: {DEPLOYER}}}]\n"),
+    )
+}
+
+/// The types of the conditions kapp-controller reports True on an App, PackageRepository or
+/// PackageInstall (`Reconciling`, `ReconcileSucceeded`, `ReconcileFailed`, …).
+pub fn true_conditions(object: &DynamicObject) -> Vec<String> {
+    object.data["status"]["conditions"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter(|c| c["status"] == "True")
+                .filter_map(|c| c["type"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub fn has_condition(object: &DynamicObject, condition: &str) -> bool {
+    true_conditions(object).iter().any(|t| t == condition)
+}
+
+/// Waits, on a watch, until kapp-controller reports `name` reconciled; fails at once if it
+/// reports a failure, with its message.
+pub async fn until_reconciled(env: &Env, api: &Api<DynamicObject>, name: &str) -> Result<DynamicObject> {
+    let limit = crate::wait::DEFAULT_TIMEOUT * 2;
+    let done = |o: Option<&DynamicObject>| {
+        o.is_some_and(|o| has_condition(o, "ReconcileSucceeded") || has_condition(o, "ReconcileFailed"))
+    };
+    let object = tokio::time::timeout(
+        limit,
+        kube::runtime::wait::await_condition(api.clone(), name, done),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "{name} not reconciled within {limit:?}; kapp-controller:\n{}",
+            env.kapp_controller_log(20)
+        )
+    })??
+    .context("object gone")?;
+    if has_condition(&object, "ReconcileFailed") {
+        bail!(
+            "{name} failed to reconcile: {} {}",
+            object.data["status"]["usefulErrorMessage"],
+            object.data["status"]["friendlyDescription"]
+        );
+    }
+    Ok(object)
 }
 
 /// `unshare` arguments that run `binary args…` in a mount namespace of its own where

@@ -1,0 +1,175 @@
+//! Pinning with the real kapp-controller: Apps that holdfast pinned keep reconciling while the
+//! registry is down, and Apps left on a tag (a namespace holdfast does not serve) fail — counted
+//! from a watch on the Apps' status conditions.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use anyhow::{Context, Result, ensure};
+use futures::TryStreamExt;
+use holdfast_e2e::{
+    Env, e2e_main, images,
+    objects::{api_for, create_all},
+    peers::kapp_controller,
+    webhook::{LocalWebhook, Registration},
+};
+use kube::{
+    Api, ResourceExt,
+    api::DynamicObject,
+    runtime::{WatchStreamExt, watcher},
+};
+use tokio::task::JoinHandle;
+
+e2e_main!(pinned_apps_keep_reconciling_through_a_registry_outage);
+
+/// kapp-controller's sync period for the test's Apps; the outage lasts three of them.
+const SYNC_PERIOD: Duration = Duration::from_secs(10);
+const APPS: usize = 3;
+
+fn app(name: &str, url: &str) -> String {
+    format!(
+        "apiVersion: kappctrl.k14s.io/v1alpha1\nkind: App\nmetadata: {{name: {name}}}\nspec:\n  serviceAccountName: {}\n  syncPeriod: {}s\n  fetch: [{{image: {{url: {url}}}}}]\n  template: [{{ytt: {{}}}}]\n  deploy: [{{kapp: {{}}}}]\n",
+        kapp_controller::DEPLOYER,
+        SYNC_PERIOD.as_secs()
+    )
+}
+
+/// What a watch saw of each App while it ran.
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    /// Status versions reporting `ReconcileFailed`.
+    failed: usize,
+    /// Distinct `status.deploy.updatedAt` values reported with `ReconcileSucceeded`: one per
+    /// successful sync.
+    succeeded_syncs: std::collections::BTreeSet<String>,
+}
+
+/// Watches the Apps of `namespace` until aborted; the shared map holds what it saw.
+fn watch_apps(api: Api<DynamicObject>) -> (Arc<std::sync::Mutex<BTreeMap<String, Seen>>>, JoinHandle<()>) {
+    let seen: Arc<std::sync::Mutex<BTreeMap<String, Seen>>> = Arc::default();
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default()).applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Ok(Some(app)) = stream.try_next().await {
+            let Ok(mut seen) = out.lock() else { return };
+            let entry = seen.entry(app.name_any()).or_default();
+            if kapp_controller::has_condition(&app, "ReconcileFailed") {
+                entry.failed += 1;
+            }
+            if kapp_controller::has_condition(&app, "ReconcileSucceeded")
+                && let Some(at) = app.data["status"]["deploy"]["updatedAt"].as_str()
+            {
+                entry.succeeded_syncs.insert(at.to_string());
+            }
+        }
+    });
+    (seen, task)
+}
+
+async fn pinned_apps_keep_reconciling_through_a_registry_outage(env: Arc<Env>) -> Result<()> {
+    env.kapp_controller().await?;
+    let mut upstream = env.spare_registry().await?;
+    // One configuration per App (kapp refuses two Apps deploying the same ConfigMap).
+    let mut digests = Vec::new();
+    for i in 0..APPS {
+        let config = images::Image::with_files(&[(
+            "config.yml",
+            format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: outage-{i}}}\ndata: {{k: v}}\n")
+                .as_bytes(),
+        )])?;
+        digests.push(images::push(&upstream.addr, &format!("team/config-{i}"), "1.0.0", &config).await?);
+    }
+    let url = |i: usize| format!("{}/team/config-{i}:1.0.0", upstream.addr);
+
+    let mut registration = Registration::shipped();
+    registration.insecure_registries.push(upstream.addr.clone());
+    let webhook = LocalWebhook::start(env.clone(), registration).await?;
+    let pinned_ns = webhook.namespace("outage-pinned").await?;
+    // A namespace the webhook does not serve: its Apps stay on the tag, as without holdfast.
+    let tag_ns = env.namespace("outage-tag").await?;
+    let client = env.client().await?;
+    let mut apis = Vec::new();
+    for ns in [&pinned_ns, &tag_ns] {
+        kapp_controller::add_deployer(&env, ns)?;
+        let mut api = None;
+        for i in 0..APPS {
+            let created = create_all(&client, ns, &app(&format!("app-{i}"), &url(i))).await?;
+            api = Some(api_for(&client, &created[0], Some(ns)).await?);
+        }
+        apis.push(api.context("no Apps")?);
+    }
+    for api in &apis {
+        for i in 0..APPS {
+            kapp_controller::until_reconciled(&env, api, &format!("app-{i}")).await?;
+        }
+    }
+    for (i, digest) in digests.iter().enumerate() {
+        let stored = apis[0].get(&format!("app-{i}")).await?;
+        let pinned = stored.data["spec"]["fetch"][0]["image"]["url"]
+            .as_str()
+            .unwrap_or_default();
+        ensure!(
+            pinned == format!("{}/team/config-{i}@{digest}", upstream.addr),
+            "not pinned: {pinned}"
+        );
+        let tagged = apis[1].get(&format!("app-{i}")).await?;
+        ensure!(
+            tagged.data["spec"]["fetch"][0]["image"]["url"] == url(i).as_str(),
+            "a tag App was changed"
+        );
+    }
+
+    let (pinned_seen, pinned_watch) = watch_apps(apis[0].clone());
+    let (tag_seen, tag_watch) = watch_apps(apis[1].clone());
+    upstream.stop();
+    let started = std::time::Instant::now();
+    // The outage lasts at least three sync periods, and until the watch has seen every tag App
+    // fail (kapp-controller's fetch retries take a while to give up), at most three minutes.
+    let all_tag_apps_failed = || {
+        tag_seen
+            .lock()
+            .is_ok_and(|seen| seen.len() == APPS && seen.values().all(|s| s.failed > 0))
+    };
+    while started.elapsed() < SYNC_PERIOD * 3 || !all_tag_apps_failed() {
+        if started.elapsed() > Duration::from_secs(180) {
+            break;
+        }
+        // Reads the watches' local record; nothing here asks the API server.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let outage = started.elapsed();
+    pinned_watch.abort();
+    tag_watch.abort();
+    upstream.start().await?;
+
+    let pinned_seen = pinned_seen
+        .lock()
+        .map_err(|_| anyhow::anyhow!("poisoned"))?
+        .clone();
+    let tag_seen = tag_seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
+    for i in 0..APPS {
+        let name = format!("app-{i}");
+        let pinned = pinned_seen.get(&name).cloned().unwrap_or_default();
+        let tagged = tag_seen.get(&name).cloned().unwrap_or_default();
+        ensure!(
+            pinned.failed == 0,
+            "pinned {name} failed {} times during the outage",
+            pinned.failed
+        );
+        ensure!(
+            pinned.succeeded_syncs.len() >= 2,
+            "pinned {name} did not keep reconciling: {} successful syncs in {outage:?}",
+            pinned.succeeded_syncs.len()
+        );
+        ensure!(
+            tagged.failed > 0,
+            "tag {name} never failed while its registry was down"
+        );
+    }
+    let failed: usize = tag_seen.values().map(|s| s.failed).sum();
+    let synced: usize = pinned_seen.values().map(|s| s.succeeded_syncs.len()).sum();
+    eprintln!(
+        "registry outage of {outage:?}: {APPS} pinned Apps, 0 failed reconciles, {synced} successful syncs; {APPS} tag Apps, {failed} failed reconcile statuses"
+    );
+    webhook.stop().await
+}
