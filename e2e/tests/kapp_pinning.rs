@@ -19,11 +19,16 @@ use kube::{
 };
 use tokio::task::JoinHandle;
 
-e2e_main!(pinned_apps_keep_reconciling_through_a_registry_outage);
+e2e_main!(
+    pinned_apps_keep_reconciling_through_a_registry_outage,
+    a_repositorys_packages_are_pinned_through_the_aggregated_api_without_a_fight,
+);
 
 /// kapp-controller's sync period for the test's Apps; the outage lasts three of them.
 const SYNC_PERIOD: Duration = Duration::from_secs(10);
 const APPS: usize = 3;
+/// The shortest sync period kapp-controller gives a PackageRepository (shorter ones get 30 s).
+const REPO_SYNC_PERIOD: Duration = Duration::from_secs(30);
 
 fn app(name: &str, url: &str) -> String {
     format!(
@@ -170,6 +175,100 @@ async fn pinned_apps_keep_reconciling_through_a_registry_outage(env: Arc<Env>) -
     let synced: usize = pinned_seen.values().map(|s| s.succeeded_syncs.len()).sum();
     eprintln!(
         "registry outage of {outage:?}: {APPS} pinned Apps, 0 failed reconciles, {synced} successful syncs; {APPS} tag Apps, {failed} failed reconcile statuses"
+    );
+    webhook.stop().await
+}
+
+/// A PackageRepository whose bundle lists a Package by tag: kapp (inside kapp-controller) creates
+/// the Package through kapp-controller's aggregated API server, whose admission chain calls
+/// holdfast, so the Package is stored pinned, and stays pinned across three more syncs.
+///
+/// Known and tracked (issue 13, "no fight with kapp"): kapp updates the pinned Package on every
+/// sync (its resourceVersion moves); the test reports what changed rather than asserting it away.
+async fn a_repositorys_packages_are_pinned_through_the_aggregated_api_without_a_fight(
+    env: Arc<Env>,
+) -> Result<()> {
+    env.kapp_controller().await?;
+    let reg = env.registry();
+    let content = images::Image::with_files(&[(
+        "config.yml",
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: from-package}\n",
+    )])?;
+    let content_digest = images::push(reg, "fight/pkg-content", "1.0.0", &content).await?;
+    let packages = format!(
+        "apiVersion: data.packaging.carvel.dev/v1alpha1\nkind: Package\nmetadata: {{name: tagged.fight.holdfast.dev.1.0.0}}\nspec:\n  refName: tagged.fight.holdfast.dev\n  version: 1.0.0\n  template:\n    spec:\n      fetch: [{{image: {{url: {reg}/fight/pkg-content:1.0.0}}}}]\n      template: [{{ytt: {{}}}}]\n      deploy: [{{kapp: {{}}}}]\n"
+    );
+    let bundle = images::Image::bundle(&[("packages/tagged.yml", packages.as_bytes())], &[])?;
+    images::push(reg, "fight/repo", "1.0.0", &bundle).await?;
+
+    let webhook = LocalWebhook::start(env.clone(), Registration::shipped()).await?;
+    let ns = webhook.namespace("fight").await?;
+    let client = env.client().await?;
+    let repo = format!(
+        "apiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageRepository\nmetadata: {{name: repo}}\nspec:\n  syncPeriod: {}s\n  fetch: {{imgpkgBundle: {{image: {reg}/fight/repo:1.0.0}}}}\n",
+        REPO_SYNC_PERIOD.as_secs()
+    );
+    let created = create_all(&client, &ns, &repo).await?;
+    let repos = api_for(&client, &created[0], Some(&ns)).await?;
+    kapp_controller::until_reconciled(&env, &repos, "repo").await?;
+
+    let package = || -> Result<serde_json::Value> {
+        env.kubectl_get(
+            "packages.data.packaging.carvel.dev",
+            "tagged.fight.holdfast.dev.1.0.0",
+            &ns,
+        )
+    };
+    let first = package()?;
+    let url = &first["spec"]["template"]["spec"]["fetch"][0]["image"]["url"];
+    ensure!(
+        *url == format!("{reg}/fight/pkg-content@{content_digest}"),
+        "the repository's Package was not pinned through the aggregated API: {url}"
+    );
+
+    // Three more syncs, seen as the repository's status.fetch.updatedAt moving three times.
+    let mut syncs = std::collections::BTreeSet::new();
+    let stream = watcher(repos.clone(), watcher::Config::default()).applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    // kapp-controller adds up to 10 % of jitter to each period.
+    let limit = REPO_SYNC_PERIOD * 5;
+    let waited = tokio::time::timeout(limit, async {
+        while let Some(repo) = stream.try_next().await? {
+            if let Some(at) = repo.data["status"]["fetch"]["updatedAt"].as_str() {
+                syncs.insert(at.to_string());
+            }
+            if syncs.len() > 3 {
+                return Ok::<_, anyhow::Error>(());
+            }
+        }
+        Ok(())
+    })
+    .await;
+    ensure!(
+        waited.is_ok(),
+        "the repository synced {} times in {:?}",
+        syncs.len(),
+        SYNC_PERIOD * 8
+    );
+    let after = package()?;
+    let url = &after["spec"]["template"]["spec"]["fetch"][0]["image"]["url"];
+    ensure!(
+        *url == format!("{reg}/fight/pkg-content@{content_digest}"),
+        "the Package lost its pin during the repository's syncs: {url}"
+    );
+    let changed: Vec<String> = after["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(k, v)| first["metadata"]["annotations"][k.as_str()] != **v)
+        .map(|(k, _)| k.clone())
+        .collect();
+    eprintln!(
+        "Package over 3 repository syncs: resourceVersion {} -> {}, generation {} -> {}, annotations changed: {changed:?}",
+        first["metadata"]["resourceVersion"],
+        after["metadata"]["resourceVersion"],
+        first["metadata"]["generation"],
+        after["metadata"]["generation"],
     );
     webhook.stop().await
 }
