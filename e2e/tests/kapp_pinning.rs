@@ -22,6 +22,7 @@ use tokio::task::JoinHandle;
 e2e_main!(
     pinned_apps_keep_reconciling_through_a_registry_outage,
     a_repositorys_packages_are_pinned_through_the_aggregated_api_without_a_fight,
+    applying_a_tag_again_changes_nothing_with_kapp_or_kubectl,
 );
 
 /// kapp-controller's sync period for the test's Apps; the outage lasts three of them.
@@ -270,5 +271,108 @@ async fn a_repositorys_packages_are_pinned_through_the_aggregated_api_without_a_
         first["metadata"]["generation"],
         after["metadata"]["generation"],
     );
+    webhook.stop().await
+}
+
+/// A tag App applied again, the way users apply: `kapp deploy` of a file holding it shows no
+/// pending change on the second deploy (no kapp configuration added), and `kubectl apply`
+/// client-side and `--server-side` twice leave the stored App's spec, generation and annotations
+/// as they were.
+async fn applying_a_tag_again_changes_nothing_with_kapp_or_kubectl(env: Arc<Env>) -> Result<()> {
+    // kapp waits for the Apps it deploys to reconcile.
+    env.kapp_controller().await?;
+    let reg = env.registry();
+    let config = images::Image::with_files(&[(
+        "config.yml",
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: reapplied}\n",
+    )])?;
+    let digest = images::push(reg, "reapply/config", "1.0.0", &config).await?;
+    let webhook = LocalWebhook::start(env.clone(), Registration::shipped()).await?;
+    let ns = webhook.namespace("reapply").await?;
+    kapp_controller::add_deployer(&env, &ns)?;
+    let dir = tempfile::tempdir()?;
+    let kapp = holdfast_e2e::tools::peer_bin("kapp", "kapp")?;
+    let pinned = format!("{reg}/reapply/config@{digest}");
+
+    let file = dir.path().join("app.yml");
+    std::fs::write(&file, app("by-kapp", &format!("{reg}/reapply/config:1.0.0")))?;
+    let deploy = |extra: &[&str]| -> Result<std::process::Output> {
+        Ok(std::process::Command::new(&kapp)
+            .env("KUBECONFIG", env.kubeconfig())
+            .args(["deploy", "-a", "reapply", "-n", &ns, "-f"])
+            .arg(&file)
+            .args(["-y", "--tty=false", "--wait-timeout=2m"])
+            .args(extra)
+            .output()?)
+    };
+    let first = deploy(&[])?;
+    ensure!(
+        first.status.success(),
+        "kapp deploy: {}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    let stored = env.kubectl_get("apps.kappctrl.k14s.io", "by-kapp", &ns)?;
+    ensure!(
+        stored["spec"]["fetch"][0]["image"]["url"] == pinned.as_str(),
+        "kapp's App was not pinned"
+    );
+    // --diff-exit-status: 2 when nothing would change, 3 when something would.
+    let second = deploy(&["--diff-run", "--diff-exit-status"])?;
+    ensure!(
+        second.status.code() == Some(2),
+        "a second kapp deploy of the same file has pending changes:\n{}",
+        String::from_utf8_lossy(&second.stdout)
+    );
+
+    for server_side in [false, true] {
+        let name = if server_side {
+            "by-kubectl-ssa"
+        } else {
+            "by-kubectl"
+        };
+        let yaml = app(name, &format!("{reg}/reapply/config:1.0.0"));
+        let apply = |yaml: &str| -> Result<()> {
+            use std::io::Write as _;
+            let mut cmd = env.kubectl();
+            cmd.args(["apply", "-n", &ns, "-f", "-"]);
+            if server_side {
+                cmd.arg("--server-side");
+            }
+            let mut child = cmd
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()?;
+            child.stdin.take().context("stdin")?.write_all(yaml.as_bytes())?;
+            let out = child.wait_with_output()?;
+            ensure!(
+                out.status.success(),
+                "kubectl apply: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Ok(())
+        };
+        apply(&yaml)?;
+        let before = env.kubectl_get("apps.kappctrl.k14s.io", name, &ns)?;
+        ensure!(
+            before["spec"]["fetch"][0]["image"]["url"] == pinned.as_str(),
+            "kubectl's App was not pinned"
+        );
+        apply(&yaml)?;
+        let after = env.kubectl_get("apps.kappctrl.k14s.io", name, &ns)?;
+        // kapp-controller writes the App's status meanwhile: its spec, generation and
+        // annotations are what an apply could change.
+        for (what, pointer) in [
+            ("spec", "/spec"),
+            ("generation", "/metadata/generation"),
+            ("annotations", "/metadata/annotations"),
+        ] {
+            ensure!(
+                after.pointer(pointer) == before.pointer(pointer),
+                "a second kubectl apply{} changed the App's {what}",
+                if server_side { " --server-side" } else { "" }
+            );
+        }
+    }
     webhook.stop().await
 }
