@@ -29,6 +29,10 @@ struct Args {
     /// while the webhook's callers are not authenticated (SECURITY.md).
     #[arg(long, env = "HOLDFAST_READ_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
     read_secrets: bool,
+    /// Seconds a digest cache entry that no App, PackageRepository or Package names is kept
+    /// before the refresher deletes it.
+    #[arg(long, env = "HOLDFAST_CACHE_GC_GRACE_SECONDS", default_value_t = 3600)]
+    cache_gc_grace_seconds: u64,
     /// Secret in holdfast's namespace with the credentials for the mirror (--mirror-registry):
     /// kubernetes.io/dockerconfigjson, or username/password. Without one the mirror is used
     /// anonymously.
@@ -98,6 +102,7 @@ async fn main() -> Result<()> {
         lease_duration: Duration::from_secs(15),
         renew_every: Duration::from_secs(5),
         read_secrets: args.read_secrets,
+        cache_gc_grace: Duration::from_secs(args.cache_gc_grace_seconds),
         resolver: args.registry.resolver_config(),
         cache: args.registry.cache_config(),
     };

@@ -32,6 +32,8 @@ pub struct Settings {
     pub renew_every: Duration,
     /// Read the Secret an object's `secretRef` names.
     pub read_secrets: bool,
+    /// How long a digest cache entry no object names is kept before it is deleted.
+    pub cache_gc_grace: Duration,
     pub resolver: ResolverConfig,
     pub cache: CacheConfig,
 }
@@ -66,7 +68,9 @@ pub async fn run_with_mirror(
         _ = cancel.cancelled() => return Ok(()),
         _ = synced.wait_for(|s| *s) => {}
     }
-    let secrets = settings.read_secrets.then(|| client.clone());
+    let secrets = settings
+        .read_secrets
+        .then(|| Arc::new(client.clone()) as Arc<dyn holdfast_pins::resolve::SecretSource>);
     let mut pinner =
         Pinner::new(cache.clone(), secrets).with_mirror(mirror.as_ref().map(MirrorSettings::pins));
     if let Some(mirror) = &mirror {
@@ -75,6 +79,7 @@ pub async fn run_with_mirror(
     let pinner = Arc::new(pinner);
 
     let (interval, namespace, work_client) = (settings.refresh, settings.namespace.clone(), client.clone());
+    let gc_grace = settings.cache_gc_grace;
     // Everything that writes runs only on the leader.
     let work = move |leading: CancellationToken| async move {
         let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
@@ -95,8 +100,12 @@ pub async fn run_with_mirror(
             }
         };
         let refresher = {
-            let (pinner, leading) = (pinner.clone(), leading.clone());
-            async move { crate::refresher::run(&pinner, interval, rounds_tx, leading).await }
+            let (client, pinner, leading) = (work_client.clone(), pinner.clone(), leading.clone());
+            async move {
+                let kinds = crate::pinning::installed_kinds(&client).await;
+                let mut refresher = crate::refresher::Refresher::new(client, kinds, gc_grace);
+                crate::refresher::run(&mut refresher, &pinner, interval, rounds_tx, leading).await
+            }
         };
         let pinning = crate::pinning::run(work_client.clone(), namespace, pinner, rounds, leading.clone());
         let finalizer = crate::finalizer::run(work_client, leading);

@@ -82,7 +82,7 @@ async fn catch_up_and_follow_a_moved_tag(env: Arc<Env>) -> Result<()> {
     let d2 = images::retag(&upstream.addr, "team/app", "1.0.0", &v2).await?;
     let heads = "HEAD /v2/team/app/manifests/1.0.0";
     let before = upstream.requests_matching(heads);
-    let report = controller.refresh().await;
+    let report = controller.refresh().await?;
     let checks = upstream.requests_matching(heads) - before;
     ensure!(
         report.moved == 1 && report.checked == 1,

@@ -342,6 +342,7 @@ impl Holdfast {
             // Renewed within the scenarios, so the renewal's permissions are exercised too.
             renew_every: Duration::from_secs(1),
             read_secrets: true,
+            cache_gc_grace: Duration::from_secs(3600),
             resolver: ResolverConfig {
                 insecure_registries: [env.registry().to_string()].into(),
                 ..Default::default()

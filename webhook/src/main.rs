@@ -10,15 +10,11 @@ use holdfast_certs::{
     load_pair,
 };
 use holdfast_pins::Pinner;
-use holdfast_registry::{
-    Resolver,
-    cache::DigestCache,
-    cluster_store::{self, ClusterSink},
-};
+use holdfast_registry::Resolver;
 use holdfast_webhook::{
     cli::{Args, LogFormat},
     cluster::Cluster,
-    logs,
+    digest_cache, logs,
     rules::{RuleContext, policy::Policy},
     server::{self, Settings},
 };
@@ -45,14 +41,13 @@ async fn main() -> Result<()> {
         .await
         .context("starting the cluster watches")?;
     let resolver = Resolver::new(args.registry.resolver_config()).context("building the registry client")?;
-    let entries = cluster_store::api(client.clone(), &args.tls.namespace);
-    let sink = ClusterSink::start(entries.clone(), cancel.clone());
-    let cache = Arc::new(DigestCache::new(
-        Arc::new(resolver),
+    let (cache, mut cache_synced) = digest_cache::follow(
+        client.clone(),
+        &args.tls.namespace,
+        resolver,
         args.registry.cache_config(),
-        Some(sink),
-    ));
-    let mut cache_synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
+        cancel.clone(),
+    );
     let policy = match &args.policy_file {
         Some(path) => {
             let text =
