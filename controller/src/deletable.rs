@@ -111,7 +111,13 @@ pub const NAMESPACE_SPACE: Deletable = Deletable {
 };
 
 /// Everything the fast finalizer may delete.
-pub const DELETABLE: &[Deletable] = &[APP_IMAGE, WORKLOAD_IMAGE, NAMESPACE_IMAGE, BUILD_POD, NAMESPACE_SPACE];
+pub const DELETABLE: &[Deletable] = &[
+    APP_IMAGE,
+    WORKLOAD_IMAGE,
+    NAMESPACE_IMAGE,
+    BUILD_POD,
+    NAMESPACE_SPACE,
+];
 
 /// An owner as the finalizer observed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +129,12 @@ pub struct Observed<'a> {
 /// Whether `rule` permits deleting `child`, given the observed `owners` of the rule's owner kind
 /// (an owner the child references but that is not among them is gone) and whether the child's
 /// namespace is being deleted.
-pub fn permits(rule: &Deletable, child: &ObjectMeta, owners: &[Observed<'_>], namespace_terminating: bool) -> bool {
+pub fn permits(
+    rule: &Deletable,
+    child: &ObjectMeta,
+    owners: &[Observed<'_>],
+    namespace_terminating: bool,
+) -> bool {
     match rule.condition {
         Condition::NamespaceTerminating => namespace_terminating,
         Condition::OwnerTerminating {
@@ -256,7 +267,12 @@ mod tests {
         // bw-2 is gone: only bw-1 is observed.
         assert!(permits(&WORKLOAD_IMAGE, &image, &observed(true)[..1], false));
         // None of the observed workloads owns it.
-        assert!(!permits(&WORKLOAD_IMAGE, &ObjectMeta::default(), &observed(true), false));
+        assert!(!permits(
+            &WORKLOAD_IMAGE,
+            &ObjectMeta::default(),
+            &observed(true),
+            false
+        ));
     }
 
     #[test]

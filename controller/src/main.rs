@@ -33,6 +33,11 @@ struct Args {
     /// before the refresher deletes it.
     #[arg(long, env = "HOLDFAST_CACHE_GC_GRACE_SECONDS", default_value_t = 3600)]
     cache_gc_grace_seconds: u64,
+    /// When an org namespace starts deleting, delete the Korifi CFSpaces in it at once instead of
+    /// at the namespace controller's first pass (5 s later). Needs the `delete cfspaces` RBAC of
+    /// components/fast-org-deletion.
+    #[arg(long, env = "HOLDFAST_DELETE_ORG_SPACES", default_value_t = false, action = clap::ArgAction::Set)]
+    delete_org_spaces: bool,
     /// Secret in holdfast's namespace with the credentials for the mirror (--mirror-registry):
     /// kubernetes.io/dockerconfigjson, or username/password. Without one the mirror is used
     /// anonymously.
@@ -103,6 +108,9 @@ async fn main() -> Result<()> {
         renew_every: Duration::from_secs(5),
         read_secrets: args.read_secrets,
         cache_gc_grace: Duration::from_secs(args.cache_gc_grace_seconds),
+        finalizer: holdfast_controller::finalizer::Options {
+            delete_org_spaces: args.delete_org_spaces,
+        },
         resolver: args.registry.resolver_config(),
         cache: args.registry.cache_config(),
     };

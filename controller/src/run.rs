@@ -34,6 +34,8 @@ pub struct Settings {
     pub read_secrets: bool,
     /// How long a digest cache entry no object names is kept before it is deleted.
     pub cache_gc_grace: Duration,
+    /// The fast finalizer's opt-in deletions.
+    pub finalizer: crate::finalizer::Options,
     pub resolver: ResolverConfig,
     pub cache: CacheConfig,
 }
@@ -79,7 +81,7 @@ pub async fn run_with_mirror(
     let pinner = Arc::new(pinner);
 
     let (interval, namespace, work_client) = (settings.refresh, settings.namespace.clone(), client.clone());
-    let gc_grace = settings.cache_gc_grace;
+    let (gc_grace, finalizer_options) = (settings.cache_gc_grace, settings.finalizer);
     // Everything that writes runs only on the leader.
     let work = move |leading: CancellationToken| async move {
         let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
@@ -108,7 +110,7 @@ pub async fn run_with_mirror(
             }
         };
         let pinning = crate::pinning::run(work_client.clone(), namespace, pinner, rounds, leading.clone());
-        let finalizer = crate::finalizer::run(work_client, leading);
+        let finalizer = crate::finalizer::run(work_client, finalizer_options, leading);
         tokio::join!(refresher, pinning, finalizer, copies);
     };
     let election = Election {

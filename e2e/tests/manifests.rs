@@ -1704,3 +1704,58 @@ fn an_open_admin_port_is_caught() -> Result<()> {
     expect_caught("admin port open", check_network(&objects), "admin port");
     Ok(())
 }
+
+/// `(group, resource)` of every `delete` the controller's roles grant on others' objects (its
+/// own digest cache, `holdfast.dev`, aside).
+fn controller_deletes(objects: &[Value]) -> BTreeSet<(String, String)> {
+    rbac_from_manifests(objects)
+        .into_iter()
+        .filter(|(role, group, _, _, verbs)| {
+            role.split_whitespace()
+                .nth(1)
+                .is_some_and(|name| name.starts_with("holdfast-controller"))
+                && group != "holdfast.dev"
+                && verbs.contains("delete")
+        })
+        .flat_map(|(_, group, resources, _, _)| resources.into_iter().map(move |r| (group.clone(), r)))
+        .collect()
+}
+
+/// `(group, resource)` of the fast finalizer's table, opt-in ones or the others.
+fn deletable(opt_in: bool) -> BTreeSet<(String, String)> {
+    holdfast_controller::deletable::DELETABLE
+        .iter()
+        .filter(|d| d.opt_in.is_some() == opt_in)
+        .map(|d| (d.group.to_owned(), d.resource.to_owned()))
+        .collect()
+}
+
+/// The controller may delete exactly what `controller/src/deletable.rs` lists: the base grants
+/// the always-on kinds, `components/fast-org-deletion` the opt-in ones (and sets their flag).
+#[test]
+fn the_controllers_delete_rules_are_the_fast_finalizers_table() -> Result<()> {
+    ensure!(
+        controller_deletes(&base()?) == deletable(false),
+        "base: the controller's delete rules {:?} are not the table's {:?}",
+        controller_deletes(&base()?),
+        deletable(false)
+    );
+    let component = load_kustomization(&manifests().join("components/fast-org-deletion"))?;
+    ensure!(
+        controller_deletes(&component) == deletable(true),
+        "components/fast-org-deletion: {:?} are not the table's opt-in kinds {:?}",
+        controller_deletes(&component),
+        deletable(true)
+    );
+    let kustomization = read(&manifests().join("components/fast-org-deletion/kustomization.yaml"))?;
+    for flag in holdfast_controller::deletable::DELETABLE
+        .iter()
+        .filter_map(|d| d.opt_in)
+    {
+        ensure!(
+            kustomization.contains(&format!("{flag}=true")),
+            "components/fast-org-deletion does not set {flag}"
+        );
+    }
+    Ok(())
+}

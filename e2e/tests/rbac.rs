@@ -343,6 +343,7 @@ impl Holdfast {
             renew_every: Duration::from_secs(1),
             read_secrets: true,
             cache_gc_grace: Duration::from_secs(3600),
+            finalizer: Default::default(),
             resolver: ResolverConfig {
                 insecure_registries: [env.registry().to_string()].into(),
                 ..Default::default()
