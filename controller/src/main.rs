@@ -106,6 +106,7 @@ async fn main() -> Result<()> {
         identity: args.identity,
         lease_duration: Duration::from_secs(15),
         renew_every: Duration::from_secs(5),
+        renew_deadline: Duration::from_secs(10),
         read_secrets: args.read_secrets,
         cache_gc_grace: Duration::from_secs(args.cache_gc_grace_seconds),
         finalizer: holdfast_controller::finalizer::Options {

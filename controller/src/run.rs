@@ -30,6 +30,8 @@ pub struct Settings {
     pub identity: String,
     pub lease_duration: Duration,
     pub renew_every: Duration,
+    /// The leader stops when no renewal succeeded for this long (under `lease_duration`).
+    pub renew_deadline: Duration,
     /// Read the Secret an object's `secretRef` names.
     pub read_secrets: bool,
     /// How long a digest cache entry no object names is kept before it is deleted.
@@ -119,6 +121,7 @@ pub async fn run_with_mirror(
         identity: settings.identity,
         duration: settings.lease_duration,
         renew_every: settings.renew_every,
+        renew_deadline: settings.renew_deadline,
     };
     election.lead(client, cancel, work).await?;
     Ok(())

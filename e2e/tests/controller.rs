@@ -134,6 +134,7 @@ async fn one_replica_leads_and_a_standby_takes_over(env: Arc<Env>) -> Result<()>
         identity: identity.into(),
         duration: Duration::from_secs(15),
         renew_every: Duration::from_millis(200),
+        renew_deadline: Duration::from_secs(10),
     };
     let (a_cancel, b_cancel) = (CancellationToken::new(), CancellationToken::new());
     let (a_leads, mut a_led) = tokio::sync::watch::channel(false);
