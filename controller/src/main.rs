@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use clap::Parser;
 use holdfast_controller::{mirror::MirrorSettings, run::Settings};
-use holdfast_pins::args::RegistryArgs;
+use holdfast_pins::{args::RegistryArgs, logs::LogFormat};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
@@ -57,6 +57,9 @@ struct Args {
     /// mirror before the controller deletes it (the mirror must allow deletes).
     #[arg(long, env = "HOLDFAST_MIRROR_RETENTION_SECONDS", default_value_t = 86_400)]
     mirror_retention_seconds: u64,
+    /// Log lines: plain text, or one JSON object per line (as the webhook's).
+    #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    log_format: LogFormat,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -67,12 +70,7 @@ async fn main() -> Result<()> {
         .install_default()
         .map_err(|_| anyhow!("a rustls crypto provider was already installed"))?;
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
+    holdfast_pins::logs::init(args.log_format);
     let mut terminate = signal(SignalKind::terminate())?;
     let cancel = CancellationToken::new();
     let client = kube::Client::try_default()

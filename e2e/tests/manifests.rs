@@ -674,8 +674,26 @@ fn check_availability(objects: &[Value]) -> Vec<String> {
     if at(webhook, "spec.template.spec.affinity.podAntiAffinity").is_none() {
         problems.push("holdfast-webhook has no podAntiAffinity".into());
     }
-    let labels = at(webhook, "spec.template.metadata.labels");
-    let protected = of_kind(objects, "PodDisruptionBudget").iter().any(|pdb| {
+    if !disruption_budgeted(objects, webhook) {
+        problems.push("no PodDisruptionBudget with minAvailable >= 1 selects holdfast-webhook".into());
+    }
+    match find(objects, "Deployment", "holdfast-controller") {
+        Ok(controller) => {
+            problems.extend(check_controller_election(objects, controller));
+            if !disruption_budgeted(objects, controller) {
+                problems
+                    .push("no PodDisruptionBudget with minAvailable >= 1 selects holdfast-controller".into());
+            }
+        }
+        Err(e) => problems.push(e.to_string()),
+    }
+    problems
+}
+
+/// Whether a PodDisruptionBudget with `minAvailable` >= 1 selects `deployment`'s pods.
+fn disruption_budgeted(objects: &[Value], deployment: &Value) -> bool {
+    let labels = at(deployment, "spec.template.metadata.labels");
+    of_kind(objects, "PodDisruptionBudget").iter().any(|pdb| {
         at(pdb, "spec.minAvailable").and_then(Value::as_i64).unwrap_or(0) >= 1
             && at(pdb, "spec.selector.matchLabels")
                 .and_then(Value::as_mapping)
@@ -684,15 +702,7 @@ fn check_availability(objects: &[Value]) -> Vec<String> {
                         .iter()
                         .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
                 })
-    });
-    if !protected {
-        problems.push("no PodDisruptionBudget with minAvailable >= 1 selects holdfast-webhook".into());
-    }
-    match find(objects, "Deployment", "holdfast-controller") {
-        Ok(controller) => problems.extend(check_controller_election(objects, controller)),
-        Err(e) => problems.push(e.to_string()),
-    }
-    problems
+    })
 }
 
 /// The verbs on `coordination.k8s.io` leases that the roles bound to `account` grant on the
@@ -1756,6 +1766,73 @@ fn the_controllers_delete_rules_are_the_fast_finalizers_table() -> Result<()> {
             kustomization.contains(&format!("{flag}=true")),
             "components/fast-org-deletion does not set {flag}"
         );
+    }
+    Ok(())
+}
+
+/// Issue 15, item 6: the component issued a self-signed leaf with `rotationPolicy: Always`, so
+/// the trust anchor in the caBundle changed on every renewal. The certificate the webhook
+/// configurations inject from must come from a CA Issuer whose CA a self-signed bootstrap
+/// Issuer signed.
+#[test]
+fn cert_manager_issues_the_leaf_from_a_ca_issuer_chain() -> Result<()> {
+    let objects = load_kustomization(&manifests().join("components/cert-manager"))?;
+    let issuer = |name: &str| -> Result<&Value> { find(&objects, "Issuer", name) };
+    let injected = read(&manifests().join("components/cert-manager/kustomization.yaml"))?;
+    let from = "cert-manager.io/inject-ca-from: holdfast-system/";
+    let leaf_name = injected
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(from))
+        .context("the webhook configurations inject no CA")?;
+    let leaf = find(&objects, "Certificate", leaf_name)?;
+    ensure!(
+        at(leaf, "spec.isCA") != Some(&Value::Bool(true)),
+        "the leaf is a CA"
+    );
+    let ca_issuer = issuer(text(leaf, "spec.issuerRef.name"))?;
+    let ca_secret = text(ca_issuer, "spec.ca.secretName");
+    ensure!(!ca_secret.is_empty(), "the leaf's Issuer is not a CA Issuer");
+    let ca = of_kind(&objects, "Certificate")
+        .into_iter()
+        .find(|c| text(c, "spec.secretName") == ca_secret)
+        .context("no Certificate makes the CA Issuer's Secret")?;
+    ensure!(
+        at(ca, "spec.isCA") == Some(&Value::Bool(true)),
+        "the CA Certificate is not a CA"
+    );
+    let bootstrap = issuer(text(ca, "spec.issuerRef.name"))?;
+    ensure!(
+        at(bootstrap, "spec.selfSigned").is_some(),
+        "the CA is not issued by a self-signed bootstrap Issuer"
+    );
+    Ok(())
+}
+
+/// `components/restrict-egress` selects both Deployments' pods and allows what they call: DNS,
+/// the API server and registries (HTTPS).
+#[test]
+fn the_egress_component_allows_dns_the_api_server_and_registries() -> Result<()> {
+    let objects = load_kustomization(&manifests().join("components/restrict-egress"))?;
+    let policy = find(&objects, "NetworkPolicy", "holdfast-egress")?;
+    ensure!(
+        strings(at(policy, "spec.policyTypes")) == ["Egress"],
+        "not an egress policy"
+    );
+    let selector = at(policy, "spec.podSelector.matchLabels").context("no podSelector")?;
+    for deployment in of_kind(&base()?, "Deployment") {
+        let labels = at(deployment, "spec.template.metadata.labels");
+        let selected = selector
+            .as_mapping()
+            .is_some_and(|m| m.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v)));
+        ensure!(selected, "{} is not selected", id(deployment));
+    }
+    let ports: BTreeSet<i64> = items(policy, "spec.egress")
+        .iter()
+        .flat_map(|rule| items(rule, "ports"))
+        .filter_map(|p| at(p, "port").and_then(Value::as_i64))
+        .collect();
+    for port in [53, 443, 6443] {
+        ensure!(ports.contains(&port), "egress to port {port} is not allowed");
     }
     Ok(())
 }

@@ -11,8 +11,10 @@ pub mod cluster;
 pub mod decision;
 pub mod digest_cache;
 pub mod handler;
-pub mod logs;
 pub mod metrics;
 pub mod review;
 pub mod rules;
 pub mod server;
+
+/// The log lines (shared with the controller).
+pub use holdfast_pins::logs;
