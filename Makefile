@@ -3,7 +3,7 @@ SHELL := /bin/bash
 STATE := .holdfast
 CARGO ?= cargo
 
-.PHONY: deps build up down demo test lint fmt bench-admission bench-deletion bench-pinning bench-mirror
+.PHONY: deps build up down demo test lint fmt fuzz-smoke bench-admission bench-deletion bench-pinning bench-mirror
 
 ## deps: install the registry, skopeo, shellcheck; build and cache Kubernetes 1.37, etcd, kwok and the peers from their Go modules
 deps:
@@ -27,14 +27,21 @@ demo: up
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	shellcheck e2e/kind/*.sh
+	shellcheck e2e/kind/*.sh scripts/fuzz.sh
 
 fmt:
 	$(CARGO) fmt --all
 
-## test: formatting, lints, and every test (unit, in-process and e2e on the local control plane)
-test: deps lint
+## test: formatting, lints, every test (unit, in-process and e2e on the local control plane), and
+## a few seconds of every fuzz target
+test: deps lint fuzz-smoke
 	$(CARGO) test --workspace
+
+## fuzz-smoke: every fuzz target (fuzz/) for FUZZ_SECONDS (5) from its committed corpus; installs
+## cargo-fuzz from crates.io once if missing. Long runs: scripts/fuzz.sh run TARGET SECONDS
+FUZZ_SECONDS ?= 5
+fuzz-smoke:
+	@scripts/fuzz.sh smoke $(FUZZ_SECONDS)
 
 ## bench-admission: holdfast vs a bare axum+rustls handler over TLS; last line ratio=… p99_ms=… rss_mib=…
 bench-admission:

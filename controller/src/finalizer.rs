@@ -5,11 +5,15 @@
 //!   deleted: delete the app's kpack Image (background propagation), so kpack has nothing left
 //!   to build for and the garbage collector takes its Builds and pods.
 //! - A kpack Build being deleted: delete its build pods with grace period 0.
-//! - A namespace being deleted: also delete the Korifi CFSpaces in it (an org namespace), which
-//!   the namespace controller would delete only on its first pass, 5 s later.
+//! - A namespace being deleted, with `--delete-org-spaces`: also delete the Korifi CFSpaces in it
+//!   (an org namespace), which the namespace controller would delete only on its first pass, 5 s
+//!   later.
 //!
-//! holdfast adds no finalizer and removes nobody's: if it is down, deletion still completes
-//! (only slower). Objects that are not being deleted are not touched.
+//! Every deletion is one of [`crate::deletable::DELETABLE`] and checked with
+//! [`crate::deletable::permits`]: a child goes for an owner only when its ownerReference names
+//! that owner's uid, never because of its name or labels. holdfast adds no finalizer and removes
+//! nobody's: if it is down, deletion still completes (only slower). Objects that are not being
+//! deleted are not touched.
 
 use std::{sync::Arc, time::Duration};
 
@@ -23,8 +27,11 @@ use kube::{
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::deletable::{
+    self, APP_IMAGE, BUILD_POD, Deletable, NAMESPACE_IMAGE, NAMESPACE_SPACE, Observed, WORKLOAD_IMAGE,
+};
+
 pub const APP_GUID_LABEL: &str = "korifi.cloudfoundry.org/app-guid";
-pub const BUILD_POD_LABEL: &str = "kpack.io/build";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -32,10 +39,18 @@ pub enum Error {
     Kube(#[from] kube::Error),
 }
 
+/// The fast finalizer's opt-in deletions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Options {
+    /// `--delete-org-spaces`: delete the CFSpaces of a terminating org namespace at once.
+    pub delete_org_spaces: bool,
+}
+
 struct Ctx {
     client: Client,
     image: ApiResource,
     build_workload: Option<ApiResource>,
+    /// Only with [`Options::delete_org_spaces`].
     cf_space: Option<ApiResource>,
 }
 
@@ -50,14 +65,18 @@ async fn found(client: &Client, group: &str, version: &str, kind: &str) -> Optio
 }
 
 /// Runs the finalizer's controllers until `cancel`. Without kpack there is nothing to do.
-pub async fn run(client: Client, cancel: CancellationToken) {
+pub async fn run(client: Client, options: Options, cancel: CancellationToken) {
     let Some(image) = found(&client, "kpack.io", "v1alpha2", "Image").await else {
         return;
     };
     let build = found(&client, "kpack.io", "v1alpha2", "Build").await;
     let cfapp = found(&client, "korifi.cloudfoundry.org", "v1alpha1", "CFApp").await;
     let build_workload = found(&client, "korifi.cloudfoundry.org", "v1alpha1", "BuildWorkload").await;
-    let cf_space = found(&client, "korifi.cloudfoundry.org", "v1alpha1", "CFSpace").await;
+    let cf_space = if options.delete_org_spaces {
+        found(&client, "korifi.cloudfoundry.org", "v1alpha1", "CFSpace").await
+    } else {
+        None
+    };
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         image,
@@ -105,31 +124,57 @@ fn deleting<K: Resource>(object: &K) -> bool {
     object.meta().deletion_timestamp.is_some()
 }
 
-/// Deletes the kpack Image `name` in `namespace` (background), unless it is gone or going.
-async fn delete_image(ctx: &Ctx, namespace: &str, name: &str, because: &str) -> Result<(), Error> {
+/// Deletes the kpack Image `name` in `namespace` (background), unless it is gone or going, or
+/// `rule` does not permit it for the observed `owners`.
+async fn delete_image(
+    ctx: &Ctx,
+    rule: &Deletable,
+    owners: &[Observed<'_>],
+    namespace: &str,
+    name: &str,
+    because: &str,
+) -> Result<(), Error> {
     let images: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, &ctx.image);
-    match images.get_opt(name).await? {
-        Some(image) if !deleting(&image) => {
-            let params = DeleteParams {
-                propagation_policy: Some(PropagationPolicy::Background),
-                ..Default::default()
-            };
-            match images.delete(name, &params).await {
-                Ok(_) => tracing::info!(%namespace, image = name, because, "deleted the kpack Image"),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        _ => {}
+    let Some(image) = images.get_opt(name).await? else {
+        return Ok(());
+    };
+    if deleting(&image) {
+        return Ok(());
+    }
+    let namespace_terminating = rule.condition == deletable::Condition::NamespaceTerminating;
+    if !deletable::permits(rule, &image.metadata, owners, namespace_terminating) {
+        tracing::info!(%namespace, image = name, because, "not deleting the kpack Image: no ownerReference names the owner being deleted");
+        return Ok(());
+    }
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..Default::default()
+    };
+    match images.delete(name, &params).await {
+        Ok(_) => tracing::info!(%namespace, image = name, because, "deleted the kpack Image"),
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e.into()),
     }
     Ok(())
 }
 
 fn app_deleting(app: Arc<DynamicObject>, ctx: Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>> {
     Box::pin(async move {
-        if let (true, Some(namespace)) = (deleting(app.as_ref()), app.namespace()) {
+        if let (true, Some(namespace), Some(uid)) = (deleting(app.as_ref()), app.namespace(), app.uid()) {
+            let owner = [Observed {
+                uid: &uid,
+                terminating: true,
+            }];
             // Korifi: one Image per app, named after the app GUID (korifi-kpack.md §1.1).
-            delete_image(&ctx, &namespace, &app.name_any(), "its CFApp is being deleted").await?;
+            delete_image(
+                &ctx,
+                &APP_IMAGE,
+                &owner,
+                &namespace,
+                &app.name_any(),
+                "its CFApp is being deleted",
+            )
+            .await?;
         }
         Ok(Action::await_change())
     })
@@ -156,8 +201,22 @@ fn build_workload_deleting(
             .await?;
         // Only the app's last BuildWorkload: the Image is shared by all of them.
         if others.items.iter().all(deleting) {
+            let uids: Vec<(String, bool)> = others
+                .items
+                .iter()
+                .filter_map(|w| Some((w.uid()?, deleting(w))))
+                .collect();
+            let owners: Vec<Observed<'_>> = uids
+                .iter()
+                .map(|(uid, terminating)| Observed {
+                    uid,
+                    terminating: *terminating,
+                })
+                .collect();
             delete_image(
                 &ctx,
+                &WORKLOAD_IMAGE,
+                &owners,
                 &namespace,
                 &app,
                 "the app's last BuildWorkload is being deleted",
@@ -170,24 +229,35 @@ fn build_workload_deleting(
 
 fn build_deleting(build: Arc<DynamicObject>, ctx: Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>> {
     Box::pin(async move {
-        let (true, Some(namespace)) = (deleting(build.as_ref()), build.namespace()) else {
+        let (true, Some(namespace), Some(uid)) = (deleting(build.as_ref()), build.namespace(), build.uid())
+        else {
             return Ok(Action::await_change());
         };
+        let owner = [Observed {
+            uid: &uid,
+            terminating: true,
+        }];
         let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-        let selector = format!("{BUILD_POD_LABEL}={}", build.name_any());
+        let label = BUILD_POD.label.unwrap_or_default();
+        let selector = format!("{label}={}", build.name_any());
         let now = DeleteParams {
-            grace_period_seconds: Some(0),
+            grace_period_seconds: BUILD_POD.grace_period_seconds.map(|s| s as u32),
             ..Default::default()
         };
         for pod in pods.list(&ListParams::default().labels(&selector)).await?.items {
-            if !deleting(&pod) {
-                match pods.delete(&pod.name_any(), &now).await {
-                    Ok(_) => {
-                        tracing::info!(%namespace, pod = %pod.name_any(), "deleted the build pod of a terminating Build")
-                    }
-                    Err(kube::Error::Api(e)) if e.code == 404 => {}
-                    Err(e) => return Err(e.into()),
+            if deleting(&pod) {
+                continue;
+            }
+            if !deletable::permits(&BUILD_POD, &pod.metadata, &owner, false) {
+                tracing::info!(%namespace, pod = %pod.name_any(), build = %build.name_any(), "not deleting a pod labelled for a terminating Build: the Build is not its controller");
+                continue;
+            }
+            match pods.delete(&pod.name_any(), &now).await {
+                Ok(_) => {
+                    tracing::info!(%namespace, pod = %pod.name_any(), "deleted the build pod of a terminating Build")
                 }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(Action::await_change())
@@ -201,6 +271,8 @@ async fn namespace_deleting(namespace: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<
         for image in images.list(&ListParams::default()).await?.items {
             delete_image(
                 &ctx,
+                &NAMESPACE_IMAGE,
+                &[],
                 &namespace.name_any(),
                 &image.name_any(),
                 "its namespace is being deleted",
@@ -214,14 +286,14 @@ async fn namespace_deleting(namespace: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<
     Ok(Action::await_change())
 }
 
-/// Deletes the CFSpaces of a terminating (org) namespace. The namespace controller would delete
-/// them on its first pass, which comes 5 s after the namespace started terminating (its grace
-/// period); deleting them now starts the spaces' own finalizers (their apps, then their
-/// namespaces) that much earlier. A plain delete, as the namespace controller's.
+/// Deletes the CFSpaces of a terminating (org) namespace (opt-in). The namespace controller
+/// would delete them on its first pass, which comes 5 s after the namespace started terminating
+/// (its grace period); deleting them now starts the spaces' own finalizers (their apps, then
+/// their namespaces) that much earlier. A plain delete, as the namespace controller's.
 async fn delete_spaces(ctx: &Ctx, namespace: &str, resource: &ApiResource) -> Result<(), Error> {
     let spaces: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, resource);
     for space in spaces.list(&ListParams::default()).await?.items {
-        if deleting(&space) {
+        if deleting(&space) || !deletable::permits(&NAMESPACE_SPACE, &space.metadata, &[], true) {
             continue;
         }
         match spaces.delete(&space.name_any(), &DeleteParams::default()).await {

@@ -1,15 +1,23 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, so the controller can run with several
-//! replicas and only one reconciles. A candidate takes the Lease when it is free or expired; the
-//! leader renews it and stops its work at once if a renewal fails (like controller-runtime, it
-//! then exits and restarts as a candidate), and releases it on shutdown so a standby takes over
-//! without waiting for the expiry.
+//! replicas and only one reconciles. Timing follows client-go's leaderelection, not the Lease's
+//! timestamps: a candidate measures a holder's lease from when *it* last saw the Lease's record
+//! change (observed time, local monotonic clock), so clock skew between replicas cannot make two
+//! leaders; the leader gives every renewal a deadline (`renew_deadline` after the start of its
+//! last successful one, well inside the lease) and stops its work the moment that passes, even
+//! while a renewal request hangs. A lost leader then exits and restarts as a candidate; on
+//! shutdown it releases the Lease so a standby takes over without waiting for the expiry.
+//!
+//! Why not a crate: `kube-leader-election` 0.44 needs kube 4 (holdfast is on kube 5);
+//! `kube-lease-manager` 0.13 supports kube 5 but computes expiry as the Lease's `renewTime` plus
+//! its duration against the local wall clock (the skew this module avoids), renews without a
+//! deadline, and needs `patch` on Leases. The timing below is pure functions, unit-tested.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::MicroTime,
-    jiff::{SignedDuration, Timestamp},
+    jiff::Timestamp,
 };
 use kube::{
     Api, Client,
@@ -25,8 +33,10 @@ pub struct Election {
     pub identity: String,
     /// How long a lease lasts without renewal.
     pub duration: Duration,
-    /// How often the leader renews (well under `duration`).
+    /// How often the leader renews, and a candidate looks (well under `duration`).
     pub renew_every: Duration,
+    /// The leader stops leading when no renewal succeeded for this long (under `duration`).
+    pub renew_deadline: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +45,77 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("lost the lease {0} to another replica or could not renew it in time")]
     Lost(String),
+}
+
+/// What a Lease says about who holds it. Two reads with the same record mean nobody renewed
+/// in between.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub holder: Option<String>,
+    pub renew_time: Option<Timestamp>,
+    pub acquire_time: Option<Timestamp>,
+    pub transitions: i32,
+    pub duration: Option<Duration>,
+}
+
+impl Record {
+    fn of(spec: &LeaseSpec) -> Self {
+        Self {
+            holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
+            renew_time: spec.renew_time.as_ref().map(|t| t.0),
+            acquire_time: spec.acquire_time.as_ref().map(|t| t.0),
+            transitions: spec.lease_transitions.unwrap_or(0),
+            duration: spec
+                .lease_duration_seconds
+                .and_then(|s| u64::try_from(s).ok())
+                .map(Duration::from_secs),
+        }
+    }
+}
+
+/// A record, and when this replica first saw it (its clock, not the Lease's timestamps).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    pub record: Record,
+    pub since: Instant,
+}
+
+/// The observation after reading `record` at `now`: the same record keeps the time it was first
+/// seen; any change (a renewal) starts the holder's lease again from `now`.
+pub fn observe(previous: Option<Observation>, record: Record, now: Instant) -> Observation {
+    match previous {
+        Some(previous) if previous.record == record => previous,
+        _ => Observation { record, since: now },
+    }
+}
+
+/// Whether `identity` may write the Lease at `now`: it is free, ours, or its holder has not
+/// renewed for the lease's duration as this replica observed it (`fallback` when the record
+/// names none).
+pub fn may_take(observed: &Observation, identity: &str, fallback: Duration, now: Instant) -> bool {
+    match &observed.record.holder {
+        None => true,
+        Some(holder) if holder == identity => true,
+        Some(_) => {
+            let duration = observed
+                .record
+                .duration
+                .filter(|d| !d.is_zero())
+                .unwrap_or(fallback);
+            now.saturating_duration_since(observed.since) >= duration
+        }
+    }
+}
+
+/// The instant leadership ends unless a renewal succeeds first: `renew_deadline` after the
+/// start of the last successful write (a candidate's lease clock starts no earlier than that).
+pub fn leading_until(last_success_started: Instant, renew_deadline: Duration) -> Instant {
+    last_success_started + renew_deadline
+}
+
+/// How long a write started at `now` may take: until the deadline, at least nothing.
+pub fn request_budget(deadline: Instant, now: Instant) -> Duration {
+    deadline.saturating_duration_since(now)
 }
 
 impl Election {
@@ -46,30 +127,48 @@ impl Election {
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         let leases: Api<Lease> = Api::namespaced(client, &self.namespace);
-        loop {
+        let mut observed = None;
+        let mut last_success = loop {
             if cancel.is_cancelled() {
                 return Ok(());
             }
-            if self.try_acquire(&leases).await? {
-                break;
+            let started = Instant::now();
+            let attempt = self.try_acquire(&leases, &mut observed, started);
+            // A candidate's write gets the same bound as a renewal.
+            match tokio::time::timeout(self.renew_deadline, attempt).await {
+                Ok(Ok(true)) => break started,
+                Ok(Ok(false)) => {}
+                Ok(Err(error)) => tracing::warn!(%error, "reading or taking the lease failed; retrying"),
+                Err(_) => {
+                    tracing::warn!(deadline = ?self.renew_deadline, "taking the lease timed out; retrying")
+                }
             }
             tokio::select! {
                 _ = cancel.cancelled() => return Ok(()),
                 _ = tokio::time::sleep(self.renew_every) => {}
             }
-        }
+        };
         tracing::info!(lease = %self.lease, identity = %self.identity, "became leader");
         let leading = cancel.child_token();
         let task = tokio::spawn(work(leading.clone()));
         let result = loop {
+            let deadline = leading_until(last_success, self.renew_deadline);
             tokio::select! {
                 _ = cancel.cancelled() => break Ok(()),
+                _ = tokio::time::sleep_until(deadline.into()) => {
+                    tracing::warn!(lease = %self.lease, deadline = ?self.renew_deadline, "no renewal succeeded in time; stopping");
+                    break Err(Error::Lost(self.lease.clone()));
+                }
                 _ = tokio::time::sleep(self.renew_every) => {
-                    match self.try_acquire(&leases).await {
-                        Ok(true) => {}
-                        Ok(false) => break Err(Error::Lost(self.lease.clone())),
-                        Err(error) => {
-                            tracing::warn!(%error, "renewing the lease failed");
+                    let started = Instant::now();
+                    let renewal = self.try_acquire(&leases, &mut observed, started);
+                    // The renewal may not outlive leadership: the deadline bounds it too.
+                    match tokio::time::timeout(request_budget(deadline, started), renewal).await {
+                        Ok(Ok(true)) => last_success = started,
+                        Ok(Ok(false)) => break Err(Error::Lost(self.lease.clone())),
+                        Ok(Err(error)) => tracing::warn!(%error, "renewing the lease failed; retrying until the deadline"),
+                        Err(_) => {
+                            tracing::warn!(lease = %self.lease, "renewing the lease did not finish before the deadline; stopping");
                             break Err(Error::Lost(self.lease.clone()));
                         }
                     }
@@ -84,16 +183,22 @@ impl Election {
         result
     }
 
-    /// Takes or renews the Lease; `false` when another replica holds an unexpired one.
-    async fn try_acquire(&self, leases: &Api<Lease>) -> Result<bool, Error> {
-        let now = Timestamp::now();
+    /// Takes or renews the Lease; `false` when another replica holds an unexpired one (as this
+    /// replica observed it, `observed` updated) or won the write.
+    async fn try_acquire(
+        &self,
+        leases: &Api<Lease>,
+        observed: &mut Option<Observation>,
+        now: Instant,
+    ) -> Result<bool, Error> {
+        let wall = Timestamp::now();
         let Some(mut lease) = leases.get_opt(&self.lease).await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.lease.clone()),
                     ..Default::default()
                 },
-                spec: Some(self.spec(now, now, 0)),
+                spec: Some(self.spec(wall, wall, 0)),
             };
             return match leases.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(true),
@@ -102,21 +207,20 @@ impl Election {
             };
         };
         let spec = lease.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.clone().unwrap_or_default();
-        let renewed = spec.renew_time.as_ref().map_or(Timestamp::MIN, |t| t.0);
-        let duration = SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(0)));
-        let expires = renewed.checked_add(duration).unwrap_or(Timestamp::MAX);
-        let mine = holder == self.identity;
-        if !mine && !holder.is_empty() && expires > now {
+        let current = observe(observed.take(), Record::of(&spec), now);
+        let may = may_take(&current, &self.identity, self.duration, now);
+        let mine = current.record.holder.as_deref() == Some(self.identity.as_str());
+        *observed = Some(current);
+        if !may {
             return Ok(false);
         }
         let acquired = if mine {
-            spec.acquire_time.map(|t| t.0).unwrap_or(now)
+            spec.acquire_time.map(|t| t.0).unwrap_or(wall)
         } else {
-            now
+            wall
         };
         let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!mine);
-        lease.spec = Some(self.spec(acquired, now, transitions));
+        lease.spec = Some(self.spec(acquired, wall, transitions));
         match leases.replace(&self.lease, &PostParams::default(), &lease).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
@@ -126,14 +230,19 @@ impl Election {
 
     /// Hands the Lease back so a standby need not wait for it to expire.
     async fn release(&self, leases: &Api<Lease>) {
-        if let Ok(Some(mut lease)) = leases.get_opt(&self.lease).await
-            && let Some(spec) = lease.spec.as_mut()
-            && spec.holder_identity.as_deref() == Some(self.identity.as_str())
-        {
-            spec.holder_identity = None;
-            spec.renew_time = None;
-            let _ = leases.replace(&self.lease, &PostParams::default(), &lease).await;
-            tracing::info!(lease = %self.lease, "released the lease");
+        let release = async {
+            if let Ok(Some(mut lease)) = leases.get_opt(&self.lease).await
+                && let Some(spec) = lease.spec.as_mut()
+                && spec.holder_identity.as_deref() == Some(self.identity.as_str())
+            {
+                spec.holder_identity = None;
+                spec.renew_time = None;
+                let _ = leases.replace(&self.lease, &PostParams::default(), &lease).await;
+                tracing::info!(lease = %self.lease, "released the lease");
+            }
+        };
+        if tokio::time::timeout(self.renew_deadline, release).await.is_err() {
+            tracing::warn!(lease = %self.lease, "releasing the lease timed out; it expires instead");
         }
     }
 
@@ -146,5 +255,98 @@ impl Election {
             lease_transitions: Some(transitions),
             ..Default::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(15);
+
+    fn held_by(holder: &str, renewed_seconds: i64) -> Record {
+        Record {
+            holder: Some(holder.into()),
+            renew_time: Some(Timestamp::from_second(renewed_seconds).unwrap()),
+            acquire_time: Some(Timestamp::from_second(0).unwrap()),
+            transitions: 1,
+            duration: Some(LEASE),
+        }
+    }
+
+    /// Issue 15, item 4: expiry compared the Lease's renewTime with the local clock, so a
+    /// candidate whose clock ran ahead (or a holder whose clock ran behind) took a Lease that
+    /// was being renewed. A record that keeps changing is never expired, whatever it says.
+    #[test]
+    fn a_lease_renewed_with_a_skewed_clock_is_not_taken() {
+        let t0 = Instant::now();
+        // renewTime is the epoch (the holder's clock is far behind ours), renewed every 5 s.
+        let mut observed = observe(None, held_by("other", 1), t0);
+        for step in 1..10u32 {
+            let now = t0 + Duration::from_secs(5) * step;
+            observed = observe(Some(observed), held_by("other", 1 + i64::from(step)), now);
+            assert!(!may_take(&observed, "me", LEASE, now), "taken at step {step}");
+        }
+    }
+
+    #[test]
+    fn a_lease_not_renewed_for_its_duration_as_observed_here_is_taken() {
+        let t0 = Instant::now();
+        // renewTime far in the future (the holder's clock is ahead): irrelevant too.
+        let record = held_by("other", 4_000_000_000);
+        let observed = observe(None, record.clone(), t0);
+        let observed = observe(Some(observed), record.clone(), t0 + Duration::from_secs(10));
+        assert_eq!(observed.since, t0, "an unchanged record keeps its first sighting");
+        assert!(!may_take(&observed, "me", LEASE, t0 + Duration::from_secs(14)));
+        assert!(may_take(&observed, "me", LEASE, t0 + LEASE));
+        // A candidate that only just started watching waits a whole lease.
+        let late = observe(None, record, t0 + LEASE);
+        assert!(!may_take(&late, "me", LEASE, t0 + LEASE));
+    }
+
+    #[test]
+    fn a_free_or_own_lease_is_taken_at_once() {
+        let now = Instant::now();
+        let free = Record {
+            holder: None,
+            ..held_by("x", 0)
+        };
+        assert!(may_take(&observe(None, free, now), "me", LEASE, now));
+        assert!(may_take(&observe(None, held_by("me", 0), now), "me", LEASE, now));
+    }
+
+    #[test]
+    fn a_record_without_a_duration_uses_ours() {
+        let t0 = Instant::now();
+        let record = Record {
+            duration: None,
+            ..held_by("other", 0)
+        };
+        let observed = observe(None, record, t0);
+        assert!(!may_take(&observed, "me", Duration::from_secs(30), t0 + LEASE));
+        assert!(may_take(&observed, "me", Duration::from_secs(30), t0 + LEASE * 2));
+    }
+
+    /// The leader stops `renew_deadline` after its last successful renewal started, before any
+    /// candidate (whose clock starts at or after that write) may take the Lease; a renewal
+    /// request never runs past that instant.
+    #[test]
+    fn leadership_ends_at_the_renewal_deadline_before_any_candidate_may_take_over() {
+        let renew_deadline = Duration::from_secs(10);
+        let started = Instant::now();
+        let until = leading_until(started, renew_deadline);
+        assert_eq!(until, started + renew_deadline);
+        // A candidate that saw the write at the earliest possible moment.
+        let candidate = observe(None, held_by("leader", 0), started);
+        assert!(!may_take(&candidate, "candidate", LEASE, until));
+        // A renewal begun 8 s in may take 2 s; one begun at or after the deadline, nothing.
+        assert_eq!(
+            request_budget(until, started + Duration::from_secs(8)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            request_budget(until, until + Duration::from_secs(1)),
+            Duration::ZERO
+        );
     }
 }

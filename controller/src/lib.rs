@@ -5,7 +5,8 @@
 //! - [`refresher`]: asks the registry once per unique tag (the digest cache's keys) on an
 //!   interval, then has every tracked object reconciled from the refreshed cache.
 //! - [`finalizer`]: the fast finalizer: deletes an app's kpack Image as soon as the app (or its
-//!   last BuildWorkload, or its namespace) is being deleted, and the pods of terminating Builds.
+//!   last BuildWorkload, or its namespace) is being deleted, and the pods of terminating Builds;
+//!   [`deletable`] is the one table of what it may delete and when.
 //! - [`mirror`]: copies the content of pinned digests into a cache registry (the mirror),
 //!   records each copy on its cache entry and has objects re-pinned to the copy;
 //!   [`references`] says which copies objects reference, [`retention`] deletes the others
@@ -13,6 +14,7 @@
 //! - [`run`]: all of them on the replica that holds the Lease ([`leader`]), as the binary runs them.
 
 pub mod backoff;
+pub mod deletable;
 pub mod finalizer;
 pub mod leader;
 pub mod mirror;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow};
 use clap::Parser;
 use holdfast_controller::{mirror::MirrorSettings, run::Settings};
-use holdfast_pins::args::RegistryArgs;
+use holdfast_pins::{args::RegistryArgs, logs::LogFormat};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
@@ -29,6 +29,15 @@ struct Args {
     /// while the webhook's callers are not authenticated (SECURITY.md).
     #[arg(long, env = "HOLDFAST_READ_SECRETS", default_value_t = true, action = clap::ArgAction::Set)]
     read_secrets: bool,
+    /// Seconds a digest cache entry that no App, PackageRepository or Package names is kept
+    /// before the refresher deletes it.
+    #[arg(long, env = "HOLDFAST_CACHE_GC_GRACE_SECONDS", default_value_t = 3600)]
+    cache_gc_grace_seconds: u64,
+    /// When an org namespace starts deleting, delete the Korifi CFSpaces in it at once instead of
+    /// at the namespace controller's first pass (5 s later). Needs the `delete cfspaces` RBAC of
+    /// components/fast-org-deletion.
+    #[arg(long, env = "HOLDFAST_DELETE_ORG_SPACES", default_value_t = false, action = clap::ArgAction::Set)]
+    delete_org_spaces: bool,
     /// Secret in holdfast's namespace with the credentials for the mirror (--mirror-registry):
     /// kubernetes.io/dockerconfigjson, or username/password. Without one the mirror is used
     /// anonymously.
@@ -48,6 +57,9 @@ struct Args {
     /// mirror before the controller deletes it (the mirror must allow deletes).
     #[arg(long, env = "HOLDFAST_MIRROR_RETENTION_SECONDS", default_value_t = 86_400)]
     mirror_retention_seconds: u64,
+    /// Log lines: plain text, or one JSON object per line (as the webhook's).
+    #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    log_format: LogFormat,
     #[command(flatten)]
     registry: RegistryArgs,
 }
@@ -58,12 +70,7 @@ async fn main() -> Result<()> {
         .install_default()
         .map_err(|_| anyhow!("a rustls crypto provider was already installed"))?;
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
+    holdfast_pins::logs::init(args.log_format);
     let mut terminate = signal(SignalKind::terminate())?;
     let cancel = CancellationToken::new();
     let client = kube::Client::try_default()
@@ -97,7 +104,12 @@ async fn main() -> Result<()> {
         identity: args.identity,
         lease_duration: Duration::from_secs(15),
         renew_every: Duration::from_secs(5),
+        renew_deadline: Duration::from_secs(10),
         read_secrets: args.read_secrets,
+        cache_gc_grace: Duration::from_secs(args.cache_gc_grace_seconds),
+        finalizer: holdfast_controller::finalizer::Options {
+            delete_org_spaces: args.delete_org_spaces,
+        },
         resolver: args.registry.resolver_config(),
         cache: args.registry.cache_config(),
     };

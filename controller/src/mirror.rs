@@ -44,7 +44,7 @@ use std::{
 use holdfast_pins::{
     MirrorPins, NamespaceSelector, Pinner,
     repin::{Copying, selects},
-    resolve::load_credentials,
+    resolve::{SecretSource, load_credentials},
 };
 use holdfast_registry::{
     Credentials, Reference, Resolver, ResolverConfig,
@@ -115,6 +115,9 @@ pub struct CopyJob {
     pub mirror: MirrorLocation,
     /// Whose credentials read the source: anonymous, or the `secretRef` Secret of the first key.
     pub scope: Scope,
+    /// The uid of that Secret when it resolved the entry: a Secret is read only while it is
+    /// the one the controller resolved with (never for an entry that records none).
+    pub secret_uid: Option<String>,
     pub keys: Vec<CacheKey>,
 }
 
@@ -160,6 +163,7 @@ pub fn wanted(
                 target: location,
                 mirror,
                 scope: entry.key.scope.clone(),
+                secret_uid: entry.secret_uid.clone(),
                 keys: Vec::new(),
             })
             .keys
@@ -288,13 +292,13 @@ pub async fn run(
                     for job in jobs {
                         running.insert(job.target.clone());
                         let copier = copier_into(&current, &job.mirror, &resolver, &config, &copier);
-                        let secrets = client.clone();
+                        let secrets: Arc<dyn SecretSource> = Arc::new(client.clone());
                         copies.spawn(async move {
                             tracing::debug!(source = %job.source, target = %job.target, scope = %job.scope, "mirror: copying");
                             // A tenant's Secret is read only to read the source, only here.
-                            let result = match load_credentials(Some(secrets), job.scope.clone()).await {
+                            let result = match source_credentials(secrets, &job).await {
                                 Ok(credentials) => copier.copy(&job.source, &credentials).await,
-                                Err(error) => Err(CopyError::Credentials(error.to_string())),
+                                Err(error) => Err(CopyError::Credentials(error)),
                             };
                             (job, result)
                         });
@@ -600,13 +604,14 @@ async fn current_copier(
     let credentials = match &settings.secret {
         Some(name) => {
             load_credentials(
-                Some(client.clone()),
+                Some(Arc::new(client.clone())),
                 Scope::Secret {
                     namespace: namespace.to_owned(),
                     name: name.clone(),
                 },
             )
             .await?
+            .credentials
         }
         None => Credentials::anonymous(),
     };
@@ -618,6 +623,27 @@ async fn current_copier(
     let copier = Arc::new(Copier::new(resolver.clone(), config.clone(), credentials.clone()));
     *held = Some((credentials, copier.clone()));
     Ok(copier)
+}
+
+/// The credentials that read `job`'s source: anonymous, or its Secret, only while that Secret
+/// is the one that resolved the entry (same uid; an entry recording none gets no Secret).
+async fn source_credentials(secrets: Arc<dyn SecretSource>, job: &CopyJob) -> Result<Credentials, String> {
+    if matches!(job.scope, Scope::Secret { .. }) && job.secret_uid.is_none() {
+        return Err(format!(
+            "{}: the entry records no Secret uid; not read",
+            job.scope
+        ));
+    }
+    let loaded = load_credentials(Some(secrets), job.scope.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    if loaded.secret_uid != job.secret_uid {
+        return Err(format!(
+            "{}: the Secret was replaced since it resolved the entry; not used",
+            job.scope
+        ));
+    }
+    Ok(loaded.credentials)
 }
 
 #[cfg(test)]
@@ -666,6 +692,7 @@ mod tests {
             resolved_at: now,
             checked_at: now,
             error: None,
+            secret_uid: None,
         }
     }
 

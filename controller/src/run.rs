@@ -30,8 +30,14 @@ pub struct Settings {
     pub identity: String,
     pub lease_duration: Duration,
     pub renew_every: Duration,
+    /// The leader stops when no renewal succeeded for this long (under `lease_duration`).
+    pub renew_deadline: Duration,
     /// Read the Secret an object's `secretRef` names.
     pub read_secrets: bool,
+    /// How long a digest cache entry no object names is kept before it is deleted.
+    pub cache_gc_grace: Duration,
+    /// The fast finalizer's opt-in deletions.
+    pub finalizer: crate::finalizer::Options,
     pub resolver: ResolverConfig,
     pub cache: CacheConfig,
 }
@@ -66,7 +72,9 @@ pub async fn run_with_mirror(
         _ = cancel.cancelled() => return Ok(()),
         _ = synced.wait_for(|s| *s) => {}
     }
-    let secrets = settings.read_secrets.then(|| client.clone());
+    let secrets = settings
+        .read_secrets
+        .then(|| Arc::new(client.clone()) as Arc<dyn holdfast_pins::resolve::SecretSource>);
     let mut pinner =
         Pinner::new(cache.clone(), secrets).with_mirror(mirror.as_ref().map(MirrorSettings::pins));
     if let Some(mirror) = &mirror {
@@ -75,6 +83,7 @@ pub async fn run_with_mirror(
     let pinner = Arc::new(pinner);
 
     let (interval, namespace, work_client) = (settings.refresh, settings.namespace.clone(), client.clone());
+    let (gc_grace, finalizer_options) = (settings.cache_gc_grace, settings.finalizer);
     // Everything that writes runs only on the leader.
     let work = move |leading: CancellationToken| async move {
         let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
@@ -95,11 +104,15 @@ pub async fn run_with_mirror(
             }
         };
         let refresher = {
-            let (pinner, leading) = (pinner.clone(), leading.clone());
-            async move { crate::refresher::run(&pinner, interval, rounds_tx, leading).await }
+            let (client, pinner, leading) = (work_client.clone(), pinner.clone(), leading.clone());
+            async move {
+                let kinds = crate::pinning::installed_kinds(&client).await;
+                let mut refresher = crate::refresher::Refresher::new(client, kinds, gc_grace);
+                crate::refresher::run(&mut refresher, &pinner, interval, rounds_tx, leading).await
+            }
         };
         let pinning = crate::pinning::run(work_client.clone(), namespace, pinner, rounds, leading.clone());
-        let finalizer = crate::finalizer::run(work_client, leading);
+        let finalizer = crate::finalizer::run(work_client, finalizer_options, leading);
         tokio::join!(refresher, pinning, finalizer, copies);
     };
     let election = Election {
@@ -108,6 +121,7 @@ pub async fn run_with_mirror(
         identity: settings.identity,
         duration: settings.lease_duration,
         renew_every: settings.renew_every,
+        renew_deadline: settings.renew_deadline,
     };
     election.lead(client, cancel, work).await?;
     Ok(())

@@ -2,10 +2,10 @@
 //! `holdfast-controller` wires it: a resolver for the test registries, the digest cache persisted
 //! in its own namespace, Secrets read for `secretRef`s; optionally the mirror copier.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use anyhow::Result;
-use holdfast_controller::mirror::MirrorSettings;
+use holdfast_controller::{mirror::MirrorSettings, refresher::Refresher};
 use holdfast_pins::Pinner;
 use holdfast_registry::{
     Resolver, ResolverConfig,
@@ -26,6 +26,7 @@ pub struct LocalController {
     /// Where its digest cache entries live.
     pub namespace: String,
     pub pinner: Arc<Pinner>,
+    refresher: tokio::sync::Mutex<Refresher>,
     rounds: watch::Sender<u64>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
@@ -92,12 +93,15 @@ impl LocalController {
         ));
         let mut synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
         let _ = synced.wait_for(|s| *s).await;
-        let mut pinner =
-            Pinner::new(cache, Some(client.clone())).with_mirror(mirror.as_ref().map(MirrorSettings::pins));
+        let mut pinner = Pinner::new(cache, Some(Arc::new(client.clone())))
+            .with_mirror(mirror.as_ref().map(MirrorSettings::pins));
         if let Some(mirror) = &mirror {
             pinner = pinner.with_copying(Arc::new(mirror.copying()));
         }
         let pinner = Arc::new(pinner);
+        let kinds = holdfast_controller::pinning::installed_kinds(&client).await;
+        // The e2e suites collect nothing behind a test's back: an hour's grace, as deployed.
+        let refresher = Refresher::new(client.clone(), kinds, Duration::from_secs(3600)).into();
         let (rounds, rounds_rx) = watch::channel(0u64);
         let pinning = holdfast_controller::pinning::run(
             client.clone(),
@@ -130,6 +134,7 @@ impl LocalController {
         Ok(Self {
             namespace,
             pinner,
+            refresher,
             rounds,
             cancel,
             task,
@@ -138,10 +143,10 @@ impl LocalController {
 
     /// One refresh round, then every object reconciled from the refreshed cache, as the
     /// controller's refresher does on its interval.
-    pub async fn refresh(&self) -> holdfast_pins::resolve::RefreshReport {
-        let report = holdfast_controller::refresher::round(&self.pinner).await;
+    pub async fn refresh(&self) -> Result<holdfast_pins::resolve::RefreshReport> {
+        let report = self.refresher.lock().await.round(&self.pinner).await?;
         self.rounds.send_modify(|n| *n += 1);
-        report
+        Ok(report.refresh)
     }
 
     pub async fn stop(self) {

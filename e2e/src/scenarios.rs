@@ -188,9 +188,20 @@ pub fn kpack_build(name: &str, image: &DynamicObject) -> Result<String> {
     ))
 }
 
-pub fn build_pod(name: &str, build: &str) -> String {
+/// A build pod of `build` as kpack makes one: labelled with the Build's name, the Build its
+/// controller.
+pub fn build_pod(name: &str, build: &DynamicObject) -> Result<String> {
+    Ok(format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels: {{kpack.io/build: {build_name}}}\n  ownerReferences: [{{apiVersion: kpack.io/v1alpha2, kind: Build, name: {build_name}, uid: {uid}, controller: true}}]\nspec: {{restartPolicy: Never, containers: [{{name: build, image: registry.example/kpack/build-init}}]}}\n",
+        build_name = build.name_any(),
+        uid = build.uid().context("no uid")?,
+    ))
+}
+
+/// A pod anyone could make: labelled `kpack.io/build: <build>`, owned by nothing.
+pub fn labelled_pod(name: &str, build: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{kpack.io/build: {build}}}}}\nspec: {{restartPolicy: Never, securityContext: {{runAsNonRoot: true, runAsUser: 1000, seccompProfile: {{type: RuntimeDefault}}}}, containers: [{{name: build, image: registry.example/kpack/build-init, securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}}}]}}\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, labels: {{kpack.io/build: {build}}}}}\nspec: {{restartPolicy: Never, securityContext: {{runAsNonRoot: true, runAsUser: 1000, seccompProfile: {{type: RuntimeDefault}}}}, containers: [{{name: app, image: registry.example/app, securityContext: {{allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}}}]}}\n"
     )
 }
 
@@ -227,9 +238,7 @@ pub async fn until_refused(client: &Client, namespace: &str, yaml: &str, limit: 
 ///   while the CFApp's finalizer holds it), and the garbage collector then deletes the Image's
 ///   Build;
 /// - the Build is terminating: a new build pod for it is refused (the webhook) and its running
-///   build pod is deleted (the controller);
-/// - an org namespace (`<namespace>-org`) starts deleting: the controller deletes the CFSpace in
-///   it before the namespace controller's first pass could (5 s after).
+///   build pod is deleted (the controller), but not a pod that only carries its label.
 pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
     let app = create(client, namespace, &cfapp("app")).await?;
     let image = create(client, namespace, &kpack_image("app")).await?;
@@ -241,12 +250,8 @@ pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
         "the Image was admitted without an ownerReference to its CFApp: {owners:?}"
     );
     let build = create(client, namespace, &kpack_build("app-build-1", &image)?).await?;
-    let pod = create(
-        client,
-        namespace,
-        &build_pod("app-build-1-e2e-pod", "app-build-1"),
-    )
-    .await?;
+    let pod = create(client, namespace, &build_pod("app-build-1-e2e-pod", &build)?).await?;
+    let decoy = create(client, namespace, &labelled_pod("decoy", "app-build-1")).await?;
 
     let apps = api_for(client, &app, Some(namespace)).await?;
     apps.delete("app", &DeleteParams::default()).await?;
@@ -264,7 +269,7 @@ pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
     let message = until_refused(
         client,
         namespace,
-        &build_pod("app-build-1-e2e-pod-2", "app-build-1"),
+        &build_pod("app-build-1-e2e-pod-2", &build)?,
         Duration::from_secs(10),
     )
     .await?;
@@ -276,11 +281,19 @@ pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
     wait::deleted(&pods, &pod.name_any(), &pod.uid().context("no uid")?)
         .await
         .context("the controller did not delete the build pod of the terminating Build")?;
+    let decoys = api_for(client, &decoy, Some(namespace)).await?;
+    ensure!(
+        decoys
+            .get_opt("decoy")
+            .await?
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_none()),
+        "the controller deleted a pod that the terminating Build does not own (only its label)"
+    );
 
     for object in [&app, &build] {
         release(client, namespace, object).await?;
     }
-    org_namespace_deletion(client, &format!("{namespace}-org")).await
+    Ok(())
 }
 
 pub fn cfspace(name: &str) -> String {
@@ -293,7 +306,10 @@ pub fn cfspace(name: &str) -> String {
 /// deletion (`namespaceDeletionGracePeriod`): a CFSpace deleted sooner was deleted by holdfast.
 const BEFORE_NAMESPACE_CONTROLLER: Duration = Duration::from_secs(4);
 
-async fn org_namespace_deletion(client: &Client, org: &str) -> Result<()> {
+/// An org namespace `org` starts deleting: with `--delete-org-spaces` (`opted_in`) the
+/// controller deletes the CFSpace in it before the namespace controller's first pass could (5 s
+/// after); without it, holdfast leaves the space to the namespace controller.
+pub async fn org_namespace_deletion(client: &Client, org: &str, opted_in: bool) -> Result<()> {
     let namespaces = Api::<Namespace>::all(client.clone());
     let mut namespace = Namespace::default();
     namespace.metadata.name = Some(org.to_string());
@@ -309,7 +325,13 @@ async fn org_namespace_deletion(client: &Client, org: &str) -> Result<()> {
     )
     .await;
     release(client, org, &space).await?;
-    deleted
-        .context("the controller did not delete the CFSpace of the namespace being deleted")?
-        .map(drop)
+    match (opted_in, deleted) {
+        (true, deleted) => deleted
+            .context("the controller did not delete the CFSpace of the namespace being deleted")?
+            .map(drop),
+        (false, Err(_)) => Ok(()),
+        (false, Ok(_)) => anyhow::bail!(
+            "a CFSpace was deleted before the namespace controller's first pass without --delete-org-spaces"
+        ),
+    }
 }

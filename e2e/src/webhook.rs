@@ -12,7 +12,6 @@ use holdfast_pins::{MirrorPins, Pinner};
 use holdfast_registry::{
     Resolver, ResolverConfig,
     cache::{CacheConfig, DigestCache},
-    cluster_store::{self, ClusterSink},
 };
 use holdfast_webhook::{
     cluster::Cluster,
@@ -365,14 +364,13 @@ impl LocalWebhook {
                 .collect(),
             ..Default::default()
         })?;
-        let entries = cluster_store::api(holdfast, &tls_namespace);
-        let sink = ClusterSink::start(entries.clone(), cancel.clone());
-        let cache = Arc::new(DigestCache::new(
-            Arc::new(resolver),
+        let (cache, mut cache_synced) = holdfast_webhook::digest_cache::follow(
+            holdfast,
+            &tls_namespace,
+            resolver,
             registration.cache,
-            Some(sink),
-        ));
-        let mut cache_synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
+            cancel.clone(),
+        );
         let context = RuleContext {
             policy: registration.policy,
             cluster: Arc::new(cluster.clone()),

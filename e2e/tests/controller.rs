@@ -82,7 +82,7 @@ async fn catch_up_and_follow_a_moved_tag(env: Arc<Env>) -> Result<()> {
     let d2 = images::retag(&upstream.addr, "team/app", "1.0.0", &v2).await?;
     let heads = "HEAD /v2/team/app/manifests/1.0.0";
     let before = upstream.requests_matching(heads);
-    let report = controller.refresh().await;
+    let report = controller.refresh().await?;
     let checks = upstream.requests_matching(heads) - before;
     ensure!(
         report.moved == 1 && report.checked == 1,
@@ -134,6 +134,7 @@ async fn one_replica_leads_and_a_standby_takes_over(env: Arc<Env>) -> Result<()>
         identity: identity.into(),
         duration: Duration::from_secs(15),
         renew_every: Duration::from_millis(200),
+        renew_deadline: Duration::from_secs(10),
     };
     let (a_cancel, b_cancel) = (CancellationToken::new(), CancellationToken::new());
     let (a_leads, mut a_led) = tokio::sync::watch::channel(false);

@@ -21,8 +21,33 @@ use tokio_util::sync::CancellationToken;
 
 e2e_main!(
     the_guard_refuses_builds_and_pods_for_terminating_owners,
-    the_fast_finalizer_deletes_the_image_with_the_app
+    the_fast_finalizer_deletes_the_image_with_the_app,
+    the_fast_finalizer_spares_an_image_that_only_shares_the_apps_name,
+    org_spaces_are_deleted_at_once_only_when_opted_in
 );
+
+/// The finalizer as `holdfast-controller` runs it, with `options`, until the token is cancelled.
+fn finalizer(
+    client: kube::Client,
+    options: holdfast_controller::finalizer::Options,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(holdfast_controller::finalizer::run(
+        client,
+        options,
+        cancel.clone(),
+    ));
+    (cancel, task)
+}
+
+/// A kpack Image named after `app` with an ownerReference to it, as stamp-owners admits it.
+fn owned_image(app: &DynamicObject) -> Result<String> {
+    Ok(format!(
+        "apiVersion: kpack.io/v1alpha2\nkind: Image\nmetadata:\n  name: {name}\n  ownerReferences: [{{apiVersion: korifi.cloudfoundry.org/v1alpha1, kind: CFApp, name: {name}, uid: {uid}}}]\nspec: {{tag: registry.example/{name}-droplets}}\n",
+        name = app.name_any(),
+        uid = app.uid().context("no uid")?,
+    ))
+}
 
 fn image(name: &str) -> String {
     format!(
@@ -78,7 +103,7 @@ async fn the_guard_refuses_builds_and_pods_for_terminating_owners(env: Arc<Env>)
     let app = create(&env, &ns, &cfapp("app-a")).await?;
     let img = create(&env, &ns, &image("app-a")).await?;
     let live_build = create(&env, &ns, &build("app-a-build-1", &img)?).await?;
-    let live_pod = create(&env, &ns, &pod("app-a-build-1-build-pod", "app-a-build-1")).await?;
+    let live_pod = create(&env, &ns, &pod("app-a-build-1-build-pod", &live_build)?).await?;
 
     // The app is deleted: no new Build for its Image.
     start_deleting(&env, &ns, &app).await?;
@@ -91,8 +116,8 @@ async fn the_guard_refuses_builds_and_pods_for_terminating_owners(env: Arc<Env>)
 
     // The Build is deleted: no new pod for it.
     start_deleting(&env, &ns, &live_build).await?;
-    until_refused(&env, &ns, &pod("app-a-build-1-build-pod-2", "app-a-build-1")).await?;
-    let message = denied(create(&env, &ns, &pod("app-a-build-1-build-pod-2", "app-a-build-1")).await)?;
+    until_refused(&env, &ns, &pod("app-a-build-1-build-pod-2", &live_build)?).await?;
+    let message = denied(create(&env, &ns, &pod("app-a-build-1-build-pod-2", &live_build)?).await)?;
     ensure!(
         message.contains("build pod") && message.contains("kpack Build"),
         "{message}"
@@ -123,15 +148,10 @@ async fn the_guard_refuses_builds_and_pods_for_terminating_owners(env: Arc<Env>)
 
 async fn the_fast_finalizer_deletes_the_image_with_the_app(env: Arc<Env>) -> Result<()> {
     let client = env.client().await?;
-    let cancel = CancellationToken::new();
-    let finalizer = tokio::spawn(holdfast_controller::finalizer::run(
-        client.clone(),
-        cancel.clone(),
-    ));
+    let (cancel, finalizer) = finalizer(client.clone(), Default::default());
     let ns = env.namespace("finalize").await?;
     let app = create(&env, &ns, &cfapp("app-f")).await?;
-    let plain_image = image("app-f").replace(&format!(", finalizers: [{HOLD}]"), "");
-    let img = create(&env, &ns, &plain_image).await?;
+    let img = create(&env, &ns, &owned_image(&app)?).await?;
 
     let started = tokio::time::Instant::now();
     start_deleting(&env, &ns, &app).await?;
@@ -144,5 +164,46 @@ async fn the_fast_finalizer_deletes_the_image_with_the_app(env: Arc<Env>) -> Res
     release(&env, &ns, &app).await?;
     cancel.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), finalizer).await;
+    Ok(())
+}
+
+/// Issue 15, item 3: the finalizer deleted the Image named like a terminating CFApp whatever
+/// owned it. An Image whose ownerReferences do not name the app's uid stays.
+async fn the_fast_finalizer_spares_an_image_that_only_shares_the_apps_name(env: Arc<Env>) -> Result<()> {
+    let client = env.client().await?;
+    let (cancel, finalizer) = finalizer(client.clone(), Default::default());
+    let ns = env.namespace("finalize-name").await?;
+    let app = create(&env, &ns, &cfapp("app-n")).await?;
+    let plain_image = image("app-n").replace(&format!(", finalizers: [{HOLD}]"), "");
+    let img = create(&env, &ns, &plain_image).await?;
+    start_deleting(&env, &ns, &app).await?;
+    // The finalizer reacts within a second when it deletes (the test above).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let images = api_for(&client, &img, Some(&ns)).await?;
+    let still = images.get_opt("app-n").await?;
+    ensure!(
+        still.is_some_and(|i| i.metadata.deletion_timestamp.is_none()),
+        "an Image not owned by the terminating CFApp was deleted"
+    );
+    release(&env, &ns, &app).await?;
+    cancel.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), finalizer).await;
+    Ok(())
+}
+
+/// `--delete-org-spaces` deletes the CFSpaces of an org namespace being deleted at once;
+/// without it (the default) holdfast leaves them to the namespace controller.
+async fn org_spaces_are_deleted_at_once_only_when_opted_in(env: Arc<Env>) -> Result<()> {
+    let client = env.client().await?;
+    for opted_in in [false, true] {
+        let options = holdfast_controller::finalizer::Options {
+            delete_org_spaces: opted_in,
+        };
+        let (cancel, finalizer) = finalizer(client.clone(), options);
+        let org = holdfast_e2e::control_plane::unique_name("org");
+        scenarios::org_namespace_deletion(&client, &org, opted_in).await?;
+        cancel.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(10), finalizer).await;
+    }
     Ok(())
 }

@@ -674,8 +674,26 @@ fn check_availability(objects: &[Value]) -> Vec<String> {
     if at(webhook, "spec.template.spec.affinity.podAntiAffinity").is_none() {
         problems.push("holdfast-webhook has no podAntiAffinity".into());
     }
-    let labels = at(webhook, "spec.template.metadata.labels");
-    let protected = of_kind(objects, "PodDisruptionBudget").iter().any(|pdb| {
+    if !disruption_budgeted(objects, webhook) {
+        problems.push("no PodDisruptionBudget with minAvailable >= 1 selects holdfast-webhook".into());
+    }
+    match find(objects, "Deployment", "holdfast-controller") {
+        Ok(controller) => {
+            problems.extend(check_controller_election(objects, controller));
+            if !disruption_budgeted(objects, controller) {
+                problems
+                    .push("no PodDisruptionBudget with minAvailable >= 1 selects holdfast-controller".into());
+            }
+        }
+        Err(e) => problems.push(e.to_string()),
+    }
+    problems
+}
+
+/// Whether a PodDisruptionBudget with `minAvailable` >= 1 selects `deployment`'s pods.
+fn disruption_budgeted(objects: &[Value], deployment: &Value) -> bool {
+    let labels = at(deployment, "spec.template.metadata.labels");
+    of_kind(objects, "PodDisruptionBudget").iter().any(|pdb| {
         at(pdb, "spec.minAvailable").and_then(Value::as_i64).unwrap_or(0) >= 1
             && at(pdb, "spec.selector.matchLabels")
                 .and_then(Value::as_mapping)
@@ -684,15 +702,7 @@ fn check_availability(objects: &[Value]) -> Vec<String> {
                         .iter()
                         .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
                 })
-    });
-    if !protected {
-        problems.push("no PodDisruptionBudget with minAvailable >= 1 selects holdfast-webhook".into());
-    }
-    match find(objects, "Deployment", "holdfast-controller") {
-        Ok(controller) => problems.extend(check_controller_election(objects, controller)),
-        Err(e) => problems.push(e.to_string()),
-    }
-    problems
+    })
 }
 
 /// The verbs on `coordination.k8s.io` leases that the roles bound to `account` grant on the
@@ -844,10 +854,12 @@ fn table(markdown: &str, header: &str) -> Result<Vec<Vec<String>>> {
     Ok(lines
         .take_while(|l| l.starts_with('|'))
         .map(|l| {
+            // `\|` is a pipe inside a cell (a CEL `||`), not a cell boundary.
             l.trim()
                 .trim_matches('|')
+                .replace("\\|", "\u{0}")
                 .split('|')
-                .map(|cell| cell.trim().to_owned())
+                .map(|cell| cell.trim().replace('\u{0}', "|"))
                 .collect()
         })
         .collect())
@@ -1702,5 +1714,343 @@ fn an_open_admin_port_is_caught() -> Result<()> {
     )?;
     rule.as_mapping_mut().context("rule")?.remove("from");
     expect_caught("admin port open", check_network(&objects), "admin port");
+    Ok(())
+}
+
+/// `(group, resource)` of every `delete` the controller's roles grant on others' objects (its
+/// own digest cache, `holdfast.dev`, aside).
+fn controller_deletes(objects: &[Value]) -> BTreeSet<(String, String)> {
+    rbac_from_manifests(objects)
+        .into_iter()
+        .filter(|(role, group, _, _, verbs)| {
+            role.split_whitespace()
+                .nth(1)
+                .is_some_and(|name| name.starts_with("holdfast-controller"))
+                && group != "holdfast.dev"
+                && verbs.contains("delete")
+        })
+        .flat_map(|(_, group, resources, _, _)| resources.into_iter().map(move |r| (group.clone(), r)))
+        .collect()
+}
+
+/// `(group, resource)` of the fast finalizer's table, opt-in ones or the others.
+fn deletable(opt_in: bool) -> BTreeSet<(String, String)> {
+    holdfast_controller::deletable::DELETABLE
+        .iter()
+        .filter(|d| d.opt_in.is_some() == opt_in)
+        .map(|d| (d.group.to_owned(), d.resource.to_owned()))
+        .collect()
+}
+
+/// The controller may delete exactly what `controller/src/deletable.rs` lists: the base grants
+/// the always-on kinds, `components/fast-org-deletion` the opt-in ones (and sets their flag).
+#[test]
+fn the_controllers_delete_rules_are_the_fast_finalizers_table() -> Result<()> {
+    ensure!(
+        controller_deletes(&base()?) == deletable(false),
+        "base: the controller's delete rules {:?} are not the table's {:?}",
+        controller_deletes(&base()?),
+        deletable(false)
+    );
+    let component = load_kustomization(&manifests().join("components/fast-org-deletion"))?;
+    ensure!(
+        controller_deletes(&component) == deletable(true),
+        "components/fast-org-deletion: {:?} are not the table's opt-in kinds {:?}",
+        controller_deletes(&component),
+        deletable(true)
+    );
+    let kustomization = read(&manifests().join("components/fast-org-deletion/kustomization.yaml"))?;
+    for flag in holdfast_controller::deletable::DELETABLE
+        .iter()
+        .filter_map(|d| d.opt_in)
+    {
+        ensure!(
+            kustomization.contains(&format!("{flag}=true")),
+            "components/fast-org-deletion does not set {flag}"
+        );
+    }
+    Ok(())
+}
+
+/// Issue 15, item 6: the component issued a self-signed leaf with `rotationPolicy: Always`, so
+/// the trust anchor in the caBundle changed on every renewal. The certificate the webhook
+/// configurations inject from must come from a CA Issuer whose CA a self-signed bootstrap
+/// Issuer signed.
+#[test]
+fn cert_manager_issues_the_leaf_from_a_ca_issuer_chain() -> Result<()> {
+    let objects = load_kustomization(&manifests().join("components/cert-manager"))?;
+    let issuer = |name: &str| -> Result<&Value> { find(&objects, "Issuer", name) };
+    let injected = read(&manifests().join("components/cert-manager/kustomization.yaml"))?;
+    let from = "cert-manager.io/inject-ca-from: holdfast-system/";
+    let leaf_name = injected
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(from))
+        .context("the webhook configurations inject no CA")?;
+    let leaf = find(&objects, "Certificate", leaf_name)?;
+    ensure!(
+        at(leaf, "spec.isCA") != Some(&Value::Bool(true)),
+        "the leaf is a CA"
+    );
+    let ca_issuer = issuer(text(leaf, "spec.issuerRef.name"))?;
+    let ca_secret = text(ca_issuer, "spec.ca.secretName");
+    ensure!(!ca_secret.is_empty(), "the leaf's Issuer is not a CA Issuer");
+    let ca = of_kind(&objects, "Certificate")
+        .into_iter()
+        .find(|c| text(c, "spec.secretName") == ca_secret)
+        .context("no Certificate makes the CA Issuer's Secret")?;
+    ensure!(
+        at(ca, "spec.isCA") == Some(&Value::Bool(true)),
+        "the CA Certificate is not a CA"
+    );
+    let bootstrap = issuer(text(ca, "spec.issuerRef.name"))?;
+    ensure!(
+        at(bootstrap, "spec.selfSigned").is_some(),
+        "the CA is not issued by a self-signed bootstrap Issuer"
+    );
+    Ok(())
+}
+
+/// `components/restrict-egress` selects both Deployments' pods and allows what they call: DNS,
+/// the API server and registries (HTTPS).
+#[test]
+fn the_egress_component_allows_dns_the_api_server_and_registries() -> Result<()> {
+    let objects = load_kustomization(&manifests().join("components/restrict-egress"))?;
+    let policy = find(&objects, "NetworkPolicy", "holdfast-egress")?;
+    ensure!(
+        strings(at(policy, "spec.policyTypes")) == ["Egress"],
+        "not an egress policy"
+    );
+    let selector = at(policy, "spec.podSelector.matchLabels").context("no podSelector")?;
+    for deployment in of_kind(&base()?, "Deployment") {
+        let labels = at(deployment, "spec.template.metadata.labels");
+        let selected = selector
+            .as_mapping()
+            .is_some_and(|m| m.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v)));
+        ensure!(selected, "{} is not selected", id(deployment));
+    }
+    let ports: BTreeSet<i64> = items(policy, "spec.egress")
+        .iter()
+        .flat_map(|rule| items(rule, "ports"))
+        .filter_map(|p| at(p, "port").and_then(Value::as_i64))
+        .collect();
+    for port in [53, 443, 6443] {
+        ensure!(ports.contains(&port), "egress to port {port} is not allowed");
+    }
+    Ok(())
+}
+
+/// A label selector as SECURITY.md writes it: `key operator (values)` and `key=value` terms,
+/// `; ` between them, `—` for none.
+fn selector_text(selector: Option<&Value>) -> String {
+    let Some(selector) = selector else {
+        return "—".into();
+    };
+    let mut terms: Vec<String> = Vec::new();
+    if let Some(labels) = at(selector, "matchLabels").and_then(Value::as_mapping) {
+        for (k, v) in labels {
+            terms.push(format!(
+                "{}={}",
+                k.as_str().unwrap_or_default(),
+                v.as_str().unwrap_or_default()
+            ));
+        }
+    }
+    for expression in items(selector, "matchExpressions") {
+        let values = strings(expression.get("values"));
+        let operator = text(expression, "operator");
+        terms.push(if values.is_empty() {
+            format!("{} {operator}", text(expression, "key"))
+        } else {
+            format!("{} {operator} ({})", text(expression, "key"), values.join(", "))
+        });
+    }
+    if terms.is_empty() {
+        "—".into()
+    } else {
+        terms.join("; ")
+    }
+}
+
+/// `name: expression` of a webhook's matchConditions, `; ` between them, `—` for none.
+fn conditions_text(webhook: Option<&Value>) -> String {
+    let conditions: Vec<String> = webhook
+        .map(|w| items(w, "matchConditions"))
+        .unwrap_or_default()
+        .iter()
+        .map(|c| format!("{}: {}", text(c, "name"), text(c, "expression")))
+        .collect();
+    if conditions.is_empty() {
+        "—".into()
+    } else {
+        conditions.join("; ")
+    }
+}
+
+/// `(webhook, namespaceSelector, objectSelector, matchConditions, failurePolicy, sideEffects,
+/// timeoutSeconds, scope)`.
+type SettingsRow = (String, String, String, String, String, String, String, String);
+
+const SETTINGS_TABLE: &str = "| Webhook setting | namespaceSelector |";
+
+fn settings_from_doc(markdown: &str) -> Result<BTreeSet<SettingsRow>> {
+    let mut rows = BTreeSet::new();
+    for cells in table(markdown, SETTINGS_TABLE)? {
+        ensure!(
+            cells.len() == 8,
+            "webhook settings row with {} cells: {cells:?}",
+            cells.len()
+        );
+        let c = |i: usize| plain(&cells[i]);
+        rows.insert((c(0), c(1), c(2), c(3), c(4), c(5), c(6), c(7)));
+    }
+    Ok(rows)
+}
+
+/// The settings of every webhook in `objects`; matchConditions from `conditions` (the
+/// match-conditions component's webhooks, by name).
+fn settings_from_manifests(objects: &[Value], conditions: &[Value]) -> BTreeSet<SettingsRow> {
+    let with_conditions: Vec<&Value> = conditions.iter().flat_map(|c| items(c, "webhooks")).collect();
+    webhooks(objects)
+        .into_iter()
+        .map(|(_, webhook)| {
+            let name = text(webhook, "name");
+            let scalar = |field: &str| match webhook.get(field) {
+                Some(Value::Number(n)) => n.to_string(),
+                Some(Value::String(s)) => s.clone(),
+                _ => "—".into(),
+            };
+            let mut scopes: Vec<String> = items(webhook, "rules")
+                .iter()
+                .map(|r| match r.get("scope") {
+                    Some(Value::String(scope)) => scope.clone(),
+                    _ => "*".into(),
+                })
+                .collect();
+            scopes.sort();
+            scopes.dedup();
+            let in_base = conditions_text(Some(webhook));
+            let component = with_conditions.iter().find(|w| text(w, "name") == name).copied();
+            (
+                name.to_owned(),
+                selector_text(webhook.get("namespaceSelector")),
+                selector_text(webhook.get("objectSelector")),
+                // The base has none; a condition in the base would show as a mismatch.
+                if in_base == "—" {
+                    conditions_text(component)
+                } else {
+                    format!("base: {in_base}")
+                },
+                scalar("failurePolicy"),
+                scalar("sideEffects"),
+                scalar("timeoutSeconds"),
+                scopes.join(", "),
+            )
+        })
+        .collect()
+}
+
+fn compare_settings(doc: &BTreeSet<SettingsRow>, manifests: &BTreeSet<SettingsRow>) -> Vec<String> {
+    let mut problems: Vec<String> = manifests
+        .difference(doc)
+        .map(|row| format!("in the manifests but not in SECURITY.md's webhook settings: {row:?}"))
+        .collect();
+    problems.extend(
+        doc.difference(manifests)
+            .map(|row| format!("in SECURITY.md's webhook settings but not in the manifests: {row:?}")),
+    );
+    problems
+}
+
+fn match_conditions_component() -> Result<Vec<Value>> {
+    let dir = manifests().join("components/match-conditions");
+    let mut objects = Vec::new();
+    for file in ["mutating.yaml", "validating.yaml"] {
+        objects.extend(parse_documents(&read(&dir.join(file))?)?);
+    }
+    Ok(objects)
+}
+
+/// Issue 15, item 7: SECURITY.md held the manifests to names, paths and failure policies only.
+/// Every security-relevant field of every webhook is now in its settings table.
+#[test]
+fn every_security_relevant_webhook_setting_is_the_one_security_md_states() -> Result<()> {
+    let doc = settings_from_doc(&security_md()?)?;
+    let manifests = settings_from_manifests(&base()?, &match_conditions_component()?);
+    assert_clean(
+        "SECURITY.md vs manifests (webhook settings)",
+        &compare_settings(&doc, &manifests),
+    );
+    Ok(())
+}
+
+#[test]
+fn a_drifted_webhook_setting_is_caught() -> Result<()> {
+    let doc = settings_from_doc(&security_md()?)?;
+    let conditions = match_conditions_component()?;
+    let drifts: [(&str, &str, Value); 6] = [
+        ("namespaceSelector", "namespace", Value::Null),
+        (
+            "objectSelector",
+            "objectSelector",
+            serde_yaml::from_str("{matchLabels: {a: b}}")?,
+        ),
+        ("failurePolicy", "failurePolicy", Value::String("Fail".into())),
+        ("sideEffects", "sideEffects", Value::String("NoneOnDryRun".into())),
+        ("timeoutSeconds", "timeoutSeconds", serde_yaml::from_str("30")?),
+        (
+            "matchConditions",
+            "matchConditions",
+            serde_yaml::from_str("[{name: x, expression: 'true'}]")?,
+        ),
+    ];
+    for (field, needle, value) in drifts {
+        let mut objects = base()?;
+        let configuration = find_mut(&mut objects, "MutatingWebhookConfiguration", "holdfast")?;
+        let webhook = at_mut(configuration, "webhooks.0")?;
+        match (field, value) {
+            ("namespaceSelector", _) => {
+                if let Some(map) = webhook.as_mapping_mut() {
+                    map.remove("namespaceSelector");
+                }
+            }
+            (field, value) => webhook[field] = value,
+        }
+        let problems = compare_settings(&doc, &settings_from_manifests(&objects, &conditions));
+        ensure!(
+            !problems.is_empty(),
+            "a changed {field} ({needle}) went unnoticed"
+        );
+    }
+    // A rule's scope widened to cluster-wide objects.
+    let mut objects = base()?;
+    let configuration = find_mut(&mut objects, "ValidatingWebhookConfiguration", "holdfast")?;
+    at_mut(configuration, "webhooks.0.rules.0")?["scope"] = Value::String("*".into());
+    ensure!(
+        !compare_settings(&doc, &settings_from_manifests(&objects, &conditions)).is_empty(),
+        "a widened scope went unnoticed"
+    );
+    Ok(())
+}
+
+/// Issue 15, items 1-2: the webhook's ServiceAccount could create and patch DigestCacheEntry
+/// objects, so its token (or any pod reaching port 8443, through forged reviews) could plant
+/// entries naming another namespace's Secret and grow etcd. It may only read them now.
+#[test]
+fn the_webhook_cannot_write_the_digest_cache() -> Result<()> {
+    let writes: Vec<RbacRow> = rbac_from_manifests(&base()?)
+        .into_iter()
+        .filter(|(role, group, resources, _, verbs)| {
+            role.ends_with("holdfast-webhook")
+                && group == "holdfast.dev"
+                && resources.contains("digestcacheentries")
+                && verbs
+                    .iter()
+                    .any(|v| !["get", "list", "watch"].contains(&v.as_str()))
+        })
+        .collect();
+    ensure!(
+        writes.is_empty(),
+        "the webhook may write digest cache entries: {writes:?}"
+    );
     Ok(())
 }

@@ -1130,7 +1130,7 @@ async fn moved_tag_scenario(
     let new_digest = images::push(up, "apps/moving", "1.0", &second).await?;
     ensure!(new_digest != old_digest, "the tag did not move");
     let new_copy = format!("{m}/{repo}@{new_digest}");
-    let report = controller.refresh().await;
+    let report = controller.refresh().await?;
     ensure!(
         report.moved >= 1,
         "the refresh did not see the tag move: {report:?}"

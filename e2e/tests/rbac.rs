@@ -306,7 +306,10 @@ impl Holdfast {
             lease_duration: Duration::from_secs(15),
             // Renewed within the scenarios, so the renewal's permissions are exercised too.
             renew_every: Duration::from_secs(1),
+            renew_deadline: Duration::from_secs(10),
             read_secrets: true,
+            cache_gc_grace: Duration::from_secs(3600),
+            finalizer: Default::default(),
             resolver: ResolverConfig {
                 insecure_registries: [env.registry().to_string()].into(),
                 ..Default::default()

@@ -27,6 +27,13 @@ pub struct RegistryArgs {
     /// How long a failed lookup of an uncached reference is remembered.
     #[arg(long, env = "HOLDFAST_CACHE_NEGATIVE_TTL_SECONDS", default_value_t = 10)]
     pub cache_negative_ttl_seconds: u64,
+    /// At most this many digest cache entries are held; a new reference past it is pinned but
+    /// not cached (memory in the webhook, etcd objects in the controller).
+    #[arg(long, env = "HOLDFAST_CACHE_MAX_ENTRIES", default_value_t = 10_000)]
+    pub cache_max_entries: usize,
+    /// At most this many new digest cache entries per minute (past it, as past the cap).
+    #[arg(long, env = "HOLDFAST_CACHE_NEW_ENTRIES_PER_MINUTE", default_value_t = 600)]
+    pub cache_new_entries_per_minute: u32,
     /// The cache registry (a host, or host:port) that content is mirrored into; mirroring is off
     /// without one. Set the same value on the webhook and the controller: references whose
     /// content the controller copied are pinned to the mirror. Plain HTTP only if also an
@@ -76,6 +83,8 @@ impl RegistryArgs {
             max_age: Duration::from_secs(self.cache_max_age_seconds),
             max_staleness: Duration::from_secs(self.cache_max_staleness_seconds),
             negative_ttl: Duration::from_secs(self.cache_negative_ttl_seconds),
+            max_entries: self.cache_max_entries,
+            new_entries_per_minute: self.cache_new_entries_per_minute,
         }
     }
 

@@ -100,6 +100,7 @@
 //! gives the same digest, and then the annotation is left byte-for-byte as it was.
 
 pub mod args;
+pub mod logs;
 pub mod mirror_scope;
 mod original_refs;
 mod patch;

@@ -2,12 +2,15 @@
 //! cache (the registry only on a miss), credentials from the object's `secretRef` only when the
 //! registry must be asked. The decisions are this crate's pure functions.
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::Arc,
+};
 
 use futures::{FutureExt, future::BoxFuture};
 use holdfast_registry::{
-    Credentials, Digest, Reference,
-    cache::{CacheError, CacheKey, DigestCache, Mirrored, Origin, Scope},
+    Credentials, Digest, Reference, VersionSelection,
+    cache::{CacheEntry, CacheError, CacheKey, DigestCache, Loaded, Mirrored, Origin, Scope},
     mirror::MirrorLocation,
 };
 use k8s_openapi::api::core::v1::Secret;
@@ -42,19 +45,43 @@ pub enum Change {
     Repinned,
 }
 
-/// One refresh round: keys answered by the registry, of which moved, and keys that failed.
+/// One refresh round: keys answered by the registry, of which moved, keys that failed, and
+/// entries left alone because no live object names their key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RefreshReport {
     pub checked: usize,
     pub moved: usize,
     pub failed: usize,
+    pub unnamed: usize,
+}
+
+/// Reads the Secrets that `secretRef`s name: the API server through a kube [`Client`] (a
+/// stand-in in tests). Only ever asked for a Secret a live object names.
+pub trait SecretSource: Send + Sync + 'static {
+    /// The Secret `name` in `namespace`; `None` when there is none.
+    fn secret(&self, namespace: &str, name: &str) -> BoxFuture<'static, Result<Option<Secret>, String>>;
+}
+
+impl SecretSource for Client {
+    fn secret(&self, namespace: &str, name: &str) -> BoxFuture<'static, Result<Option<Secret>, String>> {
+        let api = Api::<Secret>::namespaced(self.clone(), namespace);
+        let name = name.to_owned();
+        async move {
+            // The API's own message ("forbidden: ..."), not its dump.
+            api.get_opt(&name).await.map_err(|e| match e {
+                kube::Error::Api(status) => status.message,
+                other => other.to_string(),
+            })
+        }
+        .boxed()
+    }
 }
 
 pub struct Pinner {
     cache: Arc<DigestCache>,
     /// Reads `secretRef` Secrets; `None` where holdfast may not read Secrets (then objects with a
     /// `secretRef` are pinned only from anonymous cache entries).
-    secrets: Option<Client>,
+    secrets: Option<Arc<dyn SecretSource>>,
     /// The mirror whose copies (recorded in the cache) are pinned instead of the upstream.
     mirror: Option<MirrorPins>,
     /// The controller's mirror copier, which `follow` pins to a mirror copy wait for when their
@@ -63,7 +90,7 @@ pub struct Pinner {
 }
 
 impl Pinner {
-    pub fn new(cache: Arc<DigestCache>, secrets: Option<Client>) -> Self {
+    pub fn new(cache: Arc<DigestCache>, secrets: Option<Arc<dyn SecretSource>>) -> Self {
         Self {
             cache,
             secrets,
@@ -99,18 +126,19 @@ impl Pinner {
         &self.cache
     }
 
-    /// Asks the registry once for every key in the cache (one check per unique tag or tag
-    /// selection and credential scope, however many objects use it).
-    pub async fn refresh_all(&self) -> RefreshReport {
-        let mut report = RefreshReport::default();
-        let mut keys: Vec<_> = self
-            .cache
-            .entries()
-            .into_iter()
-            .map(|e| (e.key, e.digest))
-            .collect();
-        keys.sort();
-        keys.dedup_by(|a, b| a.0 == b.0);
+    /// Asks the registry once for every cache key in `named` (one check per unique tag or tag
+    /// selection and credential scope, however many objects use it). `named` holds the keys
+    /// live objects name ([`named_keys`]): an entry no object names is not refreshed, so its
+    /// Secret is not read, whatever the entry says (anyone who can write an entry must not
+    /// gain the controller's Secret access through it).
+    pub async fn refresh_all(&self, named: &HashSet<CacheKey>) -> RefreshReport {
+        let entries = self.cache.entries();
+        let held = entries.len();
+        let keys = refreshable(entries, named);
+        let mut report = RefreshReport {
+            unnamed: held - keys.len(),
+            ..RefreshReport::default()
+        };
         for (key, before) in keys {
             let secrets = self.secrets.clone();
             let scope = key.scope.clone();
@@ -119,9 +147,7 @@ impl Pinner {
                 .refresh(&key, move || load_credentials(secrets, scope))
                 .await
             {
-                Ok(answer) if matches!(answer.origin, holdfast_registry::cache::Origin::Stale { .. }) => {
-                    report.failed += 1
-                }
+                Ok(answer) if matches!(answer.origin, Origin::Stale { .. }) => report.failed += 1,
                 Ok(answer) => {
                     report.checked += 1;
                     if answer.digest != before {
@@ -212,13 +238,7 @@ impl Pinner {
                 Step::Keep | Step::Invalid(_) => {}
                 Step::Reuse(resolution) => resolutions.push((index, resolution.clone())),
                 Step::Resolve { need, fallback } => {
-                    let scope = match &site.upstream_secret {
-                        Some(name) => Scope::Secret {
-                            namespace: namespace.to_string(),
-                            name: name.clone(),
-                        },
-                        None => Scope::Anonymous,
-                    };
+                    let scope = site_scope(site, namespace);
                     match self.resolve(need, scope, mirror).await {
                         Ok(Resolved {
                             resolution,
@@ -284,19 +304,11 @@ impl Pinner {
         scope: Scope,
         mirror: Option<&MirrorPins>,
     ) -> Result<Resolved, CacheError> {
-        let (key, target, selection) = match need {
-            Need::Tag(reference) => (CacheKey::tag(reference, scope.clone()), reference.clone(), None),
-            Need::Select(repository, selection) => (
-                CacheKey::selection(repository, selection, scope.clone()),
-                repository.clone(),
-                Some(selection.clone()),
-            ),
-            // `ObjectPlan` turns these into `Step::Keep`; a digest reference needs no lookup.
-            Need::AlreadyPinned => {
-                return Err(CacheError::Credentials(
-                    "internal: asked to resolve a pinned reference".into(),
-                ));
-            }
+        // `ObjectPlan` turns pinned references into `Step::Keep`; they need no lookup.
+        let Some((key, target, selection)) = lookup_of(need, scope.clone()) else {
+            return Err(CacheError::Credentials(
+                "internal: asked to resolve a pinned reference".into(),
+            ));
         };
         let secrets = self.secrets.clone();
         let answer = self
@@ -351,36 +363,98 @@ pub fn mirror_repository(
         .map(|(repository, _)| repository.to_owned())
 }
 
-/// The Secret a `secretRef` names (or any Secret, by scope), read as vendir reads it;
-/// anonymous without one.
+/// The cache scope of a site in `namespace`: its (upstream) `secretRef`'s Secret, or anonymous.
+fn site_scope(site: &crate::FetchSite, namespace: &str) -> Scope {
+    match &site.upstream_secret {
+        Some(name) => Scope::Secret {
+            namespace: namespace.to_string(),
+            name: name.clone(),
+        },
+        None => Scope::Anonymous,
+    }
+}
+
+/// What looking up `need` in `scope` asks the cache: the key, the reference (tag, or repository
+/// of a selection) and the selection; `None` for a reference already pinned.
+fn lookup_of(need: &Need, scope: Scope) -> Option<(CacheKey, Reference, Option<VersionSelection>)> {
+    match need {
+        Need::Tag(reference) => Some((CacheKey::tag(reference, scope), reference.clone(), None)),
+        Need::Select(repository, selection) => Some((
+            CacheKey::selection(repository, selection, scope),
+            repository.clone(),
+            Some(selection.clone()),
+        )),
+        Need::AlreadyPinned => None,
+    }
+}
+
+/// The cache keys a stored object names: those its reconcile looks up (tags restored from
+/// `holdfast.dev/original-refs` for `follow` pins, each with its site's scope). These are
+/// checked against the objects, never taken from an entry.
+pub fn named_keys(kind: PinnedKind, object: &Value) -> Vec<CacheKey> {
+    let namespace = object
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let desired = crate::repin::unpinned(object);
+    let plan = ObjectPlan::new(kind, &desired, None);
+    plan.sites
+        .iter()
+        .zip(&plan.steps)
+        .filter_map(|(site, step)| match step {
+            Step::Resolve { need, .. } => lookup_of(need, site_scope(site, namespace)).map(|(key, ..)| key),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The keys of `entries` a refresh round asks the registry for, each with the digest held:
+/// those in `named`, once each.
+pub fn refreshable(entries: Vec<CacheEntry>, named: &HashSet<CacheKey>) -> Vec<(CacheKey, Digest)> {
+    let mut keys: Vec<_> = entries
+        .into_iter()
+        .filter(|e| named.contains(&e.key))
+        .map(|e| (e.key, e.digest))
+        .collect();
+    keys.sort();
+    keys.dedup_by(|a, b| a.0 == b.0);
+    keys
+}
+
+/// The Secret a `secretRef` names, read as vendir reads it, with its uid; anonymous without
+/// one. A Secret that does not exist is [`CacheError::SecretGone`]: its entries stop answering.
 pub fn load_credentials(
-    client: Option<Client>,
+    secrets: Option<Arc<dyn SecretSource>>,
     scope: Scope,
-) -> BoxFuture<'static, Result<Credentials, CacheError>> {
+) -> BoxFuture<'static, Result<Loaded, CacheError>> {
     async move {
         let Scope::Secret { namespace, name } = scope else {
-            return Ok(Credentials::anonymous());
+            return Ok(Loaded::anonymous());
         };
-        let client = client
+        let secrets = secrets
             .ok_or_else(|| CacheError::Credentials(format!("cannot read Secret {namespace}/{name}")))?;
-        let secret = Api::<Secret>::namespaced(client, &namespace)
-            .get(&name)
+        let secret = secrets
+            .secret(&namespace, &name)
             .await
-            .map_err(|e| {
-                // The API's own message ("secrets \"x\" not found", "forbidden: ..."), not its dump.
-                let reason = match &e {
-                    kube::Error::Api(status) => status.message.clone(),
-                    other => other.to_string(),
-                };
+            .map_err(|reason| {
                 CacheError::Credentials(format!("reading Secret {namespace}/{name}: {reason}"))
+            })?
+            .ok_or_else(|| CacheError::SecretGone {
+                namespace: namespace.clone(),
+                name: name.clone(),
             })?;
+        let secret_uid = secret.metadata.uid.clone();
         let data = secret.data.unwrap_or_default();
-        Credentials::from_secret(
+        let credentials = Credentials::from_secret(
             &name,
             secret.type_.as_deref(),
             data.iter().map(|(k, v)| (k, &v.0)),
         )
-        .map_err(|e| CacheError::Credentials(e.to_string()))
+        .map_err(|e| CacheError::Credentials(e.to_string()))?;
+        Ok(Loaded {
+            credentials,
+            secret_uid,
+        })
     }
     .boxed()
 }

@@ -1628,6 +1628,7 @@ fn the_reconcile_of_an_edited_private_mirror_pin_resolves_with_the_users_secret(
         resolved_at: now,
         checked_at: now,
         error: None,
+        secret_uid: None,
     });
     let pinner = Pinner::new(std::sync::Arc::new(cache), None);
     let update =
@@ -1672,4 +1673,140 @@ impl holdfast_registry::cache::Source for NoRegistry {
     ) -> futures::future::BoxFuture<'a, Result<Vec<String>, holdfast_registry::ResolveError>> {
         unreachable!("the registry was asked")
     }
+}
+
+/// Records every Secret read, answering each with a Secret of `uid`.
+struct RecordingSecrets {
+    uid: &'static str,
+    reads: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+impl RecordingSecrets {
+    fn new(uid: &'static str) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            uid,
+            reads: std::sync::Mutex::default(),
+        })
+    }
+
+    fn reads(&self) -> Vec<(String, String)> {
+        self.reads.lock().unwrap().clone()
+    }
+}
+
+impl resolve::SecretSource for RecordingSecrets {
+    fn secret(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> futures::future::BoxFuture<'static, Result<Option<k8s_openapi::api::core::v1::Secret>, String>> {
+        self.reads.lock().unwrap().push((namespace.into(), name.into()));
+        let secret = k8s_openapi::api::core::v1::Secret {
+            metadata: kube::api::ObjectMeta {
+                uid: Some(self.uid.into()),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([
+                ("username".into(), k8s_openapi::ByteString(b"db".to_vec())),
+                ("password".into(), k8s_openapi::ByteString(b"hunter2".to_vec())),
+            ])),
+            ..Default::default()
+        };
+        Box::pin(futures::future::ready(Ok(Some(secret))))
+    }
+}
+
+fn secret_scope(namespace: &str, name: &str) -> holdfast_registry::cache::Scope {
+    holdfast_registry::cache::Scope::Secret {
+        namespace: namespace.into(),
+        name: name.into(),
+    }
+}
+
+/// An entry as anyone who may write `DigestCacheEntry` objects can make one.
+fn hand_made_entry(
+    reference: &str,
+    scope: holdfast_registry::cache::Scope,
+) -> holdfast_registry::cache::CacheEntry {
+    let now = std::time::SystemTime::now();
+    holdfast_registry::cache::CacheEntry {
+        key: holdfast_registry::cache::CacheKey::tag(
+            &holdfast_registry::Reference::parse(reference).unwrap(),
+            scope,
+        ),
+        digest: digest(1),
+        tag: None,
+        resolved_at: now,
+        checked_at: now,
+        error: None,
+        secret_uid: None,
+    }
+}
+
+/// Issue 15, item 1: an entry naming `secret:victim/db-creds` and a registry of the writer's
+/// choice made the refresher read that Secret and send it there (`NoRegistry` panics when
+/// asked). Only keys that live objects name are refreshed now.
+#[test]
+fn an_entry_no_object_names_is_not_refreshed_and_its_secret_never_read() {
+    let cache =
+        holdfast_registry::cache::DigestCache::new(std::sync::Arc::new(NoRegistry), Default::default(), None);
+    cache.insert(hand_made_entry(
+        "attacker.example/exfil:1",
+        secret_scope("victim", "db-creds"),
+    ));
+    let secrets = RecordingSecrets::new("uid-1");
+    let pinner = Pinner::new(std::sync::Arc::new(cache), Some(secrets.clone()));
+    let report = futures::executor::block_on(pinner.refresh_all(&std::collections::HashSet::new()));
+    assert_eq!(secrets.reads(), Vec::<(String, String)>::new());
+    assert_eq!((report.checked, report.failed, report.unnamed), (0, 0, 1));
+}
+
+#[test]
+fn objects_name_the_keys_of_their_own_secret_and_namespace_only() {
+    let team_app = with_metadata(
+        app(
+            json!([{"image": {"url": "registry.corp.com/team/app-config:v1.2.0", "secretRef": {"name": "creds"}}},
+                   {"imgpkgBundle": {"image": "registry.corp.com/team/app-bundle", "tagSelection": {"semver": {"constraints": ">=1.0.0"}}}}]),
+        ),
+        "namespace",
+        json!("team"),
+    );
+    let keys = resolve::named_keys(PinnedKind::App, &team_app);
+    let config = holdfast_registry::Reference::parse("registry.corp.com/team/app-config:v1.2.0").unwrap();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(
+        keys[0],
+        holdfast_registry::cache::CacheKey::tag(&config, secret_scope("team", "creds"))
+    );
+    assert_eq!(keys[1].scope, holdfast_registry::cache::Scope::Anonymous);
+    assert!(keys[1].selection.is_some());
+
+    // Pinned (follow): the original tag is what it names, still with its own Secret.
+    let (outcome, _) = pin_and_settle(PinnedKind::App, &team_app);
+    let pinned = apply(&team_app, &outcome.ops);
+    assert_eq!(resolve::named_keys(PinnedKind::App, &pinned), keys);
+
+    // The victim's Secret is named by no object of another namespace: refreshing what `team`
+    // names reads `team/creds` only, whatever entries exist.
+    let cache =
+        holdfast_registry::cache::DigestCache::new(std::sync::Arc::new(NoRegistry), Default::default(), None);
+    cache.insert(hand_made_entry(
+        "registry.corp.com/team/app-config:v1.2.0",
+        secret_scope("victim", "db-creds"),
+    ));
+    let secrets = RecordingSecrets::new("uid-1");
+    let pinner = Pinner::new(std::sync::Arc::new(cache), Some(secrets.clone()));
+    let named = keys.into_iter().collect();
+    let report = futures::executor::block_on(pinner.refresh_all(&named));
+    assert!(secrets.reads().is_empty());
+    assert_eq!(report.unnamed, 1);
+}
+
+#[test]
+fn refreshable_keys_are_the_named_ones_once_each() {
+    let named_entry = hand_made_entry("registry.corp.com/team/app:1", secret_scope("team", "creds"));
+    let other = hand_made_entry("registry.corp.com/team/app:1", secret_scope("victim", "db-creds"));
+    let named = std::collections::HashSet::from([named_entry.key.clone()]);
+    let keys = resolve::refreshable(vec![named_entry.clone(), other, named_entry.clone()], &named);
+    assert_eq!(keys, [(named_entry.key, named_entry.digest)]);
 }

@@ -98,8 +98,10 @@ fn parse_challenges(value: &str) -> Vec<Challenge> {
     let mut challenges = Vec::new();
     let mut current: Option<(String, HashMap<String, String>)> = None;
     let mut rest = value;
+    // Separators are the token delimiters below, all of them: trimming fewer (only ' ' and '\t')
+    // left other whitespace (a vertical tab) in front of an empty token forever (found by fuzzing).
     loop {
-        rest = rest.trim_start_matches([' ', '\t', ',']);
+        rest = rest.trim_start_matches(|c: char| c == ',' || c.is_whitespace());
         if rest.is_empty() {
             break;
         }
@@ -107,9 +109,9 @@ fn parse_challenges(value: &str) -> Vec<Challenge> {
             .find(|c: char| c == '=' || c == ',' || c.is_whitespace())
             .unwrap_or(rest.len());
         let (token, after) = rest.split_at(token_len);
-        let after_ws = after.trim_start_matches([' ', '\t']);
+        let after_ws = after.trim_start_matches(char::is_whitespace);
         if let Some(value_part) = after_ws.strip_prefix('=').filter(|_| current.is_some()) {
-            let value_part = value_part.trim_start_matches([' ', '\t']);
+            let value_part = value_part.trim_start_matches(char::is_whitespace);
             let (param, remaining) = parse_param_value(value_part);
             if let Some((_, params)) = current.as_mut() {
                 params.insert(token.to_ascii_lowercase(), param);
@@ -268,6 +270,24 @@ mod tests {
     use rstest::rstest;
 
     use super::*;
+
+    /// Found by the `www_authenticate` fuzz target: a vertical tab (or any whitespace but ' '
+    /// and '\t') before a token looped forever, so a registry's header hung the resolver.
+    #[test]
+    fn whitespace_of_any_kind_between_challenges_ends_the_parse() {
+        for header in [
+            "Bearer realm=x\u{b}\u{b}",
+            "\u{b}Basic",
+            "Basic\u{a0}realm=\"x\"",
+            "\r\n=,\u{c}",
+        ] {
+            let _ = parse_challenges(header);
+        }
+        assert_eq!(
+            parse_challenges("Basic realm=\"x\"\u{b}Bearer realm=\"https://r.example/t\""),
+            [Challenge::Basic, bearer("https://r.example/t", None, None)]
+        );
+    }
 
     fn bearer(realm: &str, service: Option<&str>, scope: Option<&str>) -> Challenge {
         Challenge::Bearer {

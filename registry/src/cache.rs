@@ -126,6 +126,26 @@ pub struct CacheEntry {
     /// The last failure, if the last check failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// For a Secret scope, the uid of the Secret that resolved it: a Secret deleted and
+    /// recreated under the same name is another Secret, and never answers from this entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_uid: Option<String>,
+}
+
+/// Credentials for one lookup, with the uid of the Secret they came from (none: anonymous).
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub credentials: Credentials,
+    pub secret_uid: Option<String>,
+}
+
+impl Loaded {
+    pub fn anonymous() -> Self {
+        Self {
+            credentials: Credentials::anonymous(),
+            secret_uid: None,
+        }
+    }
 }
 
 /// Where an entry's content was copied in the mirror, and when.
@@ -254,6 +274,9 @@ pub enum CacheError {
     },
     #[error("credentials: {0}")]
     Credentials(String),
+    /// The Secret of a scope does not exist (any more): its entries must not answer.
+    #[error("credentials: Secret {namespace}/{name} not found")]
+    SecretGone { namespace: String, name: String },
     #[error("cache key {reference:?} does not parse: {detail}")]
     InvalidKey { reference: String, detail: String },
     #[error("{reference}: the selected tag {tag:?} is not a valid reference: {detail}")]
@@ -273,6 +296,11 @@ pub struct CacheConfig {
     pub max_staleness: Duration,
     /// How long a failed lookup of an uncached key is remembered.
     pub negative_ttl: Duration,
+    /// At most this many entries are held; a new key past it is answered but not kept (nor
+    /// persisted), so forged reviews or a flood of objects cannot grow memory or etcd unbounded.
+    pub max_entries: usize,
+    /// At most this many new keys are kept per minute (the same bound on the rate).
+    pub new_entries_per_minute: u32,
 }
 
 impl Default for CacheConfig {
@@ -281,6 +309,8 @@ impl Default for CacheConfig {
             max_age: Duration::from_secs(10 * 60),
             max_staleness: Duration::from_secs(7 * 24 * 3600),
             negative_ttl: Duration::from_secs(10),
+            max_entries: 10_000,
+            new_entries_per_minute: 600,
         }
     }
 }
@@ -288,6 +318,8 @@ impl Default for CacheConfig {
 /// Receives every entry the cache changed, to persist it.
 pub trait EntrySink: Send + Sync {
     fn persist(&self, entry: &CacheEntry);
+    /// Deletes the persisted entry with `key` (garbage collection, a replaced Secret).
+    fn delete(&self, _key: &CacheKey) {}
     /// Persists the mirror records of the entry with `key` (an entry already persisted), whole.
     fn persist_mirror(&self, _key: &CacheKey, _fields: &MirrorFields) {}
 }
@@ -334,10 +366,28 @@ pub struct CacheStats {
     /// Lookups that went to the registry (one per flight, however many callers joined it).
     pub registry_lookups: AtomicU64,
     pub registry_errors: AtomicU64,
+    /// New keys answered but not kept: [`CacheConfig::max_entries`] or the per-minute budget.
+    pub refused: AtomicU64,
 }
 
 type Resolved = (Digest, Option<String>);
-type Flight = Shared<BoxFuture<'static, Result<Resolved, CacheError>>>;
+
+/// What a flight brings back: the resolution, and the uid of the Secret its credentials came
+/// from when they could be loaded (a failed resolution still says which Secret it used).
+#[derive(Debug, Clone)]
+struct Flown {
+    secret_uid: Option<String>,
+    result: Result<Resolved, CacheError>,
+}
+
+type Flight = Shared<BoxFuture<'static, Flown>>;
+
+/// New keys kept in the current minute.
+#[derive(Debug)]
+struct Budget {
+    since: Instant,
+    used: u32,
+}
 
 pub struct DigestCache {
     source: Arc<dyn Source>,
@@ -349,6 +399,7 @@ pub struct DigestCache {
     changes: tokio::sync::watch::Sender<u64>,
     negative: Mutex<HashMap<CacheKey, (Instant, CacheError)>>,
     flights: Mutex<HashMap<CacheKey, Flight>>,
+    budget: Mutex<Budget>,
     sink: Option<Arc<dyn EntrySink>>,
     pub stats: CacheStats,
 }
@@ -363,12 +414,39 @@ impl DigestCache {
             changes: tokio::sync::watch::Sender::new(0),
             negative: Mutex::default(),
             flights: Mutex::default(),
+            budget: Mutex::new(Budget {
+                since: Instant::now(),
+                used: 0,
+            }),
             sink,
             stats: CacheStats::default(),
         }
     }
 
-    /// Loads an entry (from the persisted store); a newer entry already held wins.
+    /// Drops `key`'s entry and deletes it from the store (garbage collection, or its Secret is
+    /// gone or was replaced). Its mirror records stay, for retention.
+    pub fn remove(&self, key: &CacheKey) {
+        if let Some(sink) = &self.sink {
+            sink.delete(key);
+        }
+        self.forget(key);
+    }
+
+    /// Drops `key`'s entry from memory only (its object was deleted).
+    pub fn forget(&self, key: &CacheKey) {
+        let removed = self
+            .entries
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
+            .is_some();
+        if removed {
+            self.changed();
+        }
+    }
+
+    /// Loads an entry (from the persisted store); a newer entry already held wins. Loaded
+    /// entries are not held to [`CacheConfig::max_entries`]: the store is their bound.
     pub fn insert(&self, entry: CacheEntry) {
         let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
         match entries.get(&entry.key) {
@@ -550,7 +628,7 @@ impl DigestCache {
         credentials: F,
     ) -> Result<Answer, CacheError>
     where
-        F: FnOnce() -> BoxFuture<'static, Result<Credentials, CacheError>>,
+        F: FnOnce() -> BoxFuture<'static, Result<Loaded, CacheError>>,
     {
         self.lookup_with(key, target, selection, credentials, self.config.max_age)
             .await
@@ -560,7 +638,7 @@ impl DigestCache {
     /// refresher: one check per unique key). A failure keeps the entry (stale-if-error).
     pub async fn refresh<F>(&self, key: &CacheKey, credentials: F) -> Result<Answer, CacheError>
     where
-        F: FnOnce() -> BoxFuture<'static, Result<Credentials, CacheError>>,
+        F: FnOnce() -> BoxFuture<'static, Result<Loaded, CacheError>>,
     {
         let (target, selection) = key.target()?;
         self.lookup_with(key.clone(), target, selection, credentials, Duration::ZERO)
@@ -576,7 +654,7 @@ impl DigestCache {
         max_age: Duration,
     ) -> Result<Answer, CacheError>
     where
-        F: FnOnce() -> BoxFuture<'static, Result<Credentials, CacheError>>,
+        F: FnOnce() -> BoxFuture<'static, Result<Loaded, CacheError>>,
     {
         let now = SystemTime::now();
         let held = self.get(&key);
@@ -599,7 +677,7 @@ impl DigestCache {
             }
             self.stats.misses.fetch_add(1, Ordering::Relaxed);
         }
-        let result = self.flight(&key, target, selection, credentials).await;
+        let Flown { secret_uid, result } = self.flight(&key, target, selection, credentials).await;
         let checked_at = SystemTime::now();
         match result {
             Ok((digest, tag)) => {
@@ -611,6 +689,7 @@ impl DigestCache {
                     resolved_at: checked_at,
                     checked_at,
                     error: None,
+                    secret_uid,
                 };
                 self.store(entry);
                 Ok(Answer {
@@ -622,6 +701,16 @@ impl DigestCache {
             }
             Err(error) => {
                 self.stats.registry_errors.fetch_add(1, Ordering::Relaxed);
+                // An entry of another Secret (deleted, or recreated under its name) never
+                // answers again, not even stale: it is dropped.
+                let held = match held {
+                    Some(entry) if !same_secret(&entry, secret_uid.as_deref(), &error) => {
+                        tracing::info!(reference = %entry.key.reference, scope = %entry.key.scope, "dropped a cache entry: its Secret is gone or was replaced");
+                        self.remove(&entry.key);
+                        None
+                    }
+                    held => held,
+                };
                 match held {
                     Some(entry) if age(entry.resolved_at, checked_at) <= self.config.max_staleness => {
                         self.stats.stale_answers.fetch_add(1, Ordering::Relaxed);
@@ -674,14 +763,36 @@ impl DigestCache {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&entry.key);
+        let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
+        if !entries.contains_key(&entry.key) && !self.admit_new(entries.len()) {
+            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(reference = %entry.key.reference, held = entries.len(), "digest cache full or over its per-minute budget; answered without keeping the entry");
+            return;
+        }
         if let Some(sink) = &self.sink {
             sink.persist(&entry);
         }
-        self.entries
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(entry.key.clone(), entry);
+        entries.insert(entry.key.clone(), entry);
+        drop(entries);
         self.changed();
+    }
+
+    /// Whether a new key may be kept, `held` entries being held: within
+    /// [`CacheConfig::max_entries`] and this minute's [`CacheConfig::new_entries_per_minute`].
+    fn admit_new(&self, held: usize) -> bool {
+        if held >= self.config.max_entries {
+            return false;
+        }
+        let mut budget = self.budget.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if now.duration_since(budget.since) >= Duration::from_secs(60) {
+            *budget = Budget { since: now, used: 0 };
+        }
+        if budget.used >= self.config.new_entries_per_minute {
+            return false;
+        }
+        budget.used += 1;
+        true
     }
 
     /// Joins the flight for `key`, or starts it.
@@ -691,9 +802,9 @@ impl DigestCache {
         target: Reference,
         selection: Option<VersionSelection>,
         credentials: F,
-    ) -> Result<Resolved, CacheError>
+    ) -> Flown
     where
-        F: FnOnce() -> BoxFuture<'static, Result<Credentials, CacheError>>,
+        F: FnOnce() -> BoxFuture<'static, Result<Loaded, CacheError>>,
     {
         let flight = {
             let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
@@ -704,8 +815,21 @@ impl DigestCache {
                     let source = self.source.clone();
                     let credentials = credentials();
                     let flight = async move {
-                        let credentials = credentials.await?;
-                        resolve(source.as_ref(), &target, selection.as_ref(), &credentials).await
+                        let loaded = match credentials.await {
+                            Ok(loaded) => loaded,
+                            Err(error) => {
+                                return Flown {
+                                    secret_uid: None,
+                                    result: Err(error),
+                                };
+                            }
+                        };
+                        let result =
+                            resolve(source.as_ref(), &target, selection.as_ref(), &loaded.credentials).await;
+                        Flown {
+                            secret_uid: loaded.secret_uid,
+                            result,
+                        }
                     }
                     .boxed()
                     .shared();
@@ -747,6 +871,18 @@ async fn resolve(
         detail: e.to_string(),
     })?;
     Ok((source.digest(&tagged, credentials).await?, Some(tag)))
+}
+
+/// Whether `entry` may still answer after a failed resolution that loaded the credentials of
+/// the Secret with `loaded` uid (none: they could not be loaded, for `error`). Anonymous
+/// entries always may; a Secret's entry only for the Secret that resolved it, and not once its
+/// Secret is gone.
+fn same_secret(entry: &CacheEntry, loaded: Option<&str>, error: &CacheError) -> bool {
+    match (&entry.key.scope, loaded) {
+        (Scope::Anonymous, _) => true,
+        (Scope::Secret { .. }, Some(uid)) => entry.secret_uid.as_deref() == Some(uid),
+        (Scope::Secret { .. }, None) => !matches!(error, CacheError::SecretGone { .. }),
+    }
 }
 
 fn age(since: SystemTime, now: SystemTime) -> Duration {
@@ -824,8 +960,8 @@ mod tests {
         }
     }
 
-    fn anonymous() -> BoxFuture<'static, Result<Credentials, CacheError>> {
-        futures::future::ready(Ok(Credentials::anonymous())).boxed()
+    fn anonymous() -> BoxFuture<'static, Result<Loaded, CacheError>> {
+        futures::future::ready(Ok(Loaded::anonymous())).boxed()
     }
 
     fn reference(s: &str) -> Reference {
@@ -928,6 +1064,7 @@ mod tests {
             resolved_at: old,
             checked_at: old,
             error: None,
+            secret_uid: None,
         });
         source.failing.store(true, Ordering::SeqCst);
         assert!(matches!(
@@ -1024,6 +1161,168 @@ mod tests {
         assert_eq!(loaded.load(Ordering::SeqCst), 0);
     }
 
+    /// The Secret `team/creds` with `uid`, as the controller's loader reads it.
+    fn secret(uid: &'static str) -> impl FnOnce() -> BoxFuture<'static, Result<Loaded, CacheError>> {
+        move || {
+            futures::future::ready(Ok(Loaded {
+                credentials: Credentials::anonymous(),
+                secret_uid: Some(uid.into()),
+            }))
+            .boxed()
+        }
+    }
+
+    fn team_creds() -> Scope {
+        Scope::Secret {
+            namespace: "team".into(),
+            name: "creds".into(),
+        }
+    }
+
+    /// A cache holding `team/creds`'s entry for [`APP`], resolved with the Secret `uid`, whose
+    /// registry now fails.
+    fn failing_with_private_entry(uid: &str) -> (DigestCache, CacheKey) {
+        let (source, cache) = cache(FakeSource::with(&[]), CacheConfig::default());
+        source.failing.store(true, Ordering::SeqCst);
+        let key = CacheKey::tag(&reference(APP), team_creds());
+        let now = SystemTime::now();
+        cache.insert(CacheEntry {
+            key: key.clone(),
+            digest: digest("old"),
+            tag: None,
+            resolved_at: now,
+            checked_at: now,
+            error: None,
+            secret_uid: Some(uid.into()),
+        });
+        (cache, key)
+    }
+
+    #[tokio::test]
+    async fn a_secret_recreated_under_its_name_no_longer_answers_from_the_old_entries() {
+        let (cache, key) = failing_with_private_entry("uid-1");
+        // The same Secret: stale-if-error as for any entry.
+        let answer = cache.refresh(&key, secret("uid-1")).await.unwrap();
+        assert!(matches!(answer.origin, Origin::Stale { .. }));
+        // Deleted and created again (another uid): the old entry is dropped, not served stale.
+        assert!(cache.refresh(&key, secret("uid-2")).await.is_err());
+        assert_eq!(cache.get(&key), None);
+    }
+
+    #[tokio::test]
+    async fn a_deleted_secret_no_longer_answers_from_its_entries() {
+        let (cache, key) = failing_with_private_entry("uid-1");
+        let gone = || {
+            futures::future::ready(Err(CacheError::SecretGone {
+                namespace: "team".into(),
+                name: "creds".into(),
+            }))
+            .boxed()
+        };
+        assert!(cache.refresh(&key, gone).await.is_err());
+        assert_eq!(cache.get(&key), None);
+        // Any other failure to read it (the API server down) keeps the entry answering.
+        let (cache, key) = failing_with_private_entry("uid-1");
+        let unreadable = || futures::future::ready(Err(CacheError::Credentials("timeout".into()))).boxed();
+        assert!(matches!(
+            cache.refresh(&key, unreadable).await.unwrap().origin,
+            Origin::Stale { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_resolution_records_the_secret_it_used() {
+        let (_, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let target = reference(APP);
+        let key = CacheKey::tag(&target, team_creds());
+        cache
+            .lookup(key.clone(), target, None, secret("uid-1"))
+            .await
+            .unwrap();
+        assert_eq!(cache.get(&key).unwrap().secret_uid.as_deref(), Some("uid-1"));
+    }
+
+    /// Counts what the cache persists and deletes.
+    #[derive(Default)]
+    struct CountingSink {
+        persisted: AtomicUsize,
+        deleted: Mutex<Vec<CacheKey>>,
+    }
+
+    impl EntrySink for CountingSink {
+        fn persist(&self, _: &CacheEntry) {
+            self.persisted.fetch_add(1, Ordering::SeqCst);
+        }
+
+        fn delete(&self, key: &CacheKey) {
+            self.deleted.lock().unwrap().push(key.clone());
+        }
+    }
+
+    fn tags(n: usize) -> Vec<(String, &'static str)> {
+        (0..n)
+            .map(|i| (format!("registry.example/team/app:{i}"), "v"))
+            .collect()
+    }
+
+    /// A cache over a registry with tags `0..n` and `config`, persisting into a counting sink.
+    fn counted(n: usize, config: CacheConfig) -> (DigestCache, Arc<CountingSink>) {
+        let refs = tags(n);
+        let refs: Vec<(&str, &str)> = refs.iter().map(|(r, d)| (r.as_str(), *d)).collect();
+        let sink = Arc::new(CountingSink::default());
+        let cache = DigestCache::new(Arc::new(FakeSource::with(&refs)), config, Some(sink.clone()));
+        (cache, sink)
+    }
+
+    #[tokio::test]
+    async fn new_keys_past_the_cap_are_answered_but_neither_kept_nor_persisted() {
+        let config = CacheConfig {
+            max_entries: 2,
+            ..Default::default()
+        };
+        let (cache, sink) = counted(3, config);
+        for (r, _) in tags(3) {
+            assert_eq!(
+                lookup(&cache, &r, Scope::Anonymous).await.unwrap().digest,
+                digest("v")
+            );
+        }
+        assert_eq!(cache.entry_count(), 2);
+        assert_eq!(sink.persisted.load(Ordering::SeqCst), 2);
+        assert_eq!(cache.stats.refused.load(Ordering::SeqCst), 1);
+        // A held key is still refreshed and persisted.
+        let held = CacheKey::tag(&reference("registry.example/team/app:0"), Scope::Anonymous);
+        cache.refresh(&held, anonymous).await.unwrap();
+        assert_eq!(sink.persisted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn new_keys_past_the_per_minute_budget_are_not_kept() {
+        let config = CacheConfig {
+            new_entries_per_minute: 2,
+            ..Default::default()
+        };
+        let (cache, sink) = counted(5, config);
+        for (r, _) in tags(5) {
+            lookup(&cache, &r, Scope::Anonymous).await.unwrap();
+        }
+        assert_eq!(
+            (cache.entry_count(), sink.persisted.load(Ordering::SeqCst)),
+            (2, 2)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_removed_entry_is_deleted_from_the_store() {
+        let (cache, sink) = counted(1, CacheConfig::default());
+        let (r, _) = &tags(1)[0];
+        lookup(&cache, r, Scope::Anonymous).await.unwrap();
+        let key = CacheKey::tag(&reference(r), Scope::Anonymous);
+        cache.remove(&key);
+        assert_eq!(cache.get(&key), None);
+        assert_eq!(*sink.deleted.lock().unwrap(), [key]);
+    }
+
     #[tokio::test]
     async fn a_selection_resolves_the_highest_matching_tag() {
         let source = FakeSource {
@@ -1074,6 +1373,7 @@ mod tests {
             resolved_at: at,
             checked_at: at,
             error: None,
+            secret_uid: None,
         };
         cache.insert(entry("new", now));
         cache.insert(entry("old", now - Duration::from_secs(5)));

@@ -18,7 +18,7 @@ use std::{collections::HashMap, sync::Arc, time::SystemTime};
 use futures::StreamExt;
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
+    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams},
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::{Value, json};
@@ -91,6 +91,7 @@ pub fn to_object(entry: &CacheEntry) -> Value {
         ("selection", &entry.key.selection),
         ("tag", &entry.tag),
         ("error", &entry.error),
+        ("secretUID", &entry.secret_uid),
     ] {
         if let Some(value) = value {
             spec[field] = json!(value);
@@ -192,6 +193,7 @@ pub fn from_object(object: &DynamicObject) -> Option<CacheEntry> {
         resolved_at: parse_time(spec.get("resolvedAt")?)?,
         checked_at: parse_time(spec.get("checkedAt")?)?,
         error: text("error"),
+        secret_uid: text("secretUID"),
     })
 }
 
@@ -206,6 +208,8 @@ enum Write {
     Entry(CacheEntry),
     /// The [`MIRROR_FIELD_MANAGER`]'s fields of one object: the last one asked for wins.
     Mirror(CacheKey, MirrorFields),
+    /// The object of an entry dropped from the cache.
+    Delete(CacheKey),
 }
 
 impl ClusterSink {
@@ -221,14 +225,20 @@ impl ClusterSink {
                 };
                 let mut entries: HashMap<CacheKey, CacheEntry> = HashMap::new();
                 let mut records: HashMap<CacheKey, MirrorFields> = HashMap::new();
+                let mut deletions: Vec<CacheKey> = Vec::new();
                 let mut next = Some(first);
                 while let Some(write) = next {
                     match write {
                         Write::Entry(entry) => {
+                            deletions.retain(|key| *key != entry.key);
                             entries.insert(entry.key.clone(), entry);
                         }
                         Write::Mirror(key, fields) => {
                             records.insert(key, fields);
+                        }
+                        Write::Delete(key) => {
+                            entries.remove(&key);
+                            deletions.push(key);
                         }
                     }
                     next = rx.try_recv().ok();
@@ -248,6 +258,15 @@ impl ClusterSink {
                         tracing::warn!(%error, reference = %key.reference, ?location, "could not persist a mirror record");
                     }
                 }
+                for key in deletions {
+                    match api.delete(&object_name(&key), &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(status)) if status.code == 404 => {}
+                        Err(error) => {
+                            tracing::warn!(%error, reference = %key.reference, scope = %key.scope, "could not delete a digest cache entry")
+                        }
+                    }
+                }
             }
         });
         Arc::new(Self { tx })
@@ -261,6 +280,10 @@ impl EntrySink for ClusterSink {
 
     fn persist_mirror(&self, key: &CacheKey, fields: &MirrorFields) {
         let _ = self.tx.send(Write::Mirror(key.clone(), fields.clone()));
+    }
+
+    fn delete(&self, key: &CacheKey) {
+        let _ = self.tx.send(Write::Delete(key.clone()));
     }
 }
 
@@ -279,6 +302,11 @@ pub fn follow(
             match event {
                 Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
                     load(&cache, &object);
+                }
+                Ok(watcher::Event::Delete(object)) => {
+                    if let Some(entry) = from_object(&object) {
+                        cache.forget(&entry.key);
+                    }
                 }
                 Ok(watcher::Event::InitDone) => {
                     let _ = synced_tx.send(true);
@@ -329,13 +357,14 @@ mod tests {
             resolved_at: now - Duration::from_secs(30),
             checked_at: now,
             error: Some("timeout".into()),
+            secret_uid: Some("0b5f-uid".into()),
         };
         let object: DynamicObject = serde_json::from_value(to_object(&entry)).unwrap();
         let back = from_object(&object).unwrap();
         assert_eq!(back.key, entry.key);
         assert_eq!(
-            (back.digest, back.tag, back.error),
-            (entry.digest, entry.tag, entry.error)
+            (back.digest, back.tag, back.error, back.secret_uid),
+            (entry.digest, entry.tag, entry.error, entry.secret_uid)
         );
         // RFC 3339 keeps sub-second precision here; the API server stores the string as given.
         assert_eq!(back.checked_at, entry.checked_at);
@@ -356,6 +385,7 @@ mod tests {
             resolved_at: now,
             checked_at: now,
             error: None,
+            secret_uid: None,
         }
     }
 

@@ -286,12 +286,13 @@ impl Credentials {
             };
             let encoded = string("auth")?;
             if auth.password.is_empty() && !encoded.is_empty() {
+                // base64's own error names the offending byte and its offset: Secret material.
                 let decoded =
                     STANDARD
                         .decode(encoded.as_bytes())
-                        .map_err(|e| CredentialsError::InvalidAuthField {
+                        .map_err(|_| CredentialsError::InvalidAuthField {
                             secret: secret.to_owned(),
-                            detail: e.to_string(),
+                            detail: "not valid base64".into(),
                         })?;
                 let decoded = String::from_utf8(decoded).map_err(|_| CredentialsError::NotUtf8 {
                     secret: secret.to_owned(),
@@ -598,7 +599,7 @@ mod tests {
             docker_config(r#"{"auths":{"r.io":{"auth":"invalid"}}}"#)
                 .unwrap_err()
                 .to_string(),
-            "secret 'regcred': Decoding auth field: Invalid padding"
+            "secret 'regcred': Decoding auth field: not valid base64"
         );
         assert_eq!(
             docker_config(r#"{"auths":{"r.io":{"auth":"Zm9v"}}}"#).unwrap_err(),
@@ -620,6 +621,18 @@ mod tests {
             missing,
             CredentialsError::MissingDockerConfigJson { secret: "s".into() }
         );
+    }
+
+    /// Issue 15, item 6: base64's error ("Invalid symbol 35, offset 6.") went into logs,
+    /// admission warnings and Events: a byte of the credentials and where it is.
+    #[test]
+    fn a_malformed_auth_field_is_reported_without_any_of_its_bytes() {
+        for auth in ["dXNlcjpw#XNz", "dXNlcjpwYXNzZ", "dXNlcjpwYXNzZA=x"] {
+            let message = docker_config(&format!(r#"{{"auths":{{"r.io":{{"auth":"{auth}"}}}}}}"#))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(message, "secret 'regcred': Decoding auth field: not valid base64");
+        }
     }
 
     #[test]

@@ -14,6 +14,8 @@ pub mod cache;
 pub mod cluster_store;
 pub mod credentials;
 pub mod digest;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod host_gate;
 pub mod mirror;
 pub mod reference;

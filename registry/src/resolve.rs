@@ -1083,7 +1083,7 @@ fn next_link(headers: &HeaderMap, current: &Url) -> Option<Url> {
 }
 
 /// `CODE: message` of a distribution error body (`{"errors":[{"code":…,"message":…}]}`).
-fn registry_error(body: &Bytes) -> Option<String> {
+pub(crate) fn registry_error(body: &Bytes) -> Option<String> {
     #[derive(Deserialize)]
     struct Errors {
         errors: Vec<ErrorEntry>,

@@ -2,7 +2,8 @@
 
 use std::{net::IpAddr, net::SocketAddr, path::PathBuf, time::Duration};
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+pub use holdfast_pins::logs::LogFormat;
 
 #[derive(Debug, Clone, Parser)]
 #[command(name = "holdfast-webhook", version, about = "holdfast's admission webhook")]
@@ -86,12 +87,6 @@ pub struct TlsArgs {
     /// How often each replica checks whether a certificate is due for renewal.
     #[arg(long, env = "HOLDFAST_CERT_RECHECK_SECONDS", default_value_t = 600)]
     pub cert_recheck_seconds: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Plain,
-    Json,
 }
 
 impl Args {

@@ -2,15 +2,19 @@
 //!
 //! - [`rules`]: pure decisions over a request and a read-only [`cluster::ClusterView`].
 //! - [`review`]: the wire format; [`handler`]: the HTTP layer (deadline, metrics, logs).
+//! - [`digest_cache`]: the controller's cache entries, read-only.
 //! - [`server`]: the TLS and admin ports; [`admin`]: probes and metrics; [`logs`]: the log lines.
 
 pub mod admin;
 pub mod cli;
 pub mod cluster;
 pub mod decision;
+pub mod digest_cache;
 pub mod handler;
-pub mod logs;
 pub mod metrics;
 pub mod review;
 pub mod rules;
 pub mod server;
+
+/// The log lines (shared with the controller).
+pub use holdfast_pins::logs;

@@ -10,15 +10,11 @@ use holdfast_certs::{
     load_pair,
 };
 use holdfast_pins::Pinner;
-use holdfast_registry::{
-    Resolver,
-    cache::DigestCache,
-    cluster_store::{self, ClusterSink},
-};
+use holdfast_registry::Resolver;
 use holdfast_webhook::{
-    cli::{Args, LogFormat},
+    cli::Args,
     cluster::Cluster,
-    logs,
+    digest_cache, logs,
     rules::{RuleContext, policy::Policy},
     server::{self, Settings},
 };
@@ -31,7 +27,7 @@ async fn main() -> Result<()> {
         .install_default()
         .map_err(|_| anyhow!("a rustls crypto provider was already installed"))?;
     let args = Args::parse();
-    init_tracing(args.log_format);
+    logs::init(args.log_format);
     // Pins to the mirror's copies the controller recorded (the controller does the copying).
     let mirror = args.registry.mirror()?;
     let mut terminate = signal(SignalKind::terminate())?;
@@ -45,14 +41,13 @@ async fn main() -> Result<()> {
         .await
         .context("starting the cluster watches")?;
     let resolver = Resolver::new(args.registry.resolver_config()).context("building the registry client")?;
-    let entries = cluster_store::api(client.clone(), &args.tls.namespace);
-    let sink = ClusterSink::start(entries.clone(), cancel.clone());
-    let cache = Arc::new(DigestCache::new(
-        Arc::new(resolver),
+    let (cache, mut cache_synced) = digest_cache::follow(
+        client.clone(),
+        &args.tls.namespace,
+        resolver,
         args.registry.cache_config(),
-        Some(sink),
-    ));
-    let mut cache_synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
+        cancel.clone(),
+    );
     let policy = match &args.policy_file {
         Some(path) => {
             let text =
@@ -130,14 +125,4 @@ async fn certificate(
     let resolver = store.resolver();
     tokio::spawn(store.run(Duration::from_secs(tls.cert_recheck_seconds), cancel));
     Ok(resolver)
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    // Colour only for a terminal: in a pod, escape codes would end up in the collected logs.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let subscriber = logs::subscriber(format, filter, ansi, std::io::stdout);
-    if tracing::subscriber::set_global_default(subscriber).is_err() {
-        eprintln!("a tracing subscriber was already installed; keeping it");
-    }
 }

@@ -173,6 +173,13 @@ impl Collector for CacheCollector {
             None,
             errors.metric_type(),
         )?)?;
+        let refused = ConstCounter::new(read(&stats.refused));
+        refused.encode(encoder.encode_descriptor(
+            "digest_cache_refused",
+            "New references answered but not cached: the cache held --cache-max-entries, or this minute's --cache-new-entries-per-minute were used",
+            None,
+            refused.metric_type(),
+        )?)?;
         let entries = ConstGauge::new(i64::try_from(self.0.entry_count()).unwrap_or(i64::MAX));
         entries.encode(encoder.encode_descriptor(
             "digest_cache_entries",

@@ -274,6 +274,7 @@ async fn an_app_fetch_tag_is_pinned_through_the_cache() {
         r#"holdfast_webhook_digest_cache_lookups_total{result="hit"} 0"#,
         "holdfast_webhook_registry_lookups_total 1",
         "holdfast_webhook_registry_errors_total 0",
+        "holdfast_webhook_digest_cache_refused_total 0",
         "holdfast_webhook_digest_cache_entries 1",
     ] {
         assert!(text.contains(line), "{line} not in\n{text}");

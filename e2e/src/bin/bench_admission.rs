@@ -202,6 +202,7 @@ async fn pin_phase(
         resolved_at: now,
         checked_at: now,
         error: None,
+        secret_uid: None,
     });
     let body = serde_json::to_vec(&pin_review())?;
     let client = reqwest::Client::builder()

@@ -114,7 +114,7 @@ async fn phase(
     while mark <= HOUR {
         kapp.run_until(mark).await?;
         if let Some(controller) = controller {
-            let report = controller.refresh().await;
+            let report = controller.refresh().await?;
             eprintln!(
                 "  {name}: refresh round at {} min: {} checked, {} failed",
                 mark.as_secs() / 60,
@@ -130,7 +130,7 @@ async fn phase(
     registry.stop();
     kapp.run_until(HOUR + OUTAGE).await?;
     if let Some(controller) = controller {
-        let report = controller.refresh().await;
+        let report = controller.refresh().await?;
         eprintln!(
             "  {name}: refresh round during the outage: {} checked, {} answered from the cache",
             report.checked, report.failed

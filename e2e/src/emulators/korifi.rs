@@ -10,8 +10,7 @@
 //!   deletes that namespace and requeues every 1 s until it is NotFound, then removes the
 //!   finalizer. (Should the API server answer the repeated delete of a terminating namespace
 //!   with 409 Conflict, as some versions do, Korifi returns that as an error and the rate
-//!   limiter paces the wait instead; [`KorifiCounts::namespace_delete_conflicts`] tells. The
-//!   1.20 API server of the local control plane accepts the repeated delete.)
+//!   limiter paces the wait instead; [`KorifiCounts::namespace_delete_conflicts`] tells.)
 //! - **CFSpace** (ref §1.4 step 3): finalizer `cfSpace.korifi.cloudfoundry.org`; creates the space
 //!   namespace (and the builder service account kpack's pods run as, which Korifi propagates into
 //!   space namespaces); when deleted, the `SpaceAppsFinalizer` skips the apps if the namespace is

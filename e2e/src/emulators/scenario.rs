@@ -175,7 +175,15 @@ impl FastDeletion {
             .patch(&webhook.configuration, &PatchParams::default(), &patch)
             .await?;
         let cancel = CancellationToken::new();
-        let finalizer = tokio::spawn(holdfast_controller::finalizer::run(client, cancel.clone()));
+        // The benchmark measures the opt-in space deletion too (BENCHMARKS.md's CFSpace lever).
+        let options = holdfast_controller::finalizer::Options {
+            delete_org_spaces: true,
+        };
+        let finalizer = tokio::spawn(holdfast_controller::finalizer::run(
+            client,
+            options,
+            cancel.clone(),
+        ));
         Ok(Self {
             webhook,
             cancel,

@@ -369,7 +369,7 @@ impl Copier {
 
 /// A manifest or index as far as copying needs it.
 #[derive(Deserialize)]
-struct ManifestDoc {
+pub(crate) struct ManifestDoc {
     #[serde(rename = "schemaVersion", default)]
     schema_version: u32,
     #[serde(rename = "mediaType", default)]

@@ -1,4 +1,4 @@
-//! Log lines, plain text or JSON: `tracing_subscriber`'s layouts written by holdfast's own
+//! Log lines of both binaries (`--log-format`), plain text or JSON: `tracing_subscriber`'s layouts written by holdfast's own
 //! formatter. The per-admission line is on the hot path, and the stock formatters pay for
 //! generality there (every field through `Debug` and padding checks, JSON fields collected into
 //! a map of `serde_json::Value`s and then serialised) — about three times this formatter's cost.
@@ -27,7 +27,22 @@ use tracing_subscriber::{
     registry::LookupSpan,
 };
 
-use crate::cli::LogFormat;
+/// `--log-format`, shared by `holdfast-webhook` and `holdfast-controller`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Plain,
+    Json,
+}
+
+/// Installs the process's subscriber: `format` lines on stdout, level from `RUST_LOG` (default
+/// `info`), colour only for a terminal (in a pod escape codes would end up in collected logs).
+pub fn init(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    if tracing::subscriber::set_global_default(subscriber(format, filter, ansi, std::io::stdout)).is_err() {
+        eprintln!("a tracing subscriber was already installed; keeping it");
+    }
+}
 
 /// A subscriber writing `format` lines to `writer`, filtered by `filter`; `ansi` colours the
 /// level (plain text only: for a terminal, never for collected logs).
@@ -467,7 +482,7 @@ mod tests {
         assert!(time.ends_with('Z') && time.contains('T'), "{out}");
         assert_eq!(
             rest,
-            " INFO holdfast_webhook::logs::tests: admission uid=0c9a8d74 namespace=\"\" name=\"has space\" \
+            " INFO holdfast_pins::logs::tests: admission uid=0c9a8d74 namespace=\"\" name=\"has space\" \
              quote=\"say \\\"hi\\\"\\n\" count=3 delta=-2 dry_run=false shown=display debugged=Some(1)\n"
         );
     }
@@ -477,7 +492,7 @@ mod tests {
         let out = lines(LogFormat::Json, admission_line);
         let line: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(line["level"], "INFO");
-        assert_eq!(line["target"], "holdfast_webhook::logs::tests");
+        assert_eq!(line["target"], "holdfast_pins::logs::tests");
         assert!(line["timestamp"].as_str().unwrap().ends_with('Z'));
         assert_eq!(
             line["fields"],
@@ -544,7 +559,9 @@ mod tests {
         };
         let plain = lines(LogFormat::Plain, emit);
         assert!(
-            plain.contains(" ERROR resolve{registry=r.example}:fetch: holdfast_webhook::logs::tests: refused status=429\n"),
+            plain.contains(
+                " ERROR resolve{registry=r.example}:fetch: holdfast_pins::logs::tests: refused status=429\n"
+            ),
             "{plain}"
         );
         let json: serde_json::Value = serde_json::from_str(&lines(LogFormat::Json, emit)).unwrap();

@@ -1,0 +1,142 @@
+//! AdmissionReview bodies, decoded as the webhook decodes them and, when they decode, routed to
+//! every rule (mutating and validating) and answered. The registry answers every tag at once
+//! and the cluster view derives its answers from the names asked, so each rule's paths are
+//! reachable without a cluster.
+#![no_main]
+
+use std::{collections::BTreeMap, sync::Arc, sync::OnceLock};
+
+use bytes::Bytes;
+use futures::{FutureExt, future::BoxFuture};
+use holdfast_pins::Pinner;
+use holdfast_registry::{
+    Credentials, Digest, Reference, ResolveError,
+    cache::{CacheConfig, DigestCache, Source},
+};
+use holdfast_webhook::{
+    cluster::{ClusterView, Peer, Presence},
+    review,
+    rules::{Family, Rule, RuleContext, policy::Policy},
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use libfuzzer_sys::fuzz_target;
+
+/// Every tag resolves to the digest of its name; every repository lists a few semver tags.
+struct AnyRegistry;
+
+impl Source for AnyRegistry {
+    fn digest<'a>(
+        &'a self,
+        reference: &'a Reference,
+        _: &'a Credentials,
+    ) -> BoxFuture<'a, Result<Digest, ResolveError>> {
+        futures::future::ready(Ok(Digest::sha256_of(reference.normalized().as_bytes()))).boxed()
+    }
+
+    fn tags<'a>(
+        &'a self,
+        _: &'a Reference,
+        _: &'a Credentials,
+    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
+        let tags = ["1.0.0", "1.2.3", "2.0.0-rc.1", "latest"]
+            .map(String::from)
+            .to_vec();
+        futures::future::ready(Ok(tags)).boxed()
+    }
+}
+
+/// Answers from the names asked: even-length names are being deleted, names with a digit are
+/// gone, the rest live; every Image has an owning app.
+struct DerivedCluster;
+
+fn state(name: &str) -> Presence {
+    if name.chars().any(|c| c.is_ascii_digit()) {
+        Presence::Gone
+    } else if name.len() % 2 == 0 {
+        Presence::Terminating
+    } else {
+        Presence::Live
+    }
+}
+
+impl ClusterView for DerivedCluster {
+    fn image_owner<'a>(&'a self, _: &'a str, image: &'a str) -> BoxFuture<'a, Option<OwnerReference>> {
+        let owner = OwnerReference {
+            api_version: "korifi.cloudfoundry.org/v1alpha1".into(),
+            kind: "CFApp".into(),
+            name: image.into(),
+            uid: format!("uid-{image}"),
+            ..Default::default()
+        };
+        futures::future::ready((state(image) != Presence::Gone).then_some(owner)).boxed()
+    }
+
+    fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([(
+            "holdfast.dev/require-digests".to_owned(),
+            (namespace.len() % 2 == 0).to_string(),
+        )])
+    }
+
+    fn terminating(&self, _: Peer, _: &str, name: &str) -> Option<bool> {
+        match state(name) {
+            Presence::Gone | Presence::Unknown => None,
+            presence => Some(presence == Presence::Terminating),
+        }
+    }
+
+    fn metadata(&self, _: Peer, _: &str, name: &str) -> Option<ObjectMeta> {
+        Some(ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        })
+    }
+
+    fn presence_now<'a>(&'a self, _: Peer, _: &'a str, name: &'a str) -> BoxFuture<'a, Presence> {
+        futures::future::ready(state(name)).boxed()
+    }
+}
+
+fn context() -> &'static RuleContext {
+    static CONTEXT: OnceLock<RuleContext> = OnceLock::new();
+    CONTEXT.get_or_init(|| {
+        // No entry is kept: every input starts from the same empty cache.
+        let config = CacheConfig {
+            max_entries: 0,
+            ..CacheConfig::default()
+        };
+        let cache = DigestCache::new(Arc::new(AnyRegistry), config, None);
+        let policy =
+            Policy::from_yaml("allowedRegistries: [registry.corp.com, ghcr.io/corp]\nmode: enforce\n")
+                .expect("the fuzz policy parses");
+        RuleContext {
+            policy,
+            cluster: Arc::new(DerivedCluster),
+            pinner: Arc::new(Pinner::new(Arc::new(cache), None)),
+        }
+    })
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime")
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let body = Bytes::copy_from_slice(data);
+    let Ok(request) = review::decode(&body) else {
+        return;
+    };
+    for family in [Family::Mutating, Family::Validating] {
+        let Some(rule) = Rule::route(family, &request) else {
+            continue;
+        };
+        let verdict = runtime().block_on(rule.evaluate(&request, context()));
+        review::encode(&request, verdict).expect("a verdict encodes");
+    }
+});

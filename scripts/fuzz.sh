@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# holdfast's fuzz targets (fuzz/, cargo-fuzz + libFuzzer) on the stable toolchain.
+#
+#   scripts/fuzz.sh smoke [SECONDS]         every target for SECONDS (default 5) from its committed
+#                                           corpus (a copy: the corpus is not changed); `make test`
+#   scripts/fuzz.sh run TARGET SECONDS      one long run under nice 19, growing fuzz/work/TARGET
+#   scripts/fuzz.sh minimize TARGET         merge fuzz/work/TARGET into the committed corpus,
+#                                           keeping only inputs that add coverage
+#
+# cargo-fuzz's -Z flags need nightly; RUSTC_BOOTSTRAP=1 lets stable accept them. No sanitizer
+# (-s none): holdfast forbids unsafe code, and the rate is what finds panics and hangs. Limits
+# on every run: -rss_limit_mb=1024 (bounded memory), -timeout=10 (a hang is a failure).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TARGETS=(admission_review reference www_authenticate manifest bundle semver dockerconfigjson)
+LIMITS=(-rss_limit_mb=1024 -timeout=10 -print_final_stats=1)
+export RUSTC_BOOTSTRAP=1
+
+# cargo-fuzz from crates.io when missing (cached in ~/.cargo/bin afterwards).
+ensure_cargo_fuzz() {
+    if ! cargo fuzz --version >/dev/null 2>&1; then
+        echo "fuzz: installing cargo-fuzz (once)" >&2
+        cargo install --locked cargo-fuzz
+    fi
+}
+
+fuzz() {
+    (cd fuzz && cargo fuzz "$@")
+}
+
+# The long runs yield the CPU to everything else.
+fuzz_low() {
+    (cd fuzz && nice -n 19 cargo fuzz "$@")
+}
+
+case "${1:-}" in
+smoke)
+    seconds="${2:-5}"
+    ensure_cargo_fuzz
+    fuzz build -s none
+    scratch="$(mktemp -d)"
+    trap 'rm -rf "$scratch"' EXIT
+    for target in "${TARGETS[@]}"; do
+        mkdir -p "$scratch/$target"
+        cp fuzz/corpus/"$target"/* "$scratch/$target/"
+        if ! fuzz run -s none "$target" "$scratch/$target" -- -max_total_time="$seconds" "${LIMITS[@]}" \
+            -artifact_prefix="$scratch/" >"$scratch/$target.log" 2>&1; then
+            cat "$scratch/$target.log" >&2
+            echo "fuzz-smoke: $target FAILED (the input is in the log above)" >&2
+            exit 1
+        fi
+        echo "fuzz-smoke: $target $(grep -E '^stat::number_of_executed_units' "$scratch/$target.log" | awk '{print $2}') runs, ok"
+    done
+    ;;
+run)
+    target="$2" seconds="$3"
+    ensure_cargo_fuzz
+    mkdir -p fuzz/work/"$target"
+    cp -n fuzz/corpus/"$target"/* fuzz/work/"$target"/ 2>/dev/null || true
+    fuzz build -s none "$target"
+    fuzz_low run -s none "$target" work/"$target" -- -max_total_time="$seconds" "${LIMITS[@]}"
+    ;;
+minimize)
+    target="$2"
+    ensure_cargo_fuzz
+    merged="$(mktemp -d)"
+    trap 'rm -rf "$merged"' EXIT
+    fuzz_low run -s none "$target" "$merged" corpus/"$target" work/"$target" -- -merge=1 "${LIMITS[@]}"
+    rm -f fuzz/corpus/"$target"/*
+    cp "$merged"/* fuzz/corpus/"$target"/
+    ;;
+*)
+    sed -n '2,12p' "$0" >&2
+    exit 2
+    ;;
+esac
