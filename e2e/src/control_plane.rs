@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
 use crate::{
-    peers::KappController,
+    peers::{KappController, Kpack},
     pki::Pki,
     process::{ServerProcess, free_port},
     tools::Tools,
@@ -59,6 +59,8 @@ pub struct Env {
     processes: Vec<ServerProcess>,
     /// Started by the first test that asks for it; stopped before the control plane.
     kapp_controller: tokio::sync::OnceCell<Result<KappController, String>>,
+    /// Likewise (with the volume provisioner it needs).
+    kpack: tokio::sync::OnceCell<Result<Kpack, String>>,
     dir: Option<TempDir>,
 }
 
@@ -89,6 +91,7 @@ impl Env {
             admin_token: String::new(),
             processes: Vec::new(),
             kapp_controller: tokio::sync::OnceCell::new(),
+            kpack: tokio::sync::OnceCell::new(),
             dir: None,
         })
     }
@@ -113,6 +116,7 @@ impl Env {
             admin_token: String::new(),
             processes: Vec::new(),
             kapp_controller: tokio::sync::OnceCell::new(),
+            kpack: tokio::sync::OnceCell::new(),
             dir: Some(dir),
         };
 
@@ -436,6 +440,33 @@ impl Env {
         }
     }
 
+    /// The real kpack (controller, webhook) with the local-path-provisioner and its stack and
+    /// ClusterBuilder ([`crate::peers::kpack`]), started on first use and kept for the rest of
+    /// the environment's life. Only on the local control plane.
+    pub async fn kpack(&self) -> Result<&Kpack> {
+        if self.is_existing_cluster() {
+            bail!("the kpack peer runs only on the local control plane");
+        }
+        let started = self
+            .kpack
+            .get_or_init(|| async {
+                let dir = self.dir().map_err(|e| e.to_string())?.join("kpack");
+                Kpack::start(self, &dir).await.map_err(|e| format!("{e:#}"))
+            })
+            .await;
+        started
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("kpack failed to start: {e}"))
+    }
+
+    /// The end of kpack's logs, when it runs (for a failing test's message).
+    pub fn kpack_log(&self, lines: usize) -> String {
+        match self.kpack.get() {
+            Some(Ok(k)) => k.log_tail(lines),
+            _ => String::from("(kpack not running)"),
+        }
+    }
+
     pub fn apiserver_port(&self) -> u16 {
         self.apiserver_port
     }
@@ -533,6 +564,9 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
+        if let Some(Ok(mut kpack)) = self.kpack.take() {
+            kpack.stop();
+        }
         if let Some(Ok(mut kapp_controller)) = self.kapp_controller.take() {
             kapp_controller.stop();
         }
@@ -636,7 +670,13 @@ async fn create_kwok_nodes(client: &Client, count: usize) -> Result<()> {
             "metadata": {
                 "name": kwok_node_name(i),
                 "annotations": {KWOK_NODE_ANNOTATION: "fake"},
-                "labels": {"type": "kwok", "kubernetes.io/hostname": kwok_node_name(i)},
+                // As a kubelet registers its node (kpack's build pods select kubernetes.io/os).
+                "labels": {
+                    "type": "kwok",
+                    "kubernetes.io/hostname": kwok_node_name(i),
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                },
             },
             "status": {
                 "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000"},

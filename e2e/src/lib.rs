@@ -5,6 +5,7 @@
 pub mod control_plane;
 pub mod controller;
 pub mod emulators;
+pub mod fixed_port;
 pub mod images;
 pub mod objects;
 pub mod peers;

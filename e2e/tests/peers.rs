@@ -1,13 +1,19 @@
 //! The real peers and kwok nodes do their jobs on the local control plane, so the suites built on
 //! them test what a cluster does: kwok runs pods and honours grace periods; the real
 //! kapp-controller fetches, templates and deploys an App, and syncs a PackageRepository whose
-//! Packages its aggregated API serves.
+//! Packages its aggregated API serves; the real kpack builds an Image through its own reconciles
+//! (builder, Build, build pod on a kwok node, cache volume from the real local-path-provisioner).
 
 use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, bail, ensure};
-use holdfast_e2e::{Env, e2e_main, images, objects::api_for, objects::create_all, wait};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use holdfast_e2e::{
+    Env, e2e_main, images,
+    objects::{api_for, create_all},
+    peers::kpack,
+    wait,
+};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, DynamicObject, PostParams},
@@ -18,6 +24,7 @@ e2e_main!(
     kwok_runs_pods_and_honours_grace_periods,
     kapp_controller_deploys_an_app,
     kapp_controller_serves_the_packages_of_a_repository,
+    kpack_builds_an_image,
 );
 
 fn pod(name: &str, grace: i64, restart: &str) -> Result<Pod> {
@@ -219,6 +226,132 @@ async fn kapp_controller_serves_the_packages_of_a_repository(env: Arc<Env>) -> R
     ensure!(
         names == ["greeter.peers.holdfast.dev.1.0.0"],
         "packages: {names:?}"
+    );
+    Ok(())
+}
+
+/// Waits, on a watch, until kpack reports the condition `kind` of `name` True; fails at once when
+/// it reports it False, with its message.
+async fn until_condition(
+    env: &Env,
+    api: &Api<DynamicObject>,
+    name: &str,
+    kind: &str,
+    timeout: Duration,
+) -> Result<DynamicObject> {
+    let decided = |o: Option<&DynamicObject>| o.is_some_and(|o| kpack::condition(o, kind).is_some());
+    let object = tokio::time::timeout(
+        timeout,
+        kube::runtime::wait::await_condition(api.clone(), name, decided),
+    )
+    .await
+    .with_context(|| format!("{name} not {kind} within {timeout:?}\n{}", env.kpack_log(15)))??
+    .context("object gone")?;
+    ensure!(
+        kpack::condition(&object, kind) == Some(true),
+        "{name} is not {kind}: {}",
+        object.data["status"]["conditions"]
+    );
+    Ok(object)
+}
+
+/// An Image built from source in the registry goes all the way through kpack's own reconciles:
+/// the webhook defaults it, the image reconciler creates its cache claim and Build, the build
+/// reconciler the pod, which kube-scheduler places on a kwok node once the local-path-provisioner
+/// has bound the claim; when kwok completes it (the containers' stand-in having pushed the app
+/// image), kpack marks the Build succeeded and the Image ready with the pushed digest. No test
+/// writes any status. The Image also reads as v1alpha1, through kpack's conversion webhook.
+async fn kpack_builds_an_image(env: Arc<Env>) -> Result<()> {
+    if env.is_existing_cluster() {
+        eprintln!("kpack: skipped (the kpack peer runs only on the local control plane)");
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let builder = env.kpack().await?.cluster_builder().to_string();
+    eprintln!(
+        "kpack: started (webhook, controller, ClusterBuilder ready) in {:.1?}",
+        started.elapsed()
+    );
+    let built = std::time::Instant::now();
+    let client = env.client().await?;
+    let ns = env.namespace("kpack-image").await?;
+    let reg = env.registry();
+    let source = images::Image::with_files(&[("app/main.txt", b"hello from the e2e source\n")])?;
+    let source = images::push(reg, "peers/kpack-app-source", "1", &source).await?;
+    let image = format!(
+        "apiVersion: kpack.io/v1alpha2\nkind: Image\nmetadata: {{name: app}}\nspec:\n  tag: {reg}/peers/kpack-app\n  builder: {{kind: ClusterBuilder, name: {builder}}}\n  source: {{registry: {{image: {reg}/peers/kpack-app-source@{source}}}}}\n"
+    );
+    let created = create_all(&client, &ns, &image).await?;
+    // Defaulted by kpack's mutating webhook.
+    ensure!(
+        created[0].data["spec"]["serviceAccountName"] == "default",
+        "Image not defaulted by kpack's webhook: {}",
+        created[0].data["spec"]
+    );
+
+    let builds: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &kpack::resource("Build"));
+    let build = until_condition(
+        &env,
+        &builds,
+        "app-build-1",
+        "Succeeded",
+        Duration::from_secs(120),
+    )
+    .await?;
+    let latest = build.data["status"]["latestImage"].as_str().unwrap_or_default();
+    let pushed = images::head_digest(reg, "peers/kpack-app", "latest")
+        .await?
+        .context("app image not pushed")?;
+    ensure!(
+        latest == format!("{reg}/peers/kpack-app@{pushed}"),
+        "Build latestImage {latest} is not the pushed {pushed}"
+    );
+    let images_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &kpack::resource("Image"));
+    let ready = until_condition(&env, &images_api, "app", "Ready", Duration::from_secs(60)).await?;
+    ensure!(
+        ready.data["status"]["latestImage"] == latest,
+        "Image status: {}",
+        ready.data["status"]
+    );
+    eprintln!(
+        "kpack: Image built (Build succeeded, Image ready) in {:.1?}",
+        built.elapsed()
+    );
+
+    let pod_name = build.data["status"]["podName"]
+        .as_str()
+        .context("Build without podName")?;
+    let pod = Api::<Pod>::namespaced(client.clone(), &ns).get(pod_name).await?;
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or_default();
+    ensure!(
+        phase(&pod) == "Succeeded" && node.starts_with("kwok-node-"),
+        "build pod {pod_name}: {} on {node:?}",
+        phase(&pod)
+    );
+    let claim = Api::<PersistentVolumeClaim>::namespaced(client, &ns)
+        .get("app-cache")
+        .await?;
+    let claim_phase = claim.status.and_then(|s| s.phase).unwrap_or_default();
+    ensure!(claim_phase == "Bound", "cache claim app-cache is {claim_phase}");
+
+    let out = env
+        .kubectl()
+        .args(["get", "images.v1alpha1.kpack.io", "app", "-n", &ns, "-o", "json"])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "v1alpha1 read (conversion webhook): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v1alpha1: Value = serde_json::from_slice(&out.stdout)?;
+    ensure!(
+        v1alpha1["apiVersion"] == "kpack.io/v1alpha1",
+        "converted: {}",
+        v1alpha1["apiVersion"]
     );
     Ok(())
 }
