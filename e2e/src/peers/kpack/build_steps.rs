@@ -12,7 +12,7 @@
 //!   (`RUN_IMAGE`); its one layer names the source it was built from;
 //! - completion: writes kpack's build metadata (gzip, base64: `cnb.CompressBuildMetadata`) as the
 //!   `completion` container's termination message. Here it goes to the pod annotation
-//!   [`TERMINATION_MESSAGE`], which kwok's `kpack-build-pod-complete` stage
+//!   [`TERMINATION_MESSAGE`], which kwok's `pod-complete-with-message` stage
 //!   (`e2e/kwok/pod-stages.yaml`) copies into that container's terminated state when it completes
 //!   the pod, as a kubelet copies a container's termination-message file.
 //!
