@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the local control plane and the real peers need, idempotently:
-#   - Debian packages: the OCI registry (Distribution), skopeo, openssl, shellcheck;
+#   - Debian packages: the OCI registry (Distribution), skopeo, openssl, shellcheck, iproute2;
 #   - Go programs built from their Go modules, one module per program under e2e/peers/<name>/
 #     (a go.mod that requires the program, its go.sum pinning every hash): Kubernetes
 #     (kube-apiserver, kube-controller-manager, kube-scheduler), etcd, kwok, kapp-controller with
@@ -15,7 +15,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE_DIR=${HOLDFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/holdfast}
 PEERS_DIR="$CACHE_DIR/peers"
-PACKAGES=(docker-registry skopeo curl openssl shellcheck)
+# iproute2: `ip link set lo up` in the network namespaces of peers with hard-coded ports.
+PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2)
 # The Go toolchain of this machine kind (Kubernetes 1.37's go.mod says go 1.26.0).
 GO_MIN_MINOR=26
 

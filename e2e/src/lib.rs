@@ -5,8 +5,8 @@
 pub mod control_plane;
 pub mod controller;
 pub mod emulators;
-pub mod fixed_port;
 pub mod images;
+pub mod netns;
 pub mod objects;
 pub mod peers;
 pub mod pki;

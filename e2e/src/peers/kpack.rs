@@ -10,18 +10,20 @@
 //! Routes and deviations (what differs from a cluster, and why):
 //! - **Webhooks.** kpack's own `config/webhook.yaml` is applied (the two webhook configurations
 //!   and the empty `webhook-certs` Secret, not the Deployment) with `service.port` set to the
-//!   webhook's free port (`WEBHOOK_PORT`); the Service `kpack-webhook` is an ExternalName naming
+//!   webhook's published port (below); the Service `kpack-webhook` is an ExternalName naming
 //!   127.0.0.1 ([`manifests::loopback_service`]). knative's certificate controller fills the
 //!   Secret with a CA and a serving certificate for `kpack-webhook.kpack.svc`, and its
 //!   reconcilers write the rules, `caBundle` and paths into the webhook configurations and the
 //!   CRDs' conversion webhooks: all as in a cluster (the start waits for it).
 //! - **Conversion.** kpack's CRDs (installed at boot) name port 443 of that Service for
 //!   conversion; the start points them at the webhook's port instead.
-//! - **Fixed port.** knative serves the webhook's health probes on `:8080`, hard-coded
-//!   (`injection.HealthCheckDefaultPort`): environments on one machine take turns for it
-//!   ([`FixedPort`]).
-//! - **No metrics or profiling ports in use:** `DEFAULT_METRICS_BACKEND=none` (the release exports
-//!   Prometheus metrics on :9090) and `PROFILING_PORT` free (default :8008).
+//! - **The webhook runs in a network namespace of its own** ([`Netns`]): knative serves its health
+//!   probes on `:8080`, hard-coded (`injection.HealthCheckDefaultPort`), as Korifi's controllers
+//!   serve their metrics. Inside it listens on its release ports (webhook 8443, profiling 8008,
+//!   probes 8080); kube-apiserver's port is relayed in, the webhook port published on a free
+//!   host port, which the webhook configurations name.
+//! - **No metrics ports in use:** `DEFAULT_METRICS_BACKEND=none` (the release exports Prometheus
+//!   metrics on :9090); the controller's profiling port (`PROFILING_PORT`, default :8008) is free.
 //! - **Build pods' images** (`BUILD_INIT_IMAGE` and the like, from ConfigMaps in the release)
 //!   name `e2e.invalid/kpack/…`: nothing pulls them. Their containers' work is [`BuildSteps`].
 //! - **Buildpacks, stack and lifecycle** are the minimal images of [`stack`], in the local
@@ -49,7 +51,7 @@ pub use build_steps::BuildSteps;
 
 use crate::{
     control_plane::Env,
-    fixed_port::FixedPort,
+    netns::{Netns, Spawn},
     peers::{LocalPathProvisioner, manifests, until_while_running},
     process::{ServerProcess, free_port},
     tools::peer_bin,
@@ -59,8 +61,8 @@ use crate::{
 pub const NAMESPACE: &str = "kpack";
 const WEBHOOK_SERVICE: &str = "kpack-webhook";
 const DEFAULTING_WEBHOOK: &str = "defaults.webhook.kpack.io";
-/// knative's `injection.HealthCheckDefaultPort`: no flag or variable moves it.
-const WEBHOOK_PROBE_PORT: u16 = 8080;
+/// The webhook's port in its release (`defaultWebhookPort`), inside its network namespace.
+const WEBHOOK_PORT: u16 = 8443;
 /// The CRDs kpack's webhook converts (v1alpha1 ⇄ v1alpha2).
 const CONVERTED: [&str; 4] = [
     "images.kpack.io",
@@ -79,15 +81,16 @@ pub struct Kpack {
     processes: Vec<ServerProcess>,
     storage: LocalPathProvisioner,
     build_steps: BuildSteps,
-    _probe_port: FixedPort,
+    /// Where the webhook runs; closed after the processes stop.
+    webhook_netns: Option<Netns>,
 }
 
 impl Kpack {
     pub(crate) async fn start(env: &Env, dir: &Path) -> Result<Self> {
-        let probe_port = FixedPort::claim(WEBHOOK_PROBE_PORT, "kpack-webhook's health probes").await?;
         std::fs::create_dir_all(dir)?;
         let storage = LocalPathProvisioner::start(env, &dir.join("storage"))?;
-        let webhook_port = free_port()?;
+        let mut netns = Netns::new("kpack-webhook", &[env.apiserver_port()]).await?;
+        let webhook_port = netns.publish(WEBHOOK_PORT).await?;
         install(env, webhook_port).await?;
 
         let kubeconfig = format!("--kubeconfig={}", env.kubeconfig().display());
@@ -98,9 +101,6 @@ impl Kpack {
             ("METRICS_DOMAIN", "kpack.io".into()),
             ("DEFAULT_METRICS_BACKEND", "none".into()),
         ];
-        let mut webhook_env = common.to_vec();
-        webhook_env.push(("WEBHOOK_PORT", webhook_port.to_string()));
-        webhook_env.push(("PROFILING_PORT", free_port()?.to_string()));
         let mut controller_env = common.to_vec();
         controller_env.extend([
             ("PROFILING_PORT", free_port()?.to_string()),
@@ -119,13 +119,17 @@ impl Kpack {
         ] {
             controller_env.push((var, format!("e2e.invalid/kpack/{step}:v0.17.2")));
         }
-        let mut processes = vec![ServerProcess::spawn(
-            "kpack-webhook",
-            &peer_bin("kpack", "kpack-webhook")?,
-            std::slice::from_ref(&kubeconfig),
-            &as_paths(&webhook_env),
-            dir.join("webhook.log"),
-        )?];
+        let mut processes = vec![
+            netns
+                .spawn(Spawn {
+                    name: "kpack-webhook",
+                    program: peer_bin("kpack", "kpack-webhook")?,
+                    args: vec![kubeconfig.clone()],
+                    envs: common.to_vec(),
+                    log: dir.join("webhook.log"),
+                })
+                .await?,
+        ];
         processes.push(ServerProcess::spawn(
             "kpack-controller",
             &peer_bin("kpack", "kpack-controller")?,
@@ -137,7 +141,7 @@ impl Kpack {
             processes,
             storage,
             build_steps: BuildSteps::start(env.client().await?),
-            _probe_port: probe_port,
+            webhook_netns: Some(netns),
         };
         this.wait_for_webhook(env).await?;
         let objects = stack::push(env.registry(), env.cluster_registry(), (NAMESPACE, CONTROLLER_SA)).await?;
@@ -244,6 +248,7 @@ impl Kpack {
         while let Some(mut p) = self.processes.pop() {
             p.stop(Duration::from_secs(5));
         }
+        self.webhook_netns.take();
         self.storage.stop();
     }
 }
