@@ -4,7 +4,8 @@
 #   - Go programs built from their Go modules, one module per program under e2e/peers/<name>/
 #     (a go.mod that requires the program, its go.sum pinning every hash): Kubernetes
 #     (kube-apiserver, kube-controller-manager, kube-scheduler), etcd, kwok, kapp-controller with
-#     the vendir/ytt/kapp/kbld it runs, kpack, Korifi's controllers, local-path-provisioner.
+#     the vendir/ytt/kapp/kbld it runs, kpack (v0.17.2, and v0.17.1 for Korifi), Korifi's
+#     controllers, local-path-provisioner.
 # Each build is cached outside the repository under $CACHE/peers/<name>-<hash of go.mod+go.sum>/
 # (bin/, the upstream CRDs the harness installs, crds/, and the upstream manifests it applies,
 # manifests/), and $CACHE/peers/<name> links to the
@@ -132,7 +133,8 @@ collect_manifests() {
   shift 2
   src=$(module_dir "$peer" "$module")
   out="$PEERS_DIR/$peer/manifests"
-  [ -f "$out/.done" ] && return
+  # Collected again whenever the list changes.
+  [ -f "$out/.done" ] && [ "$(cat "$out/.done")" = "$*" ] && return
   rm -rf "$out" && mkdir -p "$out"
   for f in "$@"; do
     # shellcheck disable=SC2086 # FILE may be a glob
@@ -141,7 +143,7 @@ collect_manifests() {
       cp "$g" "$out/${g#"$src"/}"
     done
   done
-  touch "$out/.done"
+  echo "$*" >"$out/.done"
   log "collected $(find "$out" -name '*.yaml' | wc -l) manifests of $peer"
 }
 
@@ -184,10 +186,15 @@ build_peer kpack "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controlle
   github.com/pivotal/kpack/cmd/webhook=kpack-webhook
 collect_crds kpack github.com/pivotal/kpack 'config/*.yaml'
 collect_manifests kpack github.com/pivotal/kpack config/webhook.yaml config/config-logging.yaml
+# The kpack release Korifi v0.18.0 is built against (v0.17.2 rejects the Images it writes); same
+# CRDs and manifests as v0.17.2, which the control plane installs.
+build_peer kpack-0.17.1 "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
+  github.com/pivotal/kpack/cmd/webhook=kpack-webhook
 build_peer korifi "-s -w" code.cloudfoundry.org/korifi/controllers=korifi-controllers
 collect_crds korifi code.cloudfoundry.org/korifi 'helm/korifi/controllers/crds/*.yaml'
 collect_manifests korifi code.cloudfoundry.org/korifi helm/korifi/controllers/manifests.yaml \
   helm/korifi/kpack-image-builder/manifests.yaml helm/korifi/statefulset-runner/manifests.yaml \
+  helm/korifi/statefulset-runner/runner-rbac.yaml helm/korifi/job-task-runner/runner-rbac.yaml \
   'helm/korifi/controllers/cf_roles/*.yaml'
 # The dynamic volume provisioner kind ships: kpack's build cache volumes (PVCs) are bound through it.
 build_peer local-path-provisioner "-s -w" github.com/rancher/local-path-provisioner=local-path-provisioner

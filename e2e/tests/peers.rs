@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail, ensure};
 use holdfast_e2e::{
     Env, e2e_main, images,
     objects::{api_for, create_all},
-    peers::kpack,
+    peers::{condition, korifi::cf, kpack, until_condition},
     wait,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
@@ -25,7 +25,21 @@ e2e_main!(
     kapp_controller_deploys_an_app,
     kapp_controller_serves_the_packages_of_a_repository,
     kpack_builds_an_image,
+    kpack_denies_build_env_from_secrets,
+    korifi_stages_and_runs_an_app,
 );
+
+/// An environment of its own for a Korifi test: Korifi needs kpack v0.17.1, the shared
+/// environment's tests run v0.17.2. `None` on an existing cluster (the peers run only locally).
+async fn korifi_env(test: &str) -> Result<Option<Env>> {
+    let env = Env::start().await?;
+    if env.is_existing_cluster() {
+        eprintln!("{test}: skipped (the Korifi peer runs only on the local control plane)");
+        return Ok(None);
+    }
+    eprintln!("{test}: own control plane ready in {:.1?}", env.boot_time());
+    Ok(Some(env))
+}
 
 fn pod(name: &str, grace: i64, restart: &str) -> Result<Pod> {
     Ok(serde_json::from_value(serde_json::json!({
@@ -230,31 +244,6 @@ async fn kapp_controller_serves_the_packages_of_a_repository(env: Arc<Env>) -> R
     Ok(())
 }
 
-/// Waits, on a watch, until kpack reports the condition `kind` of `name` True; fails at once when
-/// it reports it False, with its message.
-async fn until_condition(
-    env: &Env,
-    api: &Api<DynamicObject>,
-    name: &str,
-    kind: &str,
-    timeout: Duration,
-) -> Result<DynamicObject> {
-    let decided = |o: Option<&DynamicObject>| o.is_some_and(|o| kpack::condition(o, kind).is_some());
-    let object = tokio::time::timeout(
-        timeout,
-        kube::runtime::wait::await_condition(api.clone(), name, decided),
-    )
-    .await
-    .with_context(|| format!("{name} not {kind} within {timeout:?}\n{}", env.kpack_log(15)))??
-    .context("object gone")?;
-    ensure!(
-        kpack::condition(&object, kind) == Some(true),
-        "{name} is not {kind}: {}",
-        object.data["status"]["conditions"]
-    );
-    Ok(object)
-}
-
 /// An Image built from source in the registry goes all the way through kpack's own reconciles:
 /// the webhook defaults it, the image reconciler creates its cache claim and Build, the build
 /// reconciler the pod, which kube-scheduler places on a kwok node once the local-path-provisioner
@@ -291,13 +280,14 @@ async fn kpack_builds_an_image(env: Arc<Env>) -> Result<()> {
 
     let builds: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &kpack::resource("Build"));
     let build = until_condition(
-        &env,
         &builds,
         "app-build-1",
         "Succeeded",
+        true,
         Duration::from_secs(120),
     )
-    .await?;
+    .await
+    .with_context(|| env.kpack_log(15))?;
     let latest = build.data["status"]["latestImage"].as_str().unwrap_or_default();
     let pushed = images::head_digest(reg, "peers/kpack-app", "latest")
         .await?
@@ -307,7 +297,9 @@ async fn kpack_builds_an_image(env: Arc<Env>) -> Result<()> {
         "Build latestImage {latest} is not the pushed {pushed}"
     );
     let images_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &kpack::resource("Image"));
-    let ready = until_condition(&env, &images_api, "app", "Ready", Duration::from_secs(60)).await?;
+    let ready = until_condition(&images_api, "app", "Ready", false, Duration::from_secs(60))
+        .await
+        .with_context(|| env.kpack_log(15))?;
     ensure!(
         ready.data["status"]["latestImage"] == latest,
         "Image status: {}",
@@ -353,5 +345,100 @@ async fn kpack_builds_an_image(env: Arc<Env>) -> Result<()> {
         "converted: {}",
         v1alpha1["apiVersion"]
     );
+    Ok(())
+}
+
+/// kpack v0.17.2's webhook denies an Image whose build env is taken from a Secret (kpack#1945) —
+/// as Korifi v0.18.0 writes every app's Image (VCAP_APPLICATION, VCAP_SERVICES): why Korifi runs
+/// on kpack v0.17.1 here. Shows when a kpack upgrade changes it.
+async fn kpack_denies_build_env_from_secrets(env: Arc<Env>) -> Result<()> {
+    if env.is_existing_cluster() {
+        eprintln!("kpack: skipped (the kpack peer runs only on the local control plane)");
+        return Ok(());
+    }
+    let kpack = env.kpack().await?;
+    if kpack.release() != kpack::V0_17_2 {
+        eprintln!(
+            "kpack: skipped (this environment runs kpack {})",
+            kpack.release().version
+        );
+        return Ok(());
+    }
+    let client = env.client().await?;
+    let ns = env.namespace("kpack-secret-env").await?;
+    let reg = env.registry();
+    let image = format!(
+        "apiVersion: kpack.io/v1alpha2\nkind: Image\nmetadata: {{name: app}}\nspec:\n  tag: {reg}/peers/kpack-secret-env\n  builder: {{kind: ClusterBuilder, name: {}}}\n  source: {{registry: {{image: {reg}/peers/kpack-app-source:1}}}}\n  build:\n    env:\n    - name: VCAP_SERVICES\n      valueFrom: {{secretKeyRef: {{name: app-vcap-services, key: VCAP_SERVICES}}}}\n",
+        kpack.cluster_builder()
+    );
+    let denied = create_all(&client, &ns, &image)
+        .await
+        .err()
+        .context("an Image with build env from a Secret was admitted")?;
+    ensure!(
+        format!("{denied:#}").contains("secretKeyRef is not supported for build environment variables"),
+        "denied for another reason: {denied:#}"
+    );
+    Ok(())
+}
+
+/// A Korifi org, space and app made through the real controllers, as the Korifi API would ask for
+/// them: the CFOrg and CFSpace get their namespaces; the CFBuild a BuildWorkload, which Korifi's
+/// kpack-image-builder turns into a kpack Image whose Build kpack runs and marks succeeded, and
+/// whose droplet Korifi reads from the registry; the started app's CFProcess an AppWorkload,
+/// which the statefulset-runner turns into a StatefulSet whose pod runs on a kwok node.
+async fn korifi_stages_and_runs_an_app(_shared: Arc<Env>) -> Result<()> {
+    let Some(env) = korifi_env("korifi_stages_and_runs_an_app").await? else {
+        return Ok(());
+    };
+    let started = std::time::Instant::now();
+    let korifi = env.korifi().await?;
+    eprintln!("korifi: started (with kpack) in {:.1?}", started.elapsed());
+    let client = env.client().await?;
+    let pushed = std::time::Instant::now();
+    let org = cf::create_org(&client, "e2e-org")
+        .await
+        .with_context(|| env.korifi_log(20))?;
+    let space = cf::create_space(&client, &org, "e2e-space")
+        .await
+        .with_context(|| env.korifi_log(20))?;
+    let app = cf::push_app(
+        &client,
+        env.registry(),
+        korifi.repository_prefix(),
+        &space,
+        "e2e-app",
+    )
+    .await
+    .with_context(|| env.korifi_log(30))?;
+    let pods = match cf::until_running(&client, &app, 1).await {
+        Ok(pods) => pods,
+        Err(e) => bail!(
+            "{e:#}\nprocesses: {}\n{}",
+            cf::process_summary(&client, &app).await,
+            env.korifi_log(30)
+        ),
+    };
+    eprintln!(
+        "korifi: org, space, app staged and running in {:.1?}",
+        pushed.elapsed()
+    );
+
+    let images: Api<DynamicObject> = Api::namespaced_with(client.clone(), &space, &kpack::resource("Image"));
+    let image = images
+        .get(&app.guid)
+        .await
+        .context("Korifi's kpack Image (named after the app)")?;
+    ensure!(
+        condition(&image, "Ready") == Some(true),
+        "Image: {}",
+        image.data["status"]
+    );
+    let node = pods[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or_default();
+    ensure!(node.starts_with("kwok-node-"), "app pod on {node:?}");
     Ok(())
 }

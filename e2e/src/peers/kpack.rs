@@ -1,4 +1,5 @@
-//! The real kpack (`e2e/peers/kpack`, v0.17.2) as two processes against the local control plane,
+//! The real kpack (`e2e/peers/kpack`, v0.17.2; or `e2e/peers/kpack-0.17.1` for Korifi, see
+//! [`Release`]) as two processes against the local control plane,
 //! the way its release runs it: `kpack-webhook` (knative's defaulting, validation and conversion
 //! webhooks and the certificate controller that feeds them) and `kpack-controller` (every
 //! reconciler: Image, Build, builders, stacks, stores, lifecycles, SourceResolver), each with the
@@ -52,9 +53,30 @@ pub use build_steps::BuildSteps;
 use crate::{
     control_plane::Env,
     netns::{Netns, Spawn},
-    peers::{LocalPathProvisioner, manifests, until_while_running},
+    peers::{LocalPathProvisioner, condition, manifests, until_while_running},
     process::{ServerProcess, free_port},
     tools::peer_bin,
+};
+
+/// A kpack release the harness runs: its build under `$HOLDFAST_CACHE/peers/<peer>/`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release {
+    pub version: &'static str,
+    peer: &'static str,
+}
+
+/// The current release (with kpack#1945: Images and Builds may not take build env from Secrets).
+pub const V0_17_2: Release = Release {
+    version: "0.17.2",
+    peer: "kpack",
+};
+/// The release Korifi v0.18.0 is built against (its go.mod) and was released with. v0.17.2
+/// denies the Images Korifi v0.18.0 writes for every app whose VCAP Secrets exist
+/// (`spec.build.env[].valueFrom.secretKeyRef`: "secretKeyRef is not supported for build
+/// environment variables"), so Korifi runs on this one. Same CRDs as v0.17.2.
+pub const V0_17_1: Release = Release {
+    version: "0.17.1",
+    peer: "kpack-0.17.1",
 };
 
 /// kpack's system namespace, as its release names it.
@@ -78,6 +100,7 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// A running kpack; stopped when dropped.
 #[derive(Debug)]
 pub struct Kpack {
+    release: Release,
     processes: Vec<ServerProcess>,
     storage: LocalPathProvisioner,
     build_steps: BuildSteps,
@@ -86,7 +109,7 @@ pub struct Kpack {
 }
 
 impl Kpack {
-    pub(crate) async fn start(env: &Env, dir: &Path) -> Result<Self> {
+    pub(crate) async fn start(env: &Env, dir: &Path, release: Release) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let storage = LocalPathProvisioner::start(env, &dir.join("storage"))?;
         let mut netns = Netns::new("kpack-webhook", &[env.apiserver_port()]).await?;
@@ -117,13 +140,13 @@ impl Kpack {
             ("REBASE_IMAGE", "rebase"),
             ("COMPLETION_IMAGE", "completion"),
         ] {
-            controller_env.push((var, format!("e2e.invalid/kpack/{step}:v0.17.2")));
+            controller_env.push((var, format!("e2e.invalid/kpack/{step}:v{}", release.version)));
         }
         let mut processes = vec![
             netns
                 .spawn(Spawn {
                     name: "kpack-webhook",
-                    program: peer_bin("kpack", "kpack-webhook")?,
+                    program: peer_bin(release.peer, "kpack-webhook")?,
                     args: vec![kubeconfig.clone()],
                     envs: common.to_vec(),
                     log: dir.join("webhook.log"),
@@ -132,12 +155,13 @@ impl Kpack {
         ];
         processes.push(ServerProcess::spawn(
             "kpack-controller",
-            &peer_bin("kpack", "kpack-controller")?,
+            &peer_bin(release.peer, "kpack-controller")?,
             std::slice::from_ref(&kubeconfig),
             &as_paths(&controller_env),
             dir.join("controller.log"),
         )?);
         let mut this = Self {
+            release,
             processes,
             storage,
             build_steps: BuildSteps::start(env.client().await?),
@@ -199,7 +223,7 @@ impl Kpack {
         let wait = kube::runtime::wait::await_condition(
             api.clone(),
             stack::CLUSTER_BUILDER,
-            |b: Option<&DynamicObject>| b.is_some_and(|b| ready(b) == Some(true)),
+            |b: Option<&DynamicObject>| b.is_some_and(|b| condition(b, "Ready") == Some(true)),
         );
         if let Err(e) = until_while_running(
             &mut self.processes,
@@ -217,6 +241,10 @@ impl Kpack {
             bail!("{e:#}; ClusterBuilder status: {status}\n{}", self.log_tail(20));
         }
         Ok(())
+    }
+
+    pub fn release(&self) -> Release {
+        self.release
     }
 
     /// The ClusterBuilder every test Image (and Korifi, `clusterBuilderName`) builds with.
@@ -295,24 +323,6 @@ pub fn resource(kind: &str) -> ApiResource {
         &GroupVersionKind::gvk("kpack.io", "v1alpha2", kind),
         &format!("{}s", kind.to_lowercase()),
     )
-}
-
-/// The `Ready` condition of a kpack object: `Some(true)`, `Some(false)`, or `None` if unknown.
-pub fn ready(object: &DynamicObject) -> Option<bool> {
-    condition(object, "Ready")
-}
-
-/// A condition of a kpack object (kpack's conditions are `"True"`/`"False"`/`"Unknown"`).
-pub fn condition(object: &DynamicObject, kind: &str) -> Option<bool> {
-    let c = object.data["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)?;
-    match c["status"].as_str()? {
-        "True" => Some(true),
-        "False" => Some(false),
-        _ => None,
-    }
 }
 
 /// `(name, value)` pairs as [`ServerProcess::spawn`] takes them.

@@ -2,15 +2,19 @@
 //! control plane on demand: a test asks its [`crate::Env`] for the peers it needs.
 
 pub mod kapp_controller;
+pub mod korifi;
 pub mod kpack;
 pub mod local_path_provisioner;
 pub mod manifests;
+pub mod serving_cert;
 
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use kube::{Api, api::DynamicObject};
 
 pub use kapp_controller::KappController;
+pub use korifi::Korifi;
 pub use kpack::Kpack;
 pub use local_path_provisioner::LocalPathProvisioner;
 
@@ -43,4 +47,59 @@ where
             }
         }
     }
+}
+
+/// A condition of a peer's object (kpack's and Korifi's alike): `Some(true)` for `"True"`,
+/// `Some(false)` for `"False"`, `None` when missing or `"Unknown"`.
+pub fn condition(object: &DynamicObject, kind: &str) -> Option<bool> {
+    let c = object.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)?;
+    match c["status"].as_str()? {
+        "True" => Some(true),
+        "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Waits, on a watch, until the condition `kind` of `name` is True. With `false_is_final`, a
+/// False fails at once (with the condition's message), as for a Build's `Succeeded`; otherwise
+/// False is waited out, as for a `Ready` that a reconcile may still turn True.
+pub async fn until_condition(
+    api: &Api<DynamicObject>,
+    name: &str,
+    kind: &str,
+    false_is_final: bool,
+    timeout: Duration,
+) -> Result<DynamicObject> {
+    let decided = |o: Option<&DynamicObject>| {
+        o.and_then(|o| condition(o, kind))
+            .is_some_and(|c| c || false_is_final)
+    };
+    let waited = tokio::time::timeout(
+        timeout,
+        kube::runtime::wait::await_condition(api.clone(), name, decided),
+    )
+    .await;
+    let object = match waited {
+        Ok(seen) => seen.with_context(|| format!("watching {name}"))?,
+        Err(_) => {
+            let status = api
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .map(|o| o.data["status"].clone());
+            bail!(
+                "{name} not {kind} after {timeout:?}; status: {}",
+                status.unwrap_or_default()
+            );
+        }
+    }
+    .with_context(|| format!("{name} was deleted"))?;
+    if condition(&object, kind) != Some(true) {
+        bail!("{name} is not {kind}: {}", object.data["status"]["conditions"]);
+    }
+    Ok(object)
 }
