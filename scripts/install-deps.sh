@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything the local control plane and the real peers need, idempotently:
-#   - Debian packages: the OCI registry (Distribution), skopeo, openssl, shellcheck;
+#   - Debian packages: the OCI registry (Distribution), skopeo, openssl, shellcheck, iproute2;
 #   - Go programs built from their Go modules, one module per program under e2e/peers/<name>/
 #     (a go.mod that requires the program, its go.sum pinning every hash): Kubernetes
 #     (kube-apiserver, kube-controller-manager, kube-scheduler), etcd, kwok, kapp-controller with
-#     the vendir/ytt/kapp/kbld it runs, kpack, Korifi's controllers.
+#     the vendir/ytt/kapp/kbld it runs, kpack (v0.17.2, and v0.17.1 for Korifi), Korifi's
+#     controllers, local-path-provisioner.
 # Each build is cached outside the repository under $CACHE/peers/<name>-<hash of go.mod+go.sum>/
-# (bin/ and the upstream CRDs the harness installs, crds/), and $CACHE/peers/<name> links to the
+# (bin/, the upstream CRDs the harness installs, crds/, and the upstream manifests it applies,
+# manifests/), and $CACHE/peers/<name> links to the
 # current one: a second run rebuilds nothing. Nothing built here is ever committed.
 # Facts behind each step: ../shared/TESTENV.md; what each build costs: README "The test environment".
 set -euo pipefail
@@ -14,7 +16,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE_DIR=${HOLDFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/holdfast}
 PEERS_DIR="$CACHE_DIR/peers"
-PACKAGES=(docker-registry skopeo curl openssl shellcheck)
+# iproute2: `ip link set lo up` in the network namespaces of peers with hard-coded ports.
+PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2)
 # The Go toolchain of this machine kind (Kubernetes 1.37's go.mod says go 1.26.0).
 GO_MIN_MINOR=26
 
@@ -122,6 +125,28 @@ collect_crds() {
   log "collected $(find "$out" -name '*.yaml' | wc -l) CRDs of $peer"
 }
 
+# collect_manifests PEER MODULE FILE...: copies upstream manifests (webhook configurations,
+# ConfigMaps, roles) from the module into the peer's cache directory, keeping their relative
+# paths, for the harness to render and apply (e2e/src/peers/).
+collect_manifests() {
+  local peer=$1 module=$2 src out f g
+  shift 2
+  src=$(module_dir "$peer" "$module")
+  out="$PEERS_DIR/$peer/manifests"
+  # Collected again whenever the list changes.
+  [ -f "$out/.done" ] && [ "$(cat "$out/.done")" = "$*" ] && return
+  rm -rf "$out" && mkdir -p "$out"
+  for f in "$@"; do
+    # shellcheck disable=SC2086 # FILE may be a glob
+    for g in $src/$f; do
+      mkdir -p "$out/$(dirname "${g#"$src"/}")"
+      cp "$g" "$out/${g#"$src"/}"
+    done
+  done
+  echo "$*" >"$out/.done"
+  log "collected $(find "$out" -name '*.yaml' | wc -l) manifests of $peer"
+}
+
 k8s_ldflags() {
   local v=$1 minor
   minor=$(echo "$v" | cut -d. -f2)
@@ -160,6 +185,18 @@ build_peer kbld "-s -w" carvel.dev/kbld/cmd/kbld=kbld
 build_peer kpack "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
   github.com/pivotal/kpack/cmd/webhook=kpack-webhook
 collect_crds kpack github.com/pivotal/kpack 'config/*.yaml'
+collect_manifests kpack github.com/pivotal/kpack config/webhook.yaml config/config-logging.yaml
+# The kpack release Korifi v0.18.0 is built against (v0.17.2 rejects the Images it writes); same
+# CRDs and manifests as v0.17.2, which the control plane installs.
+build_peer kpack-0.17.1 "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
+  github.com/pivotal/kpack/cmd/webhook=kpack-webhook
 build_peer korifi "-s -w" code.cloudfoundry.org/korifi/controllers=korifi-controllers
 collect_crds korifi code.cloudfoundry.org/korifi 'helm/korifi/controllers/crds/*.yaml'
+collect_manifests korifi code.cloudfoundry.org/korifi helm/korifi/controllers/manifests.yaml \
+  helm/korifi/kpack-image-builder/manifests.yaml helm/korifi/statefulset-runner/manifests.yaml \
+  helm/korifi/statefulset-runner/runner-rbac.yaml helm/korifi/job-task-runner/runner-rbac.yaml \
+  'helm/korifi/controllers/cf_roles/*.yaml'
+# The dynamic volume provisioner kind ships: kpack's build cache volumes (PVCs) are bound through it.
+build_peer local-path-provisioner "-s -w" github.com/rancher/local-path-provisioner=local-path-provisioner
+collect_manifests local-path-provisioner github.com/rancher/local-path-provisioner deploy/local-path-storage.yaml
 log "ready: docker-registry $(command -v docker-registry); peers in $PEERS_DIR: $(cd "$PEERS_DIR" && find . -maxdepth 1 -type l -printf '%f ' )"

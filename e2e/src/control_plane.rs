@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
 use crate::{
-    peers::KappController,
+    peers::{KappController, Korifi, Kpack, kpack},
     pki::Pki,
     process::{ServerProcess, free_port},
     tools::Tools,
@@ -59,6 +59,10 @@ pub struct Env {
     processes: Vec<ServerProcess>,
     /// Started by the first test that asks for it; stopped before the control plane.
     kapp_controller: tokio::sync::OnceCell<Result<KappController, String>>,
+    /// Likewise (with the volume provisioner it needs).
+    kpack: tokio::sync::OnceCell<Result<Kpack, String>>,
+    /// Likewise (on top of kpack); stopped before it.
+    korifi: tokio::sync::OnceCell<Result<Korifi, String>>,
     dir: Option<TempDir>,
 }
 
@@ -89,6 +93,8 @@ impl Env {
             admin_token: String::new(),
             processes: Vec::new(),
             kapp_controller: tokio::sync::OnceCell::new(),
+            kpack: tokio::sync::OnceCell::new(),
+            korifi: tokio::sync::OnceCell::new(),
             dir: None,
         })
     }
@@ -113,6 +119,8 @@ impl Env {
             admin_token: String::new(),
             processes: Vec::new(),
             kapp_controller: tokio::sync::OnceCell::new(),
+            kpack: tokio::sync::OnceCell::new(),
+            korifi: tokio::sync::OnceCell::new(),
             dir: Some(dir),
         };
 
@@ -436,6 +444,79 @@ impl Env {
         }
     }
 
+    /// The real kpack (controller, webhook) with the local-path-provisioner and its stack and
+    /// ClusterBuilder ([`crate::peers::kpack`]), started on first use — at v0.17.2, unless
+    /// [`Env::korifi`] started it first (at the release Korifi needs) — and kept for the rest of
+    /// the environment's life. Only on the local control plane.
+    pub async fn kpack(&self) -> Result<&Kpack> {
+        self.kpack_at(kpack::V0_17_2).await
+    }
+
+    async fn kpack_at(&self, release: kpack::Release) -> Result<&Kpack> {
+        if self.is_existing_cluster() {
+            bail!("the kpack peer runs only on the local control plane");
+        }
+        let started = self
+            .kpack
+            .get_or_init(|| async {
+                let dir = self.dir().map_err(|e| e.to_string())?.join("kpack");
+                Kpack::start(self, &dir, release)
+                    .await
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .await;
+        started
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("kpack failed to start: {e}"))
+    }
+
+    /// The real Korifi controllers with their webhooks ([`crate::peers::korifi`]), on top of
+    /// kpack at the release Korifi is built against ([`kpack::V0_17_1`]: an environment where a
+    /// test already started kpack v0.17.2 cannot run Korifi), started on first use and kept for
+    /// the rest of the environment's life. Only on the local control plane.
+    pub async fn korifi(&self) -> Result<&Korifi> {
+        if self.is_existing_cluster() {
+            bail!("the Korifi peer runs only on the local control plane");
+        }
+        let kpack = self.kpack_at(Korifi::KPACK).await?;
+        if kpack.release() != Korifi::KPACK {
+            bail!(
+                "Korifi needs kpack {}, but this environment already runs kpack {} (it denies the Images Korifi writes): give Korifi's tests an environment of their own",
+                Korifi::KPACK.version,
+                kpack.release().version
+            );
+        }
+        let started = self
+            .korifi
+            .get_or_init(|| async {
+                let dir = self.dir().map_err(|e| e.to_string())?.join("korifi");
+                Korifi::start(self, kpack, &dir)
+                    .await
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .await;
+        started
+            .as_ref()
+            .map_err(|e| anyhow::anyhow!("Korifi failed to start: {e}"))
+    }
+
+    /// The ends of Korifi's and kpack's logs, when they run (for a failing test's message).
+    pub fn korifi_log(&self, lines: usize) -> String {
+        let korifi = match self.korifi.get() {
+            Some(Ok(k)) => k.log_tail(lines),
+            _ => String::from("(Korifi not running)"),
+        };
+        format!("{korifi}\n{}", self.kpack_log(lines))
+    }
+
+    /// The end of kpack's logs, when it runs (for a failing test's message).
+    pub fn kpack_log(&self, lines: usize) -> String {
+        match self.kpack.get() {
+            Some(Ok(k)) => k.log_tail(lines),
+            _ => String::from("(kpack not running)"),
+        }
+    }
+
     pub fn apiserver_port(&self) -> u16 {
         self.apiserver_port
     }
@@ -533,6 +614,12 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
+        if let Some(Ok(mut korifi)) = self.korifi.take() {
+            korifi.stop();
+        }
+        if let Some(Ok(mut kpack)) = self.kpack.take() {
+            kpack.stop();
+        }
         if let Some(Ok(mut kapp_controller)) = self.kapp_controller.take() {
             kapp_controller.stop();
         }
@@ -636,11 +723,18 @@ async fn create_kwok_nodes(client: &Client, count: usize) -> Result<()> {
             "metadata": {
                 "name": kwok_node_name(i),
                 "annotations": {KWOK_NODE_ANNOTATION: "fake"},
-                "labels": {"type": "kwok", "kubernetes.io/hostname": kwok_node_name(i)},
+                // As a kubelet registers its node (kpack's build pods select kubernetes.io/os).
+                "labels": {
+                    "type": "kwok",
+                    "kubernetes.io/hostname": kwok_node_name(i),
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                },
             },
+            // A kubelet reports its disk as ephemeral-storage (Korifi's app pods request it).
             "status": {
-                "allocatable": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
-                "capacity": {"cpu": "64", "memory": "256Gi", "pods": "1000"},
+                "allocatable": {"cpu": "64", "memory": "256Gi", "ephemeral-storage": "1Ti", "pods": "1000"},
+                "capacity": {"cpu": "64", "memory": "256Gi", "ephemeral-storage": "1Ti", "pods": "1000"},
             },
         }))?;
         api.create(&PostParams::default(), &node)

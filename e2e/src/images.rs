@@ -90,6 +90,110 @@ impl Image {
     }
 }
 
+/// A single-platform image of several uncompressed layers (a layer's diff ID is its digest) with
+/// a full config — labels, environment, exposed ports — as the Cloud Native Buildpacks images
+/// kpack reads are (lifecycle, stack build and run images, buildpackages) and the app images a
+/// build exports. Same content, same digest.
+#[derive(Debug, Clone, Default)]
+pub struct LayeredImage {
+    layers: Vec<Blob>,
+    labels: BTreeMap<String, String>,
+    env: Vec<String>,
+    exposed_ports: Vec<String>,
+}
+
+impl LayeredImage {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends a layer with these files.
+    pub fn layer(mut self, files: &[(&str, &[u8])]) -> Result<Self> {
+        self.layers.push(Blob::new(OCI_LAYER_TAR, tar_of(files)?));
+        Ok(self)
+    }
+
+    /// The diff ID of the last layer appended (labels of CNB images name their layers by it).
+    pub fn last_diff_id(&self) -> Option<&str> {
+        self.layers.last().map(|l| l.digest.as_str())
+    }
+
+    pub fn label(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.labels.insert(key.to_string(), value.into());
+        self
+    }
+
+    /// A label whose value is JSON, as CNB metadata labels are.
+    pub fn json_label(self, key: &str, value: &serde_json::Value) -> Result<Self> {
+        Ok(self.label(key, serde_json::to_string(value)?))
+    }
+
+    /// An environment variable of the image config (`NAME=value`).
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push(format!("{name}={value}"));
+        self
+    }
+
+    /// A port of the image config (`8080/tcp`).
+    pub fn exposed_port(mut self, port: &str) -> Self {
+        self.exposed_ports.push(port.to_string());
+        self
+    }
+
+    fn config(&self) -> Result<Blob> {
+        let ports: serde_json::Map<String, serde_json::Value> = self
+            .exposed_ports
+            .iter()
+            .map(|p| (p.clone(), json!({})))
+            .collect();
+        let diff_ids: Vec<&str> = self.layers.iter().map(|l| l.digest.as_str()).collect();
+        let config = json!({
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Labels": self.labels, "Env": self.env, "ExposedPorts": ports},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        });
+        Ok(Blob::new(OCI_CONFIG, serde_json::to_vec(&config)?))
+    }
+
+    /// Pushes the layers, config and manifest under `tag`; returns the manifest digest.
+    pub async fn push(&self, registry: &str, repository: &str, tag: &str) -> Result<String> {
+        let http = Http::new(registry, None);
+        let config = self.config()?;
+        for blob in self.layers.iter().chain([&config]) {
+            push_blob(&http, repository, blob).await?;
+        }
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "config": config.descriptor(),
+            "layers": self.layers.iter().map(Blob::descriptor).collect::<Vec<_>>(),
+        });
+        let manifest = Blob::new(OCI_MANIFEST, serde_json::to_vec(&manifest)?);
+        put_manifest(&http, repository, tag, &manifest).await
+    }
+}
+
+/// The config of the image `reference` names (`repo@sha256:…` or `repo:tag`) in `registry`,
+/// through its manifest (the first entry of an index).
+pub async fn fetch_config(registry: &str, repository: &str, reference: &str) -> Result<serde_json::Value> {
+    let (_, bytes) = fetch_raw(registry, repository, "manifests", reference).await?;
+    let mut manifest: serde_json::Value = serde_json::from_slice(&bytes)?;
+    if let Some(first) = manifest["manifests"].get(0) {
+        let digest = first["digest"]
+            .as_str()
+            .context("index entry without digest")?
+            .to_owned();
+        let (_, bytes) = fetch_raw(registry, repository, "manifests", &digest).await?;
+        manifest = serde_json::from_slice(&bytes)?;
+    }
+    let config = manifest["config"]["digest"]
+        .as_str()
+        .with_context(|| format!("{repository}@{reference}: manifest without config"))?;
+    let (_, bytes) = fetch_raw(registry, repository, "blobs", config).await?;
+    Ok(serde_json::from_slice(&bytes)?)
+}
+
 /// The `.imgpkg/images.yml` imgpkg writes into a bundle.
 pub fn images_lock_yaml(images: &[String]) -> String {
     let mut out = String::from("apiVersion: imgpkg.carvel.dev/v1alpha1\nkind: ImagesLock\nimages:\n");

@@ -6,6 +6,7 @@ pub mod control_plane;
 pub mod controller;
 pub mod emulators;
 pub mod images;
+pub mod netns;
 pub mod objects;
 pub mod peers;
 pub mod pki;

@@ -31,3 +31,39 @@ where
 {
     until(api, name, conditions::is_deleted(uid)).await.map(drop)
 }
+
+/// Waits, on a watch of the objects `config` selects, until the set of them satisfies `done`;
+/// returns that set.
+pub async fn until_listed<K>(
+    api: Api<K>,
+    config: kube::runtime::watcher::Config,
+    done: impl Fn(&[K]) -> bool,
+    timeout: Duration,
+) -> Result<Vec<K>>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    use futures::StreamExt as _;
+    let (reader, writer) = kube::runtime::reflector::store();
+    let mut events = std::pin::pin!(kube::runtime::reflector(
+        writer,
+        kube::runtime::watcher(api, config)
+    ));
+    let wait = async {
+        // Judged only on whole lists: once the initial listing is in, then after every change.
+        let mut listed = false;
+        while let Some(event) = events.next().await {
+            let event = event.context("watching")?;
+            listed |= matches!(event, kube::runtime::watcher::Event::InitDone);
+            let objects: Vec<K> = reader.state().iter().map(|o| (**o).clone()).collect();
+            if listed && done(&objects) {
+                return Ok(objects);
+            }
+        }
+        anyhow::bail!("watch ended")
+    };
+    tokio::time::timeout(timeout, wait)
+        .await
+        .with_context(|| format!("timed out after {timeout:?}"))?
+}

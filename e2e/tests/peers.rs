@@ -1,18 +1,22 @@
 //! The real peers and kwok nodes do their jobs on the local control plane, so the suites built on
 //! them test what a cluster does: kwok runs pods and honours grace periods; the real
 //! kapp-controller fetches, templates and deploys an App, and syncs a PackageRepository whose
-//! Packages its aggregated API serves.
+//! Packages its aggregated API serves; the real kpack builds an Image through its own reconciles
+//! (builder, Build, build pod on a kwok node, cache volume from the real local-path-provisioner).
 
 use std::{sync::Arc, time::Duration};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use holdfast_e2e::{
-    Env, e2e_main, images, objects::api_for, objects::create_all, peers::kapp_controller, wait,
+    Env, e2e_main, images,
+    objects::{api_for, create_all},
+    peers::{condition, kapp_controller, korifi::cf, kpack, until_condition},
+    wait,
 };
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, PostParams},
+    api::{DeleteParams, DynamicObject, PostParams},
 };
 use serde_json::Value;
 
@@ -20,7 +24,22 @@ e2e_main!(
     kwok_runs_pods_and_honours_grace_periods,
     kapp_controller_deploys_an_app,
     kapp_controller_serves_the_packages_of_a_repository,
+    kpack_builds_an_image,
+    kpack_denies_build_env_from_secrets,
+    korifi_stages_and_runs_an_app,
 );
+
+/// An environment of its own for a Korifi test: Korifi needs kpack v0.17.1, the shared
+/// environment's tests run v0.17.2. `None` on an existing cluster (the peers run only locally).
+async fn korifi_env(test: &str) -> Result<Option<Env>> {
+    let env = Env::start().await?;
+    if env.is_existing_cluster() {
+        eprintln!("{test}: skipped (the Korifi peer runs only on the local control plane)");
+        return Ok(None);
+    }
+    eprintln!("{test}: own control plane ready in {:.1?}", env.boot_time());
+    Ok(Some(env))
+}
 
 fn pod(name: &str, grace: i64, restart: &str) -> Result<Pod> {
     Ok(serde_json::from_value(serde_json::json!({
@@ -174,5 +193,204 @@ async fn kapp_controller_serves_the_packages_of_a_repository(env: Arc<Env>) -> R
         names == ["greeter.peers.holdfast.dev.1.0.0"],
         "packages: {names:?}"
     );
+    Ok(())
+}
+
+/// An Image built from source in the registry goes all the way through kpack's own reconciles:
+/// the webhook defaults it, the image reconciler creates its cache claim and Build, the build
+/// reconciler the pod, which kube-scheduler places on a kwok node once the local-path-provisioner
+/// has bound the claim; when kwok completes it (the containers' stand-in having pushed the app
+/// image), kpack marks the Build succeeded and the Image ready with the pushed digest. No test
+/// writes any status. The Image also reads as v1alpha1, through kpack's conversion webhook.
+async fn kpack_builds_an_image(env: Arc<Env>) -> Result<()> {
+    if env.is_existing_cluster() {
+        eprintln!("kpack: skipped (the kpack peer runs only on the local control plane)");
+        return Ok(());
+    }
+    let started = std::time::Instant::now();
+    let builder = env.kpack().await?.cluster_builder().to_string();
+    eprintln!(
+        "kpack: started (webhook, controller, ClusterBuilder ready) in {:.1?}",
+        started.elapsed()
+    );
+    let built = std::time::Instant::now();
+    let client = env.client().await?;
+    let ns = env.namespace("kpack-image").await?;
+    let reg = env.registry();
+    let source = images::Image::with_files(&[("app/main.txt", b"hello from the e2e source\n")])?;
+    let source = images::push(reg, "peers/kpack-app-source", "1", &source).await?;
+    let image = format!(
+        "apiVersion: kpack.io/v1alpha2\nkind: Image\nmetadata: {{name: app}}\nspec:\n  tag: {reg}/peers/kpack-app\n  builder: {{kind: ClusterBuilder, name: {builder}}}\n  source: {{registry: {{image: {reg}/peers/kpack-app-source@{source}}}}}\n"
+    );
+    let created = create_all(&client, &ns, &image).await?;
+    // Defaulted by kpack's mutating webhook.
+    ensure!(
+        created[0].data["spec"]["serviceAccountName"] == "default",
+        "Image not defaulted by kpack's webhook: {}",
+        created[0].data["spec"]
+    );
+
+    let builds: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &kpack::resource("Build"));
+    let build = until_condition(
+        &builds,
+        "app-build-1",
+        "Succeeded",
+        true,
+        Duration::from_secs(120),
+    )
+    .await
+    .with_context(|| env.kpack_log(15))?;
+    let latest = build.data["status"]["latestImage"].as_str().unwrap_or_default();
+    let pushed = images::head_digest(reg, "peers/kpack-app", "latest")
+        .await?
+        .context("app image not pushed")?;
+    ensure!(
+        latest == format!("{reg}/peers/kpack-app@{pushed}"),
+        "Build latestImage {latest} is not the pushed {pushed}"
+    );
+    let images_api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &kpack::resource("Image"));
+    let ready = until_condition(&images_api, "app", "Ready", false, Duration::from_secs(60))
+        .await
+        .with_context(|| env.kpack_log(15))?;
+    ensure!(
+        ready.data["status"]["latestImage"] == latest,
+        "Image status: {}",
+        ready.data["status"]
+    );
+    eprintln!(
+        "kpack: Image built (Build succeeded, Image ready) in {:.1?}",
+        built.elapsed()
+    );
+
+    let pod_name = build.data["status"]["podName"]
+        .as_str()
+        .context("Build without podName")?;
+    let pod = Api::<Pod>::namespaced(client.clone(), &ns).get(pod_name).await?;
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or_default();
+    ensure!(
+        phase(&pod) == "Succeeded" && node.starts_with("kwok-node-"),
+        "build pod {pod_name}: {} on {node:?}",
+        phase(&pod)
+    );
+    let claim = Api::<PersistentVolumeClaim>::namespaced(client, &ns)
+        .get("app-cache")
+        .await?;
+    let claim_phase = claim.status.and_then(|s| s.phase).unwrap_or_default();
+    ensure!(claim_phase == "Bound", "cache claim app-cache is {claim_phase}");
+
+    let out = env
+        .kubectl()
+        .args(["get", "images.v1alpha1.kpack.io", "app", "-n", &ns, "-o", "json"])
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "v1alpha1 read (conversion webhook): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v1alpha1: Value = serde_json::from_slice(&out.stdout)?;
+    ensure!(
+        v1alpha1["apiVersion"] == "kpack.io/v1alpha1",
+        "converted: {}",
+        v1alpha1["apiVersion"]
+    );
+    Ok(())
+}
+
+/// kpack v0.17.2's webhook denies an Image whose build env is taken from a Secret (kpack#1945) —
+/// as Korifi v0.18.0 writes every app's Image (VCAP_APPLICATION, VCAP_SERVICES): why Korifi runs
+/// on kpack v0.17.1 here. Shows when a kpack upgrade changes it.
+async fn kpack_denies_build_env_from_secrets(env: Arc<Env>) -> Result<()> {
+    if env.is_existing_cluster() {
+        eprintln!("kpack: skipped (the kpack peer runs only on the local control plane)");
+        return Ok(());
+    }
+    let kpack = env.kpack().await?;
+    if kpack.release() != kpack::V0_17_2 {
+        eprintln!(
+            "kpack: skipped (this environment runs kpack {})",
+            kpack.release().version
+        );
+        return Ok(());
+    }
+    let client = env.client().await?;
+    let ns = env.namespace("kpack-secret-env").await?;
+    let reg = env.registry();
+    let image = format!(
+        "apiVersion: kpack.io/v1alpha2\nkind: Image\nmetadata: {{name: app}}\nspec:\n  tag: {reg}/peers/kpack-secret-env\n  builder: {{kind: ClusterBuilder, name: {}}}\n  source: {{registry: {{image: {reg}/peers/kpack-app-source:1}}}}\n  build:\n    env:\n    - name: VCAP_SERVICES\n      valueFrom: {{secretKeyRef: {{name: app-vcap-services, key: VCAP_SERVICES}}}}\n",
+        kpack.cluster_builder()
+    );
+    let denied = create_all(&client, &ns, &image)
+        .await
+        .err()
+        .context("an Image with build env from a Secret was admitted")?;
+    ensure!(
+        format!("{denied:#}").contains("secretKeyRef is not supported for build environment variables"),
+        "denied for another reason: {denied:#}"
+    );
+    Ok(())
+}
+
+/// A Korifi org, space and app made through the real controllers, as the Korifi API would ask for
+/// them: the CFOrg and CFSpace get their namespaces; the CFBuild a BuildWorkload, which Korifi's
+/// kpack-image-builder turns into a kpack Image whose Build kpack runs and marks succeeded, and
+/// whose droplet Korifi reads from the registry; the started app's CFProcess an AppWorkload,
+/// which the statefulset-runner turns into a StatefulSet whose pod runs on a kwok node.
+async fn korifi_stages_and_runs_an_app(_shared: Arc<Env>) -> Result<()> {
+    let Some(env) = korifi_env("korifi_stages_and_runs_an_app").await? else {
+        return Ok(());
+    };
+    let started = std::time::Instant::now();
+    let korifi = env.korifi().await?;
+    eprintln!("korifi: started (with kpack) in {:.1?}", started.elapsed());
+    let client = env.client().await?;
+    let pushed = std::time::Instant::now();
+    let org = cf::create_org(&client, "e2e-org")
+        .await
+        .with_context(|| env.korifi_log(20))?;
+    let space = cf::create_space(&client, &org, "e2e-space")
+        .await
+        .with_context(|| env.korifi_log(20))?;
+    let app = cf::push_app(
+        &client,
+        env.registry(),
+        korifi.repository_prefix(),
+        &space,
+        "e2e-app",
+    )
+    .await
+    .with_context(|| env.korifi_log(30))?;
+    let pods = match cf::until_running(&client, &app, 1).await {
+        Ok(pods) => pods,
+        Err(e) => bail!(
+            "{e:#}\nprocesses: {}\n{}",
+            cf::process_summary(&client, &app).await,
+            env.korifi_log(30)
+        ),
+    };
+    eprintln!(
+        "korifi: org, space, app staged and running in {:.1?}",
+        pushed.elapsed()
+    );
+
+    let images: Api<DynamicObject> = Api::namespaced_with(client.clone(), &space, &kpack::resource("Image"));
+    let image = images
+        .get(&app.guid)
+        .await
+        .context("Korifi's kpack Image (named after the app)")?;
+    ensure!(
+        condition(&image, "Ready") == Some(true),
+        "Image: {}",
+        image.data["status"]
+    );
+    let node = pods[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or_default();
+    ensure!(node.starts_with("kwok-node-"), "app pod on {node:?}");
     Ok(())
 }

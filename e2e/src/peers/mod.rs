@@ -2,5 +2,104 @@
 //! control plane on demand: a test asks its [`crate::Env`] for the peers it needs.
 
 pub mod kapp_controller;
+pub mod korifi;
+pub mod kpack;
+pub mod local_path_provisioner;
+pub mod manifests;
+pub mod serving_cert;
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use kube::{Api, api::DynamicObject};
 
 pub use kapp_controller::KappController;
+pub use korifi::Korifi;
+pub use kpack::Kpack;
+pub use local_path_provisioner::LocalPathProvisioner;
+
+use crate::process::ServerProcess;
+
+/// Waits for `wait` up to `timeout`, failing at once, with its log, if one of `processes` exits
+/// (checked every 250 ms: an exit cannot be watched through the API server).
+pub(crate) async fn until_while_running<T, E>(
+    processes: &mut [ServerProcess],
+    what: &str,
+    timeout: Duration,
+    wait: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut wait = std::pin::pin!(wait);
+    loop {
+        tokio::select! {
+            done = &mut wait => return done.with_context(|| format!("watching for {what}")),
+            () = tokio::time::sleep(Duration::from_millis(250)) => {
+                for p in processes.iter_mut() {
+                    p.check_running()?;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    let logs: Vec<String> = processes.iter().map(|p| format!("== {}\n{}", p.name(), p.log_tail(20))).collect();
+                    bail!("timed out after {timeout:?} waiting for {what}\n{}", logs.join("\n"));
+                }
+            }
+        }
+    }
+}
+
+/// A condition of a peer's object (kpack's and Korifi's alike): `Some(true)` for `"True"`,
+/// `Some(false)` for `"False"`, `None` when missing or `"Unknown"`.
+pub fn condition(object: &DynamicObject, kind: &str) -> Option<bool> {
+    let c = object.data["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)?;
+    match c["status"].as_str()? {
+        "True" => Some(true),
+        "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Waits, on a watch, until the condition `kind` of `name` is True. With `false_is_final`, a
+/// False fails at once (with the condition's message), as for a Build's `Succeeded`; otherwise
+/// False is waited out, as for a `Ready` that a reconcile may still turn True.
+pub async fn until_condition(
+    api: &Api<DynamicObject>,
+    name: &str,
+    kind: &str,
+    false_is_final: bool,
+    timeout: Duration,
+) -> Result<DynamicObject> {
+    let decided = |o: Option<&DynamicObject>| {
+        o.and_then(|o| condition(o, kind))
+            .is_some_and(|c| c || false_is_final)
+    };
+    let waited = tokio::time::timeout(
+        timeout,
+        kube::runtime::wait::await_condition(api.clone(), name, decided),
+    )
+    .await;
+    let object = match waited {
+        Ok(seen) => seen.with_context(|| format!("watching {name}"))?,
+        Err(_) => {
+            let status = api
+                .get_opt(name)
+                .await
+                .ok()
+                .flatten()
+                .map(|o| o.data["status"].clone());
+            bail!(
+                "{name} not {kind} after {timeout:?}; status: {}",
+                status.unwrap_or_default()
+            );
+        }
+    }
+    .with_context(|| format!("{name} was deleted"))?;
+    if condition(&object, kind) != Some(true) {
+        bail!("{name} is not {kind}: {}", object.data["status"]["conditions"]);
+    }
+    Ok(object)
+}
