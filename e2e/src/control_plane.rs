@@ -545,10 +545,18 @@ impl Env {
 
     /// `kubectl apply -n <namespace> -f -` with `yaml` on stdin, as a user would.
     pub fn kubectl_apply(&self, namespace: &str, yaml: &str) -> Result<()> {
+        self.kubectl_apply_with(&["-n", namespace], yaml)
+    }
+
+    /// `kubectl apply <args> -f -` with `yaml` on stdin (e.g. `--server-side`, or no namespace
+    /// for documents that name their own).
+    pub fn kubectl_apply_with(&self, args: &[&str], yaml: &str) -> Result<()> {
         use std::io::Write as _;
         let mut child = self
             .kubectl()
-            .args(["apply", "-n", namespace, "-f", "-"])
+            .arg("apply")
+            .args(args)
+            .args(["-f", "-"])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())

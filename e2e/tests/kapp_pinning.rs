@@ -330,26 +330,12 @@ async fn applying_a_tag_again_changes_nothing_with_kapp_or_kubectl(env: Arc<Env>
             "by-kubectl"
         };
         let yaml = app(name, &format!("{reg}/reapply/config:1.0.0"));
-        let apply = |yaml: &str| -> Result<()> {
-            use std::io::Write as _;
-            let mut cmd = env.kubectl();
-            cmd.args(["apply", "-n", &ns, "-f", "-"]);
+        let apply = |yaml: &str| {
+            let mut args = vec!["-n", ns.as_str()];
             if server_side {
-                cmd.arg("--server-side");
+                args.push("--server-side");
             }
-            let mut child = cmd
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::piped())
-                .spawn()?;
-            child.stdin.take().context("stdin")?.write_all(yaml.as_bytes())?;
-            let out = child.wait_with_output()?;
-            ensure!(
-                out.status.success(),
-                "kubectl apply: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            Ok(())
+            env.kubectl_apply_with(&args, yaml)
         };
         apply(&yaml)?;
         let before = env.kubectl_get("apps.kappctrl.k14s.io", name, &ns)?;

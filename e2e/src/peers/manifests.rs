@@ -2,7 +2,7 @@
 //! `$HOLDFAST_CACHE/peers/<peer>/manifests/`, paths as in the module), rendered the little they
 //! are templated (helm's and ytt's placeholders are substituted as text) and routed to loopback.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use serde::Deserialize as _;
 use serde_json::Value;
 
@@ -65,24 +65,7 @@ pub fn loopback_service(namespace: &str, name: &str) -> Value {
 /// `kubectl apply -f -` of the documents, each in the namespace it names (as applying a
 /// release's manifests does).
 pub fn apply(env: &Env, docs: &[Value]) -> Result<()> {
-    use std::io::Write as _;
-    let mut child = env
-        .kubectl()
-        .args(["apply", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()?;
-    child
-        .stdin
-        .take()
-        .context("kubectl stdin")?
-        .write_all(stream(docs)?.as_bytes())?;
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
+    env.kubectl_apply_with(&[], &stream(docs)?)
 }
 
 /// A multi-document YAML stream of the documents (JSON is YAML), for `kubectl apply -f -`.
