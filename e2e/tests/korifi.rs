@@ -19,7 +19,9 @@ use kube::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-e2e_main!(
+// Serial: the fast finalizers these tests run watch every namespace, so one test's finalizer
+// would delete another test's Image the moment its CFApp starts deleting.
+e2e_main!(serial:
     the_guard_refuses_builds_and_pods_for_terminating_owners,
     the_fast_finalizer_deletes_the_image_with_the_app,
     the_fast_finalizer_spares_an_image_that_only_shares_the_apps_name,
