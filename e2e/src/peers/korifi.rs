@@ -36,6 +36,7 @@
 //! - Leader election off (the chart turns it on, but the flag is never parsed either).
 
 pub mod cf;
+pub mod org_deletion;
 
 use std::{path::Path, time::Duration};
 
