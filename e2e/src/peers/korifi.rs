@@ -40,7 +40,7 @@ pub mod org_deletion;
 
 use std::{path::Path, time::Duration};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use base64::Engine as _;
 use kube::{
     Api,
@@ -52,7 +52,7 @@ use serde_json::{Value, json};
 use crate::{
     control_plane::Env,
     netns::{Netns, Spawn},
-    peers::{Kpack, condition, manifests, serving_cert::ServingCert, until_while_running},
+    peers::{Kpack, condition, manifests, once_admitted, serving_cert::ServingCert, until_while_running},
     process::ServerProcess,
     tools::peer_bin,
 };
@@ -144,33 +144,18 @@ impl Korifi {
             netns: Some(netns),
             repository_prefix,
         };
-        this.apply_once_admitted(env, &post_install()).await?;
+        let processes = this
+            .process
+            .as_mut()
+            .map(std::slice::from_mut)
+            .unwrap_or_default();
+        once_admitted(processes, "Korifi's post-install objects", START_TIMEOUT, || {
+            manifests::apply(env, &post_install())
+        })
+        .await
+        .with_context(|| this.log_tail(20))?;
         this.wait_for_builder_info(env).await?;
         Ok(this)
-    }
-
-    /// Creates objects Korifi's webhooks admit; retried while they do not answer yet (polled:
-    /// whether a webhook serves cannot be watched).
-    async fn apply_once_admitted(&mut self, env: &Env, docs: &[Value]) -> Result<()> {
-        let deadline = std::time::Instant::now() + START_TIMEOUT;
-        loop {
-            match manifests::apply(env, docs) {
-                Ok(()) => return Ok(()),
-                Err(e)
-                    if format!("{e:#}").contains("failed calling webhook")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    self.check_running()?;
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(e) => {
-                    return Err(e).context(format!(
-                        "creating Korifi's post-install objects\n{}",
-                        self.log_tail(20)
-                    ));
-                }
-            }
-        }
     }
 
     /// The BuilderInfo is Ready once the kpack-image-builder has read kpack's ClusterBuilder.
@@ -200,13 +185,6 @@ impl Korifi {
     /// names the registry; the Korifi API uploads packages there too.
     pub fn repository_prefix(&self) -> &str {
         &self.repository_prefix
-    }
-
-    fn check_running(&mut self) -> Result<()> {
-        match &mut self.process {
-            Some(p) => p.check_running(),
-            None => bail!("Korifi already stopped"),
-        }
     }
 
     pub fn log_tail(&self, lines: usize) -> String {

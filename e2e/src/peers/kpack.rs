@@ -59,7 +59,7 @@ pub use build_steps::BuildSteps;
 use crate::{
     control_plane::Env,
     netns::{Netns, Spawn},
-    peers::{LocalPathProvisioner, condition, manifests, until_while_running},
+    peers::{LocalPathProvisioner, condition, manifests, once_admitted, until_while_running},
     process::{ServerProcess, free_port},
     tools::peer_bin,
 };
@@ -175,7 +175,13 @@ impl Kpack {
         };
         this.wait_for_webhook(env).await?;
         let objects = stack::push(env.registry(), env.cluster_registry(), (NAMESPACE, CONTROLLER_SA)).await?;
-        this.apply_once_admitted(env, &objects).await?;
+        once_admitted(
+            &mut this.processes,
+            "kpack's stack, store, lifecycle and builder",
+            START_TIMEOUT,
+            || env.kubectl_apply("default", &objects),
+        )
+        .await?;
         this.wait_for_builder(env).await?;
         Ok(this)
     }
@@ -199,27 +205,6 @@ impl Kpack {
         )
         .await?;
         Ok(())
-    }
-
-    /// Creates objects kpack's webhook admits; retried while the webhook does not answer yet
-    /// (polled: whether it serves cannot be watched).
-    async fn apply_once_admitted(&mut self, env: &Env, yaml: &str) -> Result<()> {
-        let deadline = std::time::Instant::now() + START_TIMEOUT;
-        loop {
-            match env.kubectl_apply("default", yaml) {
-                Ok(()) => return Ok(()),
-                Err(e)
-                    if format!("{e:#}").contains("failed calling webhook")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    for p in &mut self.processes {
-                        p.check_running()?;
-                    }
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(e) => return Err(e).context("creating kpack's stack, store, lifecycle and builder"),
-            }
-        }
     }
 
     /// The ClusterBuilder is Ready once kpack has read the lifecycle, stack and store images and

@@ -49,6 +49,33 @@ where
     }
 }
 
+/// Runs `apply` (creating objects a peer's own webhook admits) until it stops failing for want of
+/// that webhook ("failed calling webhook": not serving yet, polled — whether a webhook serves
+/// cannot be watched), at most `timeout`, failing at once if one of `processes` exits.
+pub(crate) async fn once_admitted(
+    processes: &mut [ServerProcess],
+    what: &str,
+    timeout: Duration,
+    mut apply: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match apply() {
+            Ok(()) => return Ok(()),
+            Err(e)
+                if format!("{e:#}").contains("failed calling webhook")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                for p in processes.iter_mut() {
+                    p.check_running()?;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(e).with_context(|| format!("creating {what}")),
+        }
+    }
+}
+
 /// A condition of a peer's object (kpack's and Korifi's alike): `Some(true)` for `"True"`,
 /// `Some(false)` for `"False"`, `None` when missing or `"Unknown"`.
 pub fn condition(object: &DynamicObject, kind: &str) -> Option<bool> {
