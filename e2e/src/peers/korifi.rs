@@ -34,6 +34,10 @@
 //!   post-install hooks' BuilderInfo `kpack-image-builder` and RunnerInfo `statefulset-runner`.
 //!   The Deployment and the controllers' own RBAC are not applied: it runs as the admin user.
 //! - Leader election off (the chart turns it on, but the flag is never parsed either).
+//!
+//! Measured here (2 shared cores): start (on a running kpack) ~3.5–4.5 s; an org, a space and a
+//! pushed app staged and running ~5–10 s. An org with 3 apps is deleted in ~60 s
+//! ([`org_deletion`]).
 
 pub mod cf;
 pub mod org_deletion;

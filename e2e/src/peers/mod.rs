@@ -1,5 +1,17 @@
 //! The real peers, built from their Go modules (`e2e/peers/`), run as processes against the local
-//! control plane on demand: a test asks its [`crate::Env`] for the peers it needs.
+//! control plane on demand: a test asks its [`crate::Env`] for the peers it needs —
+//! [`Env::kapp_controller`](crate::Env::kapp_controller), [`Env::kpack`](crate::Env::kpack)
+//! (with the real local-path-provisioner), [`Env::korifi`](crate::Env::korifi) (on kpack
+//! v0.17.1: an environment runs one kpack, so Korifi's tests boot environments of their own).
+//!
+//! Routes shared by all of them (facts in each module's docs):
+//! - a `service:` reference (webhook, APIService, CRD conversion) reaches a peer through a Service
+//!   of type ExternalName naming 127.0.0.1 ([`manifests::loopback_service`]), the reference's
+//!   `port` naming the peer's port on the host;
+//! - peers that listen on ports no flag moves run in a network namespace of their own
+//!   ([`crate::netns`]), relayed to the host on loopback;
+//! - peers run as the admin user (the `system:masters` kubeconfig), so their RBAC objects are not
+//!   applied; their other upstream manifests are ([`manifests`]).
 
 pub mod kapp_controller;
 pub mod korifi;
