@@ -1,6 +1,6 @@
 //! Bounded waits on watches: tests never sleep for a condition the API server can tell them.
 
-use std::{fmt::Debug, time::Duration};
+use std::{collections::BTreeMap, fmt::Debug, time::Duration};
 
 use anyhow::{Context, Result};
 use kube::{
@@ -41,24 +41,38 @@ pub async fn until_listed<K>(
     timeout: Duration,
 ) -> Result<Vec<K>>
 where
-    K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
 {
     use futures::StreamExt as _;
-    let (reader, writer) = kube::runtime::reflector::store();
-    let mut events = std::pin::pin!(kube::runtime::reflector(
-        writer,
-        kube::runtime::watcher(api, config)
-    ));
+    use kube::runtime::watcher::Event;
+    let key = |o: &K| {
+        format!(
+            "{}/{}",
+            o.meta().namespace.as_deref().unwrap_or_default(),
+            o.meta().name.as_deref().unwrap_or_default()
+        )
+    };
+    let mut events = std::pin::pin!(kube::runtime::watcher(api, config));
     let wait = async {
         // Judged only on whole lists: once the initial listing is in, then after every change.
-        let mut listed = false;
+        let (mut objects, mut listing) = (BTreeMap::new(), None::<BTreeMap<String, K>>);
         while let Some(event) = events.next().await {
-            let event = event.context("watching")?;
-            listed |= matches!(event, kube::runtime::watcher::Event::InitDone);
-            let objects: Vec<K> = reader.state().iter().map(|o| (**o).clone()).collect();
-            if listed && done(&objects) {
-                return Ok(objects);
+            match event.context("watching")? {
+                Event::Init => listing = Some(BTreeMap::new()),
+                Event::InitApply(o) => {
+                    listing.get_or_insert_default().insert(key(&o), o);
+                }
+                Event::InitDone => objects = listing.take().unwrap_or_default(),
+                Event::Apply(o) => {
+                    objects.insert(key(&o), o);
+                }
+                Event::Delete(o) => {
+                    objects.remove(&key(&o));
+                }
+            }
+            let current: Vec<K> = objects.values().cloned().collect();
+            if listing.is_none() && done(&current) {
+                return Ok(current);
             }
         }
         anyhow::bail!("watch ended")

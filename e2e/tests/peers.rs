@@ -10,7 +10,11 @@ use anyhow::{Context, Result, bail, ensure};
 use holdfast_e2e::{
     Env, e2e_main, images,
     objects::{api_for, create_all},
-    peers::{condition, kapp_controller, korifi::cf, kpack, until_condition},
+    peers::{
+        condition, kapp_controller,
+        korifi::{cf, org_deletion},
+        kpack, until_condition,
+    },
     wait,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
@@ -27,6 +31,7 @@ e2e_main!(
     kpack_builds_an_image,
     kpack_denies_build_env_from_secrets,
     korifi_stages_and_runs_an_app,
+    korifi_org_deletion_completes,
 );
 
 /// An environment of its own for a Korifi test: Korifi needs kpack v0.17.1, the shared
@@ -276,11 +281,14 @@ async fn kpack_builds_an_image(env: Arc<Env>) -> Result<()> {
         "build pod {pod_name}: {} on {node:?}",
         phase(&pod)
     );
-    let claim = Api::<PersistentVolumeClaim>::namespaced(client, &ns)
-        .get("app-cache")
-        .await?;
-    let claim_phase = claim.status.and_then(|s| s.phase).unwrap_or_default();
-    ensure!(claim_phase == "Bound", "cache claim app-cache is {claim_phase}");
+    // Bound by kube-controller-manager once the provisioner made its volume; the claim's phase
+    // is written after the binding the scheduler waited for, so it may lag the build.
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client, &ns);
+    wait::until(&claims, "app-cache", |c: Option<&PersistentVolumeClaim>| {
+        c.and_then(|c| c.status.as_ref()).and_then(|s| s.phase.as_deref()) == Some("Bound")
+    })
+    .await
+    .context("the Image's cache claim bound")?;
 
     let out = env
         .kubectl()
@@ -392,5 +400,47 @@ async fn korifi_stages_and_runs_an_app(_shared: Arc<Env>) -> Result<()> {
         .and_then(|s| s.node_name.as_deref())
         .unwrap_or_default();
     ensure!(node.starts_with("kwok-node-"), "app pod on {node:?}");
+    Ok(())
+}
+
+/// Apps in the org-deletion test's org (`HOLDFAST_E2E_ORG_APPS` overrides).
+const ORG_APPS: usize = 3;
+
+/// The Korifi/kpack part of the org-deletion scenario: an org with one space and a few apps,
+/// each with a succeeded Build and a running pod, all made through the real controllers; `cf
+/// delete-org` completes — the CFOrg, both namespaces and the cache volumes are gone, seen on
+/// watches — and the test prints how long each took.
+async fn korifi_org_deletion_completes(_shared: Arc<Env>) -> Result<()> {
+    let Some(env) = korifi_env("korifi_org_deletion_completes").await? else {
+        return Ok(());
+    };
+    let apps = std::env::var("HOLDFAST_E2E_ORG_APPS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(ORG_APPS);
+    let korifi = env.korifi().await?;
+    let client = env.client().await?;
+    let populated = std::time::Instant::now();
+    let org = org_deletion::populate(&client, env.registry(), korifi, apps)
+        .await
+        .with_context(|| env.korifi_log(30))?;
+    eprintln!(
+        "korifi: org with 1 space and {apps} apps (staged, running) made in {:.1?}",
+        populated.elapsed()
+    );
+    let deletion = org_deletion::delete(&client, &org, Duration::from_secs(300))
+        .await
+        .with_context(|| env.korifi_log(30))?;
+    eprintln!(
+        "korifi: org with {apps} apps deleted in {:.1?} (CFApps gone after {:.1?}, space namespace {:.1?}, org namespace {:.1?}, CFOrg {:.1?}, cache volumes {:.1?}); kpack created {} Builds and {} build pods meanwhile",
+        deletion.total(),
+        deletion.apps,
+        deletion.space_namespace,
+        deletion.org_namespace,
+        deletion.org,
+        deletion.volumes,
+        deletion.builds_created,
+        deletion.build_pods_created
+    );
     Ok(())
 }

@@ -29,7 +29,13 @@
 //!   name `e2e.invalid/kpack/…`: nothing pulls them. Their containers' work is [`BuildSteps`].
 //! - **Buildpacks, stack and lifecycle** are the minimal images of [`stack`], in the local
 //!   registry; kpack builds its builder image from them and pushes it there, as in a cluster.
+//! - **kwok nodes** carry `kubernetes.io/os`/`arch` and report `ephemeral-storage`, as a
+//!   kubelet registers its node (build pods select the OS; Korifi's app pods request storage).
 //! - Priority classes, SLSA attestations, injected-sidecar mode: off, as the release defaults.
+//!
+//! Measured here (2 shared cores): start to a Ready ClusterBuilder ~1.5–3 s; an Image from
+//! create to a succeeded Build and a Ready Image ~6–9 s, of which ~3 s is the provisioner's
+//! helper pod (kwok completes it after 2 s) and 2 s the build pod's run.
 
 pub mod build_steps;
 pub mod stack;
@@ -53,7 +59,7 @@ pub use build_steps::BuildSteps;
 use crate::{
     control_plane::Env,
     netns::{Netns, Spawn},
-    peers::{LocalPathProvisioner, condition, manifests, until_while_running},
+    peers::{LocalPathProvisioner, condition, manifests, once_admitted, until_while_running},
     process::{ServerProcess, free_port},
     tools::peer_bin,
 };
@@ -169,7 +175,13 @@ impl Kpack {
         };
         this.wait_for_webhook(env).await?;
         let objects = stack::push(env.registry(), env.cluster_registry(), (NAMESPACE, CONTROLLER_SA)).await?;
-        this.apply_once_admitted(env, &objects).await?;
+        once_admitted(
+            &mut this.processes,
+            "kpack's stack, store, lifecycle and builder",
+            START_TIMEOUT,
+            || env.kubectl_apply("default", &objects),
+        )
+        .await?;
         this.wait_for_builder(env).await?;
         Ok(this)
     }
@@ -193,27 +205,6 @@ impl Kpack {
         )
         .await?;
         Ok(())
-    }
-
-    /// Creates objects kpack's webhook admits; retried while the webhook does not answer yet
-    /// (polled: whether it serves cannot be watched).
-    async fn apply_once_admitted(&mut self, env: &Env, yaml: &str) -> Result<()> {
-        let deadline = std::time::Instant::now() + START_TIMEOUT;
-        loop {
-            match env.kubectl_apply("default", yaml) {
-                Ok(()) => return Ok(()),
-                Err(e)
-                    if format!("{e:#}").contains("failed calling webhook")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    for p in &mut self.processes {
-                        p.check_running()?;
-                    }
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(e) => return Err(e).context("creating kpack's stack, store, lifecycle and builder"),
-            }
-        }
     }
 
     /// The ClusterBuilder is Ready once kpack has read the lifecycle, stack and store images and

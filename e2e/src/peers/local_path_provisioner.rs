@@ -8,8 +8,11 @@
 //! `local-path` (`WaitForFirstConsumer`) is annotated as the default class, as kind's is. On a
 //! PVC the scheduler has picked a node for, it runs its helper pod on that node (kwok completes
 //! it: nothing is created on disk) and creates a `hostPath` PersistentVolume with node affinity;
-//! kube-controller-manager binds it, and deletes nothing itself (reclaim policy Delete: the
-//! provisioner's teardown helper pod runs, then it deletes the volume).
+//! kube-controller-manager binds it. When the claim goes (reclaim policy Delete), the
+//! provisioner runs its teardown helper pod, then deletes the volume.
+//!
+//! Harmless here: "failed to save helper-pod-… logs: unable to retrieve in cluster config" (it
+//! reads its helper pods' logs with an in-cluster client; kwok's pods have no logs anyway).
 
 use std::path::Path;
 

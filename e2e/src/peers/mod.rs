@@ -1,5 +1,17 @@
 //! The real peers, built from their Go modules (`e2e/peers/`), run as processes against the local
-//! control plane on demand: a test asks its [`crate::Env`] for the peers it needs.
+//! control plane on demand: a test asks its [`crate::Env`] for the peers it needs —
+//! [`Env::kapp_controller`](crate::Env::kapp_controller), [`Env::kpack`](crate::Env::kpack)
+//! (with the real local-path-provisioner), [`Env::korifi`](crate::Env::korifi) (on kpack
+//! v0.17.1: an environment runs one kpack, so Korifi's tests boot environments of their own).
+//!
+//! Routes shared by all of them (facts in each module's docs):
+//! - a `service:` reference (webhook, APIService, CRD conversion) reaches a peer through a Service
+//!   of type ExternalName naming 127.0.0.1 ([`manifests::loopback_service`]), the reference's
+//!   `port` naming the peer's port on the host;
+//! - peers that listen on ports no flag moves run in a network namespace of their own
+//!   ([`crate::netns`]), relayed to the host on loopback;
+//! - peers run as the admin user (the `system:masters` kubeconfig), so their RBAC objects are not
+//!   applied; their other upstream manifests are ([`manifests`]).
 
 pub mod kapp_controller;
 pub mod korifi;
@@ -45,6 +57,33 @@ where
                     bail!("timed out after {timeout:?} waiting for {what}\n{}", logs.join("\n"));
                 }
             }
+        }
+    }
+}
+
+/// Runs `apply` (creating objects a peer's own webhook admits) until it stops failing for want of
+/// that webhook ("failed calling webhook": not serving yet, polled — whether a webhook serves
+/// cannot be watched), at most `timeout`, failing at once if one of `processes` exits.
+pub(crate) async fn once_admitted(
+    processes: &mut [ServerProcess],
+    what: &str,
+    timeout: Duration,
+    mut apply: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match apply() {
+            Ok(()) => return Ok(()),
+            Err(e)
+                if format!("{e:#}").contains("failed calling webhook")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                for p in processes.iter_mut() {
+                    p.check_running()?;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(e).with_context(|| format!("creating {what}")),
         }
     }
 }
