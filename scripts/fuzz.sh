@@ -5,7 +5,7 @@
 #                                           corpus (a copy: the corpus is not changed); `make test`
 #   scripts/fuzz.sh run TARGET SECONDS      one long run under nice 19, growing fuzz/work/TARGET
 #   scripts/fuzz.sh minimize TARGET         merge fuzz/work/TARGET into the committed corpus,
-#                                           keeping only inputs that add coverage
+#                                           keeping only inputs that add an edge
 #
 # cargo-fuzz's -Z flags need nightly; RUSTC_BOOTSTRAP=1 lets stable accept them. No sanitizer
 # (-s none): holdfast forbids unsafe code, and the rate is what finds panics and hangs. Limits
@@ -66,7 +66,9 @@ minimize)
     ensure_cargo_fuzz
     merged="$(mktemp -d)"
     trap 'rm -rf "$merged"' EXIT
-    fuzz_low run -s none "$target" "$merged" corpus/"$target" work/"$target" -- -merge=1 "${LIMITS[@]}"
+    # Edges only (-use_counters=0): every covered edge keeps an input, hit counts do not, so
+    # the committed corpus stays small.
+    fuzz_low run -s none "$target" "$merged" corpus/"$target" work/"$target" -- -merge=1 -use_counters=0 "${LIMITS[@]}"
     rm -f fuzz/corpus/"$target"/*
     cp "$merged"/* fuzz/corpus/"$target"/
     ;;
