@@ -141,7 +141,11 @@ async fn garbage_collector_deletes_dependents_in_foreground(env: Arc<Env>) -> Re
 async fn namespace_deletion_completes_with_custom_resources(env: Arc<Env>) -> Result<()> {
     let client = env.client().await?;
     let ns = env.namespace("nsdel").await?;
-    create_all(&client, &ns, &example(&env, "app-image.yaml")?).await?;
+    // kapp-controller (running for the other tests) puts its delete finalizer on the App and would
+    // run `kapp delete` as the App's ServiceAccount, which may deploy nothing here: noopDelete
+    // tells it to let the App go without, as a user deleting a namespace of such Apps would.
+    let app = example(&env, "app-image.yaml")?.replacen("\nspec:\n", "\nspec:\n  noopDelete: true\n", 1);
+    create_all(&client, &ns, &app).await?;
     create_all(&client, &ns, &example(&env, "korifi-app.yaml")?).await?;
     let cm = ConfigMap {
         metadata: kube::api::ObjectMeta {
