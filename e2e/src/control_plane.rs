@@ -75,7 +75,15 @@ impl Env {
         }
         // Children are forked from a runtime worker thread: PR_SET_PDEATHSIG follows the forking
         // thread, and workers live as long as the runtime, unlike a short-lived test thread.
-        tokio::spawn(Self::boot()).await.context("boot task panicked")?
+        match tokio::spawn(Self::boot()).await.context("boot task panicked")? {
+            // A port free when picked can be taken before its server binds it (another suite's
+            // process): boot once more on fresh ports. The failed attempt stopped everything.
+            Err(e) if format!("{e:#}").contains("address already in use") => {
+                tracing::warn!(error = %format!("{e:#}"), "a port was taken while booting; booting again");
+                tokio::spawn(Self::boot()).await.context("boot task panicked")?
+            }
+            booted => booted,
+        }
     }
 
     /// An existing cluster ([`KUBECONFIG_ENV`]): nothing is started, and nothing is stopped.
