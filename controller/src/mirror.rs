@@ -486,7 +486,7 @@ struct Announcer {
 impl Announcer {
     fn new(client: Client, namespace: &str) -> Self {
         Self {
-            recorder: Recorder::new(client.clone(), crate::pinning::REPORTER.into()),
+            recorder: Recorder::new(client.clone(), crate::pinning::MANAGER.into()),
             entries: cluster_store::api(client, namespace),
             namespace: namespace.to_owned(),
         }

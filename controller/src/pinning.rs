@@ -41,8 +41,10 @@ pub enum Error {
 const FIRST_RETRY: Duration = Duration::from_secs(2);
 const RETRY_CEILING: Duration = Duration::from_secs(300);
 
-/// `reportingController` of the Events the controller records.
-pub(crate) const REPORTER: &str = "holdfast-controller";
+/// Who the API server records as the controller: `reportingController` of its Events and field
+/// manager of its pin patches, so `managedFields` tell a pin the controller wrote from one the
+/// webhook added to somebody else's write.
+pub const MANAGER: &str = "holdfast-controller";
 
 /// Namespaces labelled so are left alone, as the webhook configurations' namespaceSelector does.
 pub const IGNORE_LABEL: &str = "holdfast.dev/ignore";
@@ -77,7 +79,7 @@ pub async fn run(
             kind,
             pinner: pinner.clone(),
             retries: Backoff::new(FIRST_RETRY, RETRY_CEILING),
-            recorder: Recorder::new(client.clone(), REPORTER.into()),
+            recorder: Recorder::new(client.clone(), MANAGER.into()),
         });
         let controller = Controller::new_with(api, watcher::Config::default(), resource)
             .reconcile_all_on(round_ends(rounds.clone()))
@@ -150,12 +152,23 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
     let events = events_for(&update);
     if !update.ops.is_empty() {
         let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.resource);
-        api.patch(
-            &name,
-            &PatchParams::default(),
-            &Patch::Json::<()>(json_patch::Patch(update.ops)),
-        )
-        .await?;
+        let params = PatchParams {
+            field_manager: Some(MANAGER.into()),
+            ..Default::default()
+        };
+        let patched = api
+            .patch(&name, &params, &Patch::Json::<()>(json_patch::Patch(update.ops)))
+            .await;
+        match patched {
+            Ok(_) => {}
+            // kapp-controller, say, added its finalizer after the create. That write's watch
+            // event brings the object back; the backoff bounds a guard that keeps failing.
+            Err(error) if guard_failed(&error) => {
+                tracing::info!(kind = ctx.kind.kind(), %namespace, %name, "changed since read; pinning again");
+                return Ok(Action::requeue(ctx.retries.failed((namespace, name))));
+            }
+            Err(error) => return Err(error.into()),
+        }
         tracing::info!(kind = ctx.kind.kind(), %namespace, %name, change = ?update.change, "pinned fetch references");
     }
     let reference = object.object_ref(&ctx.resource);
@@ -174,6 +187,14 @@ async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
     } else {
         Action::requeue(ctx.retries.failed(key))
     })
+}
+
+/// Whether a failed patch failed on its `resourceVersion` test, the object having changed
+/// since the watch showed it: the API server answers a failed test with a bare 422, no causes
+/// (a patch the schema refuses names its causes).
+fn guard_failed(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status)
+        if status.code == 422 && status.details.as_ref().is_none_or(|d| d.causes.is_empty()))
 }
 
 /// The Events an update deserves: `Pinned`/`Repinned` for what it changes, `PinStale` when the
@@ -267,5 +288,36 @@ mod tests {
         let note = truncate("é".repeat(800));
         assert!(note.len() <= 1003 && note.ends_with('…'), "{}", note.len());
         assert_eq!(truncate("short".into()), "short");
+    }
+
+    #[test]
+    fn only_a_bare_422_is_a_failed_resource_version_guard() {
+        use kube::core::{Status, response::StatusCause, response::StatusDetails};
+        let status = |code, causes: Vec<StatusCause>| {
+            kube::Error::Api(
+                Status::failure(
+                    "the server rejected our request due to an error in our request",
+                    "Invalid",
+                )
+                .with_code(code)
+                .with_details(StatusDetails {
+                    name: String::new(),
+                    group: String::new(),
+                    kind: String::new(),
+                    uid: String::new(),
+                    causes,
+                    retry_after_seconds: 0,
+                })
+                .boxed(),
+            )
+        };
+        assert!(guard_failed(&status(422, Vec::new())));
+        let schema = StatusCause {
+            reason: "FieldValueInvalid".into(),
+            message: "must be a string".into(),
+            field: "spec.fetch[0].image.url".into(),
+        };
+        assert!(!guard_failed(&status(422, vec![schema])));
+        assert!(!guard_failed(&status(409, Vec::new())));
     }
 }
