@@ -684,16 +684,11 @@ mod tests {
     }
 
     fn entry(reference: &str, scope: Scope, seed: &str) -> CacheEntry {
-        let now = SystemTime::now();
-        CacheEntry {
-            key: CacheKey::tag(&Reference::parse(reference).unwrap(), scope),
-            digest: Digest::sha256_of(seed.as_bytes()),
-            tag: None,
-            resolved_at: now,
-            checked_at: now,
-            error: None,
-            secret_uid: None,
-        }
+        CacheEntry::resolved(
+            CacheKey::tag(&Reference::parse(reference).unwrap(), scope),
+            Digest::sha256_of(seed.as_bytes()),
+            SystemTime::now(),
+        )
     }
 
     #[test]

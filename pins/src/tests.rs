@@ -1620,16 +1620,11 @@ fn the_reconcile_of_an_edited_private_mirror_pin_resolves_with_the_users_secret(
         holdfast_registry::cache::DigestCache::new(std::sync::Arc::new(NoRegistry), Default::default(), None);
     // Only the user's Secret's entry is held; the pull Secret's would need the registry,
     // which this pinner (no Secret reads) cannot ask with it.
-    let now = std::time::SystemTime::now();
-    cache.insert(holdfast_registry::cache::CacheEntry {
-        key: holdfast_registry::cache::CacheKey::tag(&reference, scope("team-creds")),
-        digest: digest(2),
-        tag: None,
-        resolved_at: now,
-        checked_at: now,
-        error: None,
-        secret_uid: None,
-    });
+    cache.insert(holdfast_registry::cache::CacheEntry::resolved(
+        holdfast_registry::cache::CacheKey::tag(&reference, scope("team-creds")),
+        digest(2),
+        std::time::SystemTime::now(),
+    ));
     let pinner = Pinner::new(std::sync::Arc::new(cache), None);
     let update =
         futures::executor::block_on(pinner.reconcile(PinnedKind::App, namespace, &BTreeMap::new(), &stored))
@@ -1728,19 +1723,14 @@ fn hand_made_entry(
     reference: &str,
     scope: holdfast_registry::cache::Scope,
 ) -> holdfast_registry::cache::CacheEntry {
-    let now = std::time::SystemTime::now();
-    holdfast_registry::cache::CacheEntry {
-        key: holdfast_registry::cache::CacheKey::tag(
+    holdfast_registry::cache::CacheEntry::resolved(
+        holdfast_registry::cache::CacheKey::tag(
             &holdfast_registry::Reference::parse(reference).unwrap(),
             scope,
         ),
-        digest: digest(1),
-        tag: None,
-        resolved_at: now,
-        checked_at: now,
-        error: None,
-        secret_uid: None,
-    }
+        digest(1),
+        std::time::SystemTime::now(),
+    )
 }
 
 /// Issue 15, item 1: an entry naming `secret:victim/db-creds` and a registry of the writer's

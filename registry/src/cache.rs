@@ -132,6 +132,21 @@ pub struct CacheEntry {
     pub secret_uid: Option<String>,
 }
 
+impl CacheEntry {
+    /// An answer the registry gave `at`: no tag picked, no failure, no Secret behind it.
+    pub fn resolved(key: CacheKey, digest: Digest, at: SystemTime) -> Self {
+        CacheEntry {
+            key,
+            digest,
+            tag: None,
+            resolved_at: at,
+            checked_at: at,
+            error: None,
+            secret_uid: None,
+        }
+    }
+}
+
 /// Credentials for one lookup, with the uid of the Secret they came from (none: anonymous).
 #[derive(Debug, Clone)]
 pub struct Loaded {
@@ -683,13 +698,9 @@ impl DigestCache {
             Ok((digest, tag)) => {
                 let mirrored = self.mirror_of(&key, &digest);
                 let entry = CacheEntry {
-                    key,
-                    digest: digest.clone(),
                     tag: tag.clone(),
-                    resolved_at: checked_at,
-                    checked_at,
-                    error: None,
                     secret_uid,
+                    ..CacheEntry::resolved(key, digest.clone(), checked_at)
                 };
                 self.store(entry);
                 Ok(Answer {
@@ -1057,15 +1068,7 @@ mod tests {
         let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), config);
         let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
         let old = SystemTime::now() - Duration::from_secs(60);
-        cache.insert(CacheEntry {
-            key,
-            digest: digest("v0"),
-            tag: None,
-            resolved_at: old,
-            checked_at: old,
-            error: None,
-            secret_uid: None,
-        });
+        cache.insert(CacheEntry::resolved(key, digest("v0"), old));
         source.failing.store(true, Ordering::SeqCst);
         assert!(matches!(
             lookup(&cache, APP, Scope::Anonymous).await,
@@ -1185,15 +1188,9 @@ mod tests {
         let (source, cache) = cache(FakeSource::with(&[]), CacheConfig::default());
         source.failing.store(true, Ordering::SeqCst);
         let key = CacheKey::tag(&reference(APP), team_creds());
-        let now = SystemTime::now();
         cache.insert(CacheEntry {
-            key: key.clone(),
-            digest: digest("old"),
-            tag: None,
-            resolved_at: now,
-            checked_at: now,
-            error: None,
             secret_uid: Some(uid.into()),
+            ..CacheEntry::resolved(key.clone(), digest("old"), SystemTime::now())
         });
         (cache, key)
     }
@@ -1366,15 +1363,7 @@ mod tests {
         let (_, cache) = cache(FakeSource::default(), CacheConfig::default());
         let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
         let now = SystemTime::now();
-        let entry = |d: &str, at: SystemTime| CacheEntry {
-            key: key.clone(),
-            digest: digest(d),
-            tag: None,
-            resolved_at: at,
-            checked_at: at,
-            error: None,
-            secret_uid: None,
-        };
+        let entry = |d: &str, at: SystemTime| CacheEntry::resolved(key.clone(), digest(d), at);
         cache.insert(entry("new", now));
         cache.insert(entry("old", now - Duration::from_secs(5)));
         assert_eq!(cache.get(&key).unwrap().digest, digest("new"));

@@ -374,19 +374,12 @@ mod tests {
 
     /// An anonymous entry for `registry.example/team/app:1.0`, resolved to the digest of `seed`.
     fn tag_entry(seed: &[u8], now: SystemTime) -> CacheEntry {
-        CacheEntry {
-            key: CacheKey {
-                reference: "registry.example/team/app:1.0".into(),
-                selection: None,
-                scope: Scope::Anonymous,
-            },
-            digest: Digest::sha256_of(seed),
-            tag: None,
-            resolved_at: now,
-            checked_at: now,
-            error: None,
-            secret_uid: None,
-        }
+        let key = CacheKey {
+            reference: "registry.example/team/app:1.0".into(),
+            selection: None,
+            scope: Scope::Anonymous,
+        };
+        CacheEntry::resolved(key, Digest::sha256_of(seed), now)
     }
 
     #[test]
