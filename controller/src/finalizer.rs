@@ -316,3 +316,209 @@ where
     tracing::warn!(name = %object.meta().name.clone().unwrap_or_default(), %error, "fast finalizer: retrying");
     Action::requeue(Duration::from_secs(2))
 }
+
+/// The exact requests the fast finalizer sends, against a mocked API server.
+#[cfg(test)]
+mod tests {
+    use http::{Method, StatusCode};
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::fixtures::{self, ApiServer};
+
+    const NAMESPACE: &str = "cf-space";
+
+    fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+    }
+
+    fn context() -> (Arc<Ctx>, ApiServer) {
+        let (client, server) = fixtures::mock();
+        let ctx = Ctx {
+            client,
+            image: resource("kpack.io", "v1alpha2", "Image", "images"),
+            build_workload: Some(resource(
+                "korifi.cloudfoundry.org",
+                "v1alpha1",
+                "BuildWorkload",
+                "buildworkloads",
+            )),
+            cf_space: None,
+        };
+        (Arc::new(ctx), server)
+    }
+
+    /// An object of `api_version`/`kind` in the test namespace, being deleted.
+    fn terminating(api_version: &str, kind: &str, name: &str, uid: &str) -> Arc<DynamicObject> {
+        let object = json!({
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "uid": uid,
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+                "finalizers": ["example.com/keep"],
+            },
+        });
+        match serde_json::from_value(object) {
+            Ok(object) => Arc::new(object),
+            Err(error) => panic!("test object: {error}"),
+        }
+    }
+
+    fn owner(api_version: &str, kind: &str, uid: &str, controller: bool) -> Value {
+        json!({"apiVersion": api_version, "kind": kind, "name": "owner", "uid": uid, "controller": controller})
+    }
+
+    fn image(name: &str, owners: &[Value]) -> Value {
+        json!({
+            "apiVersion": "kpack.io/v1alpha2",
+            "kind": "Image",
+            "metadata": {"name": name, "namespace": NAMESPACE, "uid": format!("image-{name}"), "ownerReferences": owners},
+            "spec": {"tag": "registry.example/app"},
+        })
+    }
+
+    fn pod(name: &str, owners: &[Value]) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "uid": format!("pod-{name}"),
+                "labels": {"kpack.io/build": "build-1"},
+                "ownerReferences": owners,
+            },
+            "spec": {"containers": [{"name": "step", "image": "lifecycle"}]},
+        })
+    }
+
+    async fn finish(reconciled: Result<Action, Error>, server: ApiServer) {
+        match reconciled {
+            Ok(action) => assert_eq!(action, Action::await_change()),
+            Err(error) => panic!("reconcile failed: {error}"),
+        }
+        server.done().await;
+    }
+
+    /// A terminating CFApp: its Image, whose ownerReference names the CFApp's uid, is deleted
+    /// with background propagation and no grace period of holdfast's choosing (APP_IMAGE).
+    #[tokio::test]
+    async fn a_terminating_cfapp_has_the_image_that_names_its_uid_deleted_in_the_background() {
+        let (ctx, mut server) = context();
+        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
+        let api = tokio::spawn(async move {
+            let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+            let (_, answer) = server.expect(Method::GET, &path).await;
+            let owned = image(
+                "app-guid",
+                &[owner("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-1", false)],
+            );
+            answer.ok(&owned);
+            let (body, answer) = server.expect(Method::DELETE, &format!("{path}?")).await;
+            assert_eq!(body, json!({"propagationPolicy": "Background"}));
+            assert_eq!(APP_IMAGE.grace_period_seconds, None);
+            answer.ok(&owned);
+            server
+        });
+        let reconciled = app_deleting(app, ctx).await;
+        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+        finish(reconciled, server).await;
+    }
+
+    /// An Image named like the terminating CFApp but owned by another uid is left alone.
+    #[tokio::test]
+    async fn an_image_whose_owner_reference_names_another_uid_is_not_deleted() {
+        let (ctx, mut server) = context();
+        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
+        let api = tokio::spawn(async move {
+            let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+            let (_, answer) = server.expect(Method::GET, &path).await;
+            answer.ok(&image(
+                "app-guid",
+                &[owner("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-2", false)],
+            ));
+            server
+        });
+        let reconciled = app_deleting(app, ctx).await;
+        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+        finish(reconciled, server).await;
+    }
+
+    /// An Image already gone: nothing to delete, no error.
+    #[tokio::test]
+    async fn an_image_already_gone_is_not_an_error() {
+        let (ctx, mut server) = context();
+        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
+        let api = tokio::spawn(async move {
+            let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+            let (_, answer) = server.expect(Method::GET, &path).await;
+            answer.json(
+                StatusCode::NOT_FOUND,
+                &fixtures::status(404, "NotFound", "images.kpack.io \"app-guid\" not found"),
+            );
+            server
+        });
+        let reconciled = app_deleting(app, ctx).await;
+        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+        finish(reconciled, server).await;
+    }
+
+    /// A terminating Build: of the pods its label finds, only the one it controls (by uid) is
+    /// deleted, with the grace period DELETABLE gives build pods (0).
+    #[tokio::test]
+    async fn a_terminating_build_has_only_the_pod_it_controls_deleted_without_grace() {
+        let (ctx, mut server) = context();
+        let build = terminating("kpack.io/v1alpha2", "Build", "build-1", "build-uid-1");
+        let api = tokio::spawn(async move {
+            let pods = format!("/api/v1/namespaces/{NAMESPACE}/pods");
+            let (_, answer) = server
+                .expect(
+                    Method::GET,
+                    &format!("{pods}?&labelSelector=kpack.io%2Fbuild%3Dbuild-1"),
+                )
+                .await;
+            let controlled = pod(
+                "controlled",
+                &[owner("kpack.io/v1alpha2", "Build", "build-uid-1", true)],
+            );
+            answer.ok(&json!({
+                "apiVersion": "v1",
+                "kind": "PodList",
+                "metadata": {"resourceVersion": "10"},
+                "items": [
+                    controlled,
+                    pod("another-build", &[owner("kpack.io/v1alpha2", "Build", "build-uid-2", true)]),
+                    pod("not-controller", &[owner("kpack.io/v1alpha2", "Build", "build-uid-1", false)]),
+                    pod("labelled-only", &[]),
+                ],
+            }));
+            let (body, answer) = server
+                .expect(Method::DELETE, &format!("{pods}/controlled?"))
+                .await;
+            assert_eq!(BUILD_POD.grace_period_seconds, Some(0));
+            assert_eq!(body, json!({"gracePeriodSeconds": 0}));
+            answer.ok(&controlled);
+            server
+        });
+        let reconciled = build_deleting(build, ctx).await;
+        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+        finish(reconciled, server).await;
+    }
+
+    /// Objects that are not being deleted are not touched: no request at all.
+    #[tokio::test]
+    async fn a_live_cfapp_sends_nothing() {
+        let (ctx, server) = context();
+        let live = json!({
+            "apiVersion": "korifi.cloudfoundry.org/v1alpha1",
+            "kind": "CFApp",
+            "metadata": {"name": "app-guid", "namespace": NAMESPACE, "uid": "app-1"},
+        });
+        let app: DynamicObject = serde_json::from_value(live).unwrap_or_else(|e| panic!("{e}"));
+        let reconciled = app_deleting(Arc::new(app), ctx).await;
+        finish(reconciled, server).await;
+    }
+}

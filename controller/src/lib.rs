@@ -16,6 +16,8 @@
 pub mod backoff;
 pub mod deletable;
 pub mod finalizer;
+#[cfg(test)]
+mod fixtures;
 pub mod leader;
 pub mod mirror;
 pub mod pinning;
