@@ -27,8 +27,11 @@ use kube::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::deletable::{
-    self, APP_IMAGE, BUILD_POD, Deletable, NAMESPACE_IMAGE, NAMESPACE_SPACE, Observed, WORKLOAD_IMAGE,
+use crate::{
+    deletable::{
+        self, APP_IMAGE, BUILD_POD, Deletable, NAMESPACE_IMAGE, NAMESPACE_SPACE, Observed, WORKLOAD_IMAGE,
+    },
+    metrics::Metrics,
 };
 
 pub const APP_GUID_LABEL: &str = "korifi.cloudfoundry.org/app-guid";
@@ -52,7 +55,11 @@ struct Ctx {
     build_workload: Option<ApiResource>,
     /// Only with [`Options::delete_org_spaces`].
     cf_space: Option<ApiResource>,
+    metrics: Arc<Metrics>,
 }
+
+/// The metrics' name of this controller.
+const CONTROLLER: &str = "finalizer";
 
 async fn found(client: &Client, group: &str, version: &str, kind: &str) -> Option<ApiResource> {
     match discovery::pinned_kind(client, &GroupVersionKind::gvk(group, version, kind)).await {
@@ -65,7 +72,7 @@ async fn found(client: &Client, group: &str, version: &str, kind: &str) -> Optio
 }
 
 /// Runs the finalizer's controllers until `cancel`. Without kpack there is nothing to do.
-pub async fn run(client: Client, options: Options, cancel: CancellationToken) {
+pub async fn run(client: Client, options: Options, metrics: Arc<Metrics>, cancel: CancellationToken) {
     let Some(image) = found(&client, "kpack.io", "v1alpha2", "Image").await else {
         return;
     };
@@ -82,21 +89,37 @@ pub async fn run(client: Client, options: Options, cancel: CancellationToken) {
         image,
         build_workload: build_workload.clone(),
         cf_space,
+        metrics,
     });
 
     let mut loops: Vec<BoxFuture<'static, ()>> = Vec::new();
     if let Some(resource) = cfapp {
-        loops.push(dynamic(&client, resource, &cancel, &ctx, app_deleting));
+        loops.push(dynamic(&client, resource, &cancel, &ctx, |o, c| {
+            Box::pin(app_deleting(o, c))
+        }));
     }
     if let Some(resource) = build_workload {
-        loops.push(dynamic(&client, resource, &cancel, &ctx, build_workload_deleting));
+        loops.push(dynamic(&client, resource, &cancel, &ctx, |o, c| {
+            Box::pin(build_workload_deleting(o, c))
+        }));
     }
     if let Some(resource) = build {
-        loops.push(dynamic(&client, resource, &cancel, &ctx, build_deleting));
+        loops.push(dynamic(&client, resource, &cancel, &ctx, |o, c| {
+            Box::pin(build_deleting(o, c))
+        }));
     }
     let namespaces = Controller::new(Api::<Namespace>::all(client.clone()), watcher::Config::default())
         .graceful_shutdown_on(cancel.clone().cancelled_owned())
-        .run(namespace_deleting, error_policy, ctx.clone())
+        .run(
+            |namespace, ctx: Arc<Ctx>| async move {
+                let metrics = ctx.metrics.clone();
+                metrics
+                    .reconcile(CONTROLLER, "Namespace", namespace_deleting(namespace, ctx))
+                    .await
+            },
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
     loops.push(Box::pin(namespaces));
     futures::future::join_all(loops).await;
@@ -112,10 +135,24 @@ fn dynamic(
     reconcile: Reconcile,
 ) -> BoxFuture<'static, ()> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    // The kinds are the discovered ones of a fixed list: known names for the metrics' label.
+    let kind: &'static str = match resource.kind.as_str() {
+        "CFApp" => "CFApp",
+        "BuildWorkload" => "BuildWorkload",
+        "Build" => "Build",
+        _ => "other",
+    };
     Box::pin(
         Controller::new_with(api, watcher::Config::default(), resource)
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
-            .run(reconcile, error_policy, ctx.clone())
+            .run(
+                move |object, ctx: Arc<Ctx>| async move {
+                    let metrics = ctx.metrics.clone();
+                    metrics.reconcile(CONTROLLER, kind, reconcile(object, ctx)).await
+                },
+                error_policy,
+                ctx.clone(),
+            )
             .for_each(|_| async {}),
     )
 }
@@ -158,112 +195,107 @@ async fn delete_image(
     Ok(())
 }
 
-fn app_deleting(app: Arc<DynamicObject>, ctx: Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>> {
-    Box::pin(async move {
-        if let (true, Some(namespace), Some(uid)) = (deleting(app.as_ref()), app.namespace(), app.uid()) {
-            let owner = [Observed {
-                uid: &uid,
-                terminating: true,
-            }];
-            // Korifi: one Image per app, named after the app GUID (korifi-kpack.md §1.1).
-            delete_image(
-                &ctx,
-                &APP_IMAGE,
-                &owner,
-                &namespace,
-                &app.name_any(),
-                "its CFApp is being deleted",
-            )
-            .await?;
-        }
-        Ok(Action::await_change())
-    })
-}
-
-fn build_workload_deleting(
-    workload: Arc<DynamicObject>,
-    ctx: Arc<Ctx>,
-) -> BoxFuture<'static, Result<Action, Error>> {
-    Box::pin(async move {
-        let (true, Some(namespace), Some(app)) = (
-            deleting(workload.as_ref()),
-            workload.namespace(),
-            workload.labels().get(APP_GUID_LABEL).cloned(),
-        ) else {
-            return Ok(Action::await_change());
-        };
-        let Some(resource) = &ctx.build_workload else {
-            return Ok(Action::await_change());
-        };
-        let workloads: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, resource);
-        let others = workloads
-            .list(&ListParams::default().labels(&format!("{APP_GUID_LABEL}={app}")))
-            .await?;
-        // Only the app's last BuildWorkload: the Image is shared by all of them.
-        if others.items.iter().all(deleting) {
-            let uids: Vec<(String, bool)> = others
-                .items
-                .iter()
-                .filter_map(|w| Some((w.uid()?, deleting(w))))
-                .collect();
-            let owners: Vec<Observed<'_>> = uids
-                .iter()
-                .map(|(uid, terminating)| Observed {
-                    uid,
-                    terminating: *terminating,
-                })
-                .collect();
-            delete_image(
-                &ctx,
-                &WORKLOAD_IMAGE,
-                &owners,
-                &namespace,
-                &app,
-                "the app's last BuildWorkload is being deleted",
-            )
-            .await?;
-        }
-        Ok(Action::await_change())
-    })
-}
-
-fn build_deleting(build: Arc<DynamicObject>, ctx: Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>> {
-    Box::pin(async move {
-        let (true, Some(namespace), Some(uid)) = (deleting(build.as_ref()), build.namespace(), build.uid())
-        else {
-            return Ok(Action::await_change());
-        };
+#[tracing::instrument(skip_all, fields(namespace = app.metadata.namespace.as_deref(), name = %app.name_any()))]
+async fn app_deleting(app: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    if let (true, Some(namespace), Some(uid)) = (deleting(app.as_ref()), app.namespace(), app.uid()) {
         let owner = [Observed {
             uid: &uid,
             terminating: true,
         }];
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-        let label = BUILD_POD.label.unwrap_or_default();
-        let selector = format!("{label}={}", build.name_any());
-        let now = DeleteParams {
-            grace_period_seconds: BUILD_POD.grace_period_seconds.map(|s| s as u32),
-            ..Default::default()
-        };
-        for pod in pods.list(&ListParams::default().labels(&selector)).await?.items {
-            if deleting(&pod) {
-                continue;
-            }
-            if !deletable::permits(&BUILD_POD, &pod.metadata, &owner, false) {
-                tracing::info!(%namespace, pod = %pod.name_any(), build = %build.name_any(), "not deleting a pod labelled for a terminating Build: the Build is not its controller");
-                continue;
-            }
-            match pods.delete(&pod.name_any(), &now).await {
-                Ok(_) => {
-                    tracing::info!(%namespace, pod = %pod.name_any(), "deleted the build pod of a terminating Build")
-                }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(Action::await_change())
-    })
+        // Korifi: one Image per app, named after the app GUID (korifi-kpack.md §1.1).
+        delete_image(
+            &ctx,
+            &APP_IMAGE,
+            &owner,
+            &namespace,
+            &app.name_any(),
+            "its CFApp is being deleted",
+        )
+        .await?;
+    }
+    Ok(Action::await_change())
 }
 
+#[tracing::instrument(skip_all, fields(namespace = workload.metadata.namespace.as_deref(), name = %workload.name_any()))]
+async fn build_workload_deleting(workload: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let (true, Some(namespace), Some(app)) = (
+        deleting(workload.as_ref()),
+        workload.namespace(),
+        workload.labels().get(APP_GUID_LABEL).cloned(),
+    ) else {
+        return Ok(Action::await_change());
+    };
+    let Some(resource) = &ctx.build_workload else {
+        return Ok(Action::await_change());
+    };
+    let workloads: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, resource);
+    let others = workloads
+        .list(&ListParams::default().labels(&format!("{APP_GUID_LABEL}={app}")))
+        .await?;
+    // Only the app's last BuildWorkload: the Image is shared by all of them.
+    if others.items.iter().all(deleting) {
+        let uids: Vec<(String, bool)> = others
+            .items
+            .iter()
+            .filter_map(|w| Some((w.uid()?, deleting(w))))
+            .collect();
+        let owners: Vec<Observed<'_>> = uids
+            .iter()
+            .map(|(uid, terminating)| Observed {
+                uid,
+                terminating: *terminating,
+            })
+            .collect();
+        delete_image(
+            &ctx,
+            &WORKLOAD_IMAGE,
+            &owners,
+            &namespace,
+            &app,
+            "the app's last BuildWorkload is being deleted",
+        )
+        .await?;
+    }
+    Ok(Action::await_change())
+}
+
+#[tracing::instrument(skip_all, fields(namespace = build.metadata.namespace.as_deref(), name = %build.name_any()))]
+async fn build_deleting(build: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let (true, Some(namespace), Some(uid)) = (deleting(build.as_ref()), build.namespace(), build.uid())
+    else {
+        return Ok(Action::await_change());
+    };
+    let owner = [Observed {
+        uid: &uid,
+        terminating: true,
+    }];
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let label = BUILD_POD.label.unwrap_or_default();
+    let selector = format!("{label}={}", build.name_any());
+    let now = DeleteParams {
+        grace_period_seconds: BUILD_POD.grace_period_seconds.map(|s| s as u32),
+        ..Default::default()
+    };
+    for pod in pods.list(&ListParams::default().labels(&selector)).await?.items {
+        if deleting(&pod) {
+            continue;
+        }
+        if !deletable::permits(&BUILD_POD, &pod.metadata, &owner, false) {
+            tracing::info!(%namespace, pod = %pod.name_any(), build = %build.name_any(), "not deleting a pod labelled for a terminating Build: the Build is not its controller");
+            continue;
+        }
+        match pods.delete(&pod.name_any(), &now).await {
+            Ok(_) => {
+                tracing::info!(%namespace, pod = %pod.name_any(), "deleted the build pod of a terminating Build")
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Action::await_change())
+}
+
+#[tracing::instrument(skip_all, fields(namespace = %namespace.name_any()))]
 async fn namespace_deleting(namespace: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     if deleting(namespace.as_ref()) {
         let images: Api<DynamicObject> =
@@ -344,6 +376,7 @@ mod tests {
                 "buildworkloads",
             )),
             cf_space: None,
+            metrics: Arc::default(),
         };
         (Arc::new(ctx), server)
     }

@@ -22,7 +22,7 @@ use kube::{
     },
 };
 
-use crate::backoff::Backoff;
+use crate::{backoff::Backoff, metrics::Metrics};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -58,6 +58,7 @@ struct Ctx {
     /// Keyed by namespace and name (one context per kind).
     retries: Backoff<(String, String)>,
     recorder: Recorder,
+    metrics: Arc<Metrics>,
 }
 
 /// Runs a controller for each pinned kind whose API is installed, until `cancel`. Every object
@@ -67,6 +68,7 @@ pub async fn run(
     own_namespace: String,
     pinner: Arc<Pinner>,
     rounds: watch::Receiver<u64>,
+    metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
     let mut controllers = Vec::new();
@@ -80,6 +82,7 @@ pub async fn run(
             pinner: pinner.clone(),
             retries: Backoff::new(FIRST_RETRY, RETRY_CEILING),
             recorder: Recorder::new(client.clone(), MANAGER.into()),
+            metrics: metrics.clone(),
         });
         let controller = Controller::new_with(api, watcher::Config::default(), resource)
             .reconcile_all_on(round_ends(rounds.clone()))
@@ -132,7 +135,21 @@ impl Ctx {
     }
 }
 
+/// The metrics' name of this controller.
+const CONTROLLER: &str = "pinning";
+
+#[tracing::instrument(
+    skip(object, ctx),
+    fields(kind = ctx.kind.kind(), namespace = object.metadata.namespace.as_deref(), name = %object.name_any())
+)]
 async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let metrics = ctx.metrics.clone();
+    metrics
+        .reconcile(CONTROLLER, ctx.kind.kind(), pin(object, ctx))
+        .await
+}
+
+async fn pin(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     if object.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -367,6 +384,7 @@ mod tests {
                 pinner: Arc::new(Pinner::new(cache.clone(), None)),
                 retries: Backoff::new(FIRST_RETRY, RETRY_CEILING),
                 recorder: Recorder::new(client, MANAGER.into()),
+                metrics: Arc::default(),
             };
             (Arc::new(ctx), cache, server)
         }
@@ -460,6 +478,7 @@ mod tests {
                     server
                 })
             };
+            let metrics = ctx.metrics.clone();
             let reconciled = reconcile(object(&stored), ctx).await;
             assert_eq!(
                 reconciled.unwrap_or_else(|e| panic!("reconcile failed: {e}")),
@@ -467,6 +486,7 @@ mod tests {
             );
             let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
             server.done().await;
+            assert_eq!(metrics.reconciles(CONTROLLER, "App", "ok"), 1);
             assert_eq!(
                 cache
                     .stats
