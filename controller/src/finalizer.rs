@@ -27,8 +27,11 @@ use kube::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::deletable::{
-    self, APP_IMAGE, BUILD_POD, Deletable, NAMESPACE_IMAGE, NAMESPACE_SPACE, Observed, WORKLOAD_IMAGE,
+use crate::{
+    deletable::{
+        self, APP_IMAGE, BUILD_POD, Deletable, NAMESPACE_IMAGE, NAMESPACE_SPACE, Observed, WORKLOAD_IMAGE,
+    },
+    metrics::Metrics,
 };
 
 pub const APP_GUID_LABEL: &str = "korifi.cloudfoundry.org/app-guid";
@@ -52,7 +55,11 @@ struct Ctx {
     build_workload: Option<ApiResource>,
     /// Only with [`Options::delete_org_spaces`].
     cf_space: Option<ApiResource>,
+    metrics: Arc<Metrics>,
 }
+
+/// The metrics' name of this controller.
+const CONTROLLER: &str = "finalizer";
 
 async fn found(client: &Client, group: &str, version: &str, kind: &str) -> Option<ApiResource> {
     match discovery::pinned_kind(client, &GroupVersionKind::gvk(group, version, kind)).await {
@@ -65,7 +72,7 @@ async fn found(client: &Client, group: &str, version: &str, kind: &str) -> Optio
 }
 
 /// Runs the finalizer's controllers until `cancel`. Without kpack there is nothing to do.
-pub async fn run(client: Client, options: Options, cancel: CancellationToken) {
+pub async fn run(client: Client, options: Options, metrics: Arc<Metrics>, cancel: CancellationToken) {
     let Some(image) = found(&client, "kpack.io", "v1alpha2", "Image").await else {
         return;
     };
@@ -82,21 +89,37 @@ pub async fn run(client: Client, options: Options, cancel: CancellationToken) {
         image,
         build_workload: build_workload.clone(),
         cf_space,
+        metrics,
     });
 
     let mut loops: Vec<BoxFuture<'static, ()>> = Vec::new();
     if let Some(resource) = cfapp {
-        loops.push(dynamic(&client, resource, &cancel, &ctx, app_deleting));
+        loops.push(dynamic(&client, resource, &cancel, &ctx, |o, c| {
+            Box::pin(app_deleting(o, c))
+        }));
     }
     if let Some(resource) = build_workload {
-        loops.push(dynamic(&client, resource, &cancel, &ctx, build_workload_deleting));
+        loops.push(dynamic(&client, resource, &cancel, &ctx, |o, c| {
+            Box::pin(build_workload_deleting(o, c))
+        }));
     }
     if let Some(resource) = build {
-        loops.push(dynamic(&client, resource, &cancel, &ctx, build_deleting));
+        loops.push(dynamic(&client, resource, &cancel, &ctx, |o, c| {
+            Box::pin(build_deleting(o, c))
+        }));
     }
     let namespaces = Controller::new(Api::<Namespace>::all(client.clone()), watcher::Config::default())
         .graceful_shutdown_on(cancel.clone().cancelled_owned())
-        .run(namespace_deleting, error_policy, ctx.clone())
+        .run(
+            |namespace, ctx: Arc<Ctx>| async move {
+                let metrics = ctx.metrics.clone();
+                metrics
+                    .reconcile(CONTROLLER, "Namespace", namespace_deleting(namespace, ctx))
+                    .await
+            },
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
     loops.push(Box::pin(namespaces));
     futures::future::join_all(loops).await;
@@ -112,10 +135,24 @@ fn dynamic(
     reconcile: Reconcile,
 ) -> BoxFuture<'static, ()> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    // The kinds are the discovered ones of a fixed list: known names for the metrics' label.
+    let kind: &'static str = match resource.kind.as_str() {
+        "CFApp" => "CFApp",
+        "BuildWorkload" => "BuildWorkload",
+        "Build" => "Build",
+        _ => "other",
+    };
     Box::pin(
         Controller::new_with(api, watcher::Config::default(), resource)
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
-            .run(reconcile, error_policy, ctx.clone())
+            .run(
+                move |object, ctx: Arc<Ctx>| async move {
+                    let metrics = ctx.metrics.clone();
+                    metrics.reconcile(CONTROLLER, kind, reconcile(object, ctx)).await
+                },
+                error_policy,
+                ctx.clone(),
+            )
             .for_each(|_| async {}),
     )
 }
@@ -158,112 +195,107 @@ async fn delete_image(
     Ok(())
 }
 
-fn app_deleting(app: Arc<DynamicObject>, ctx: Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>> {
-    Box::pin(async move {
-        if let (true, Some(namespace), Some(uid)) = (deleting(app.as_ref()), app.namespace(), app.uid()) {
-            let owner = [Observed {
-                uid: &uid,
-                terminating: true,
-            }];
-            // Korifi: one Image per app, named after the app GUID (korifi-kpack.md §1.1).
-            delete_image(
-                &ctx,
-                &APP_IMAGE,
-                &owner,
-                &namespace,
-                &app.name_any(),
-                "its CFApp is being deleted",
-            )
-            .await?;
-        }
-        Ok(Action::await_change())
-    })
-}
-
-fn build_workload_deleting(
-    workload: Arc<DynamicObject>,
-    ctx: Arc<Ctx>,
-) -> BoxFuture<'static, Result<Action, Error>> {
-    Box::pin(async move {
-        let (true, Some(namespace), Some(app)) = (
-            deleting(workload.as_ref()),
-            workload.namespace(),
-            workload.labels().get(APP_GUID_LABEL).cloned(),
-        ) else {
-            return Ok(Action::await_change());
-        };
-        let Some(resource) = &ctx.build_workload else {
-            return Ok(Action::await_change());
-        };
-        let workloads: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, resource);
-        let others = workloads
-            .list(&ListParams::default().labels(&format!("{APP_GUID_LABEL}={app}")))
-            .await?;
-        // Only the app's last BuildWorkload: the Image is shared by all of them.
-        if others.items.iter().all(deleting) {
-            let uids: Vec<(String, bool)> = others
-                .items
-                .iter()
-                .filter_map(|w| Some((w.uid()?, deleting(w))))
-                .collect();
-            let owners: Vec<Observed<'_>> = uids
-                .iter()
-                .map(|(uid, terminating)| Observed {
-                    uid,
-                    terminating: *terminating,
-                })
-                .collect();
-            delete_image(
-                &ctx,
-                &WORKLOAD_IMAGE,
-                &owners,
-                &namespace,
-                &app,
-                "the app's last BuildWorkload is being deleted",
-            )
-            .await?;
-        }
-        Ok(Action::await_change())
-    })
-}
-
-fn build_deleting(build: Arc<DynamicObject>, ctx: Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>> {
-    Box::pin(async move {
-        let (true, Some(namespace), Some(uid)) = (deleting(build.as_ref()), build.namespace(), build.uid())
-        else {
-            return Ok(Action::await_change());
-        };
+#[tracing::instrument(skip_all, fields(namespace = app.metadata.namespace.as_deref(), name = %app.name_any()))]
+async fn app_deleting(app: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    if let (true, Some(namespace), Some(uid)) = (deleting(app.as_ref()), app.namespace(), app.uid()) {
         let owner = [Observed {
             uid: &uid,
             terminating: true,
         }];
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-        let label = BUILD_POD.label.unwrap_or_default();
-        let selector = format!("{label}={}", build.name_any());
-        let now = DeleteParams {
-            grace_period_seconds: BUILD_POD.grace_period_seconds.map(|s| s as u32),
-            ..Default::default()
-        };
-        for pod in pods.list(&ListParams::default().labels(&selector)).await?.items {
-            if deleting(&pod) {
-                continue;
-            }
-            if !deletable::permits(&BUILD_POD, &pod.metadata, &owner, false) {
-                tracing::info!(%namespace, pod = %pod.name_any(), build = %build.name_any(), "not deleting a pod labelled for a terminating Build: the Build is not its controller");
-                continue;
-            }
-            match pods.delete(&pod.name_any(), &now).await {
-                Ok(_) => {
-                    tracing::info!(%namespace, pod = %pod.name_any(), "deleted the build pod of a terminating Build")
-                }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(Action::await_change())
-    })
+        // Korifi: one Image per app, named after the app GUID (korifi-kpack.md §1.1).
+        delete_image(
+            &ctx,
+            &APP_IMAGE,
+            &owner,
+            &namespace,
+            &app.name_any(),
+            "its CFApp is being deleted",
+        )
+        .await?;
+    }
+    Ok(Action::await_change())
 }
 
+#[tracing::instrument(skip_all, fields(namespace = workload.metadata.namespace.as_deref(), name = %workload.name_any()))]
+async fn build_workload_deleting(workload: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let (true, Some(namespace), Some(app)) = (
+        deleting(workload.as_ref()),
+        workload.namespace(),
+        workload.labels().get(APP_GUID_LABEL).cloned(),
+    ) else {
+        return Ok(Action::await_change());
+    };
+    let Some(resource) = &ctx.build_workload else {
+        return Ok(Action::await_change());
+    };
+    let workloads: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, resource);
+    let others = workloads
+        .list(&ListParams::default().labels(&format!("{APP_GUID_LABEL}={app}")))
+        .await?;
+    // Only the app's last BuildWorkload: the Image is shared by all of them.
+    if others.items.iter().all(deleting) {
+        let uids: Vec<(String, bool)> = others
+            .items
+            .iter()
+            .filter_map(|w| Some((w.uid()?, deleting(w))))
+            .collect();
+        let owners: Vec<Observed<'_>> = uids
+            .iter()
+            .map(|(uid, terminating)| Observed {
+                uid,
+                terminating: *terminating,
+            })
+            .collect();
+        delete_image(
+            &ctx,
+            &WORKLOAD_IMAGE,
+            &owners,
+            &namespace,
+            &app,
+            "the app's last BuildWorkload is being deleted",
+        )
+        .await?;
+    }
+    Ok(Action::await_change())
+}
+
+#[tracing::instrument(skip_all, fields(namespace = build.metadata.namespace.as_deref(), name = %build.name_any()))]
+async fn build_deleting(build: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let (true, Some(namespace), Some(uid)) = (deleting(build.as_ref()), build.namespace(), build.uid())
+    else {
+        return Ok(Action::await_change());
+    };
+    let owner = [Observed {
+        uid: &uid,
+        terminating: true,
+    }];
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let label = BUILD_POD.label.unwrap_or_default();
+    let selector = format!("{label}={}", build.name_any());
+    let now = DeleteParams {
+        grace_period_seconds: BUILD_POD.grace_period_seconds.map(|s| s as u32),
+        ..Default::default()
+    };
+    for pod in pods.list(&ListParams::default().labels(&selector)).await?.items {
+        if deleting(&pod) {
+            continue;
+        }
+        if !deletable::permits(&BUILD_POD, &pod.metadata, &owner, false) {
+            tracing::info!(%namespace, pod = %pod.name_any(), build = %build.name_any(), "not deleting a pod labelled for a terminating Build: the Build is not its controller");
+            continue;
+        }
+        match pods.delete(&pod.name_any(), &now).await {
+            Ok(_) => {
+                tracing::info!(%namespace, pod = %pod.name_any(), "deleted the build pod of a terminating Build")
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Action::await_change())
+}
+
+#[tracing::instrument(skip_all, fields(namespace = %namespace.name_any()))]
 async fn namespace_deleting(namespace: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     if deleting(namespace.as_ref()) {
         let images: Api<DynamicObject> =
@@ -315,4 +347,211 @@ where
 {
     tracing::warn!(name = %object.meta().name.clone().unwrap_or_default(), %error, "fast finalizer: retrying");
     Action::requeue(Duration::from_secs(2))
+}
+
+/// The exact requests the fast finalizer sends, against a mocked API server.
+#[cfg(test)]
+mod tests {
+    use http::{Method, StatusCode};
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::fixtures::{self, ApiServer};
+
+    const NAMESPACE: &str = "cf-space";
+
+    fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural)
+    }
+
+    fn context() -> (Arc<Ctx>, ApiServer) {
+        let (client, server) = fixtures::mock();
+        let ctx = Ctx {
+            client,
+            image: resource("kpack.io", "v1alpha2", "Image", "images"),
+            build_workload: Some(resource(
+                "korifi.cloudfoundry.org",
+                "v1alpha1",
+                "BuildWorkload",
+                "buildworkloads",
+            )),
+            cf_space: None,
+            metrics: Arc::default(),
+        };
+        (Arc::new(ctx), server)
+    }
+
+    /// An object of `api_version`/`kind` in the test namespace, being deleted.
+    fn terminating(api_version: &str, kind: &str, name: &str, uid: &str) -> Arc<DynamicObject> {
+        let object = json!({
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "uid": uid,
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+                "finalizers": ["example.com/keep"],
+            },
+        });
+        match serde_json::from_value(object) {
+            Ok(object) => Arc::new(object),
+            Err(error) => panic!("test object: {error}"),
+        }
+    }
+
+    fn owner(api_version: &str, kind: &str, uid: &str, controller: bool) -> Value {
+        json!({"apiVersion": api_version, "kind": kind, "name": "owner", "uid": uid, "controller": controller})
+    }
+
+    fn image(name: &str, owners: &[Value]) -> Value {
+        json!({
+            "apiVersion": "kpack.io/v1alpha2",
+            "kind": "Image",
+            "metadata": {"name": name, "namespace": NAMESPACE, "uid": format!("image-{name}"), "ownerReferences": owners},
+            "spec": {"tag": "registry.example/app"},
+        })
+    }
+
+    fn pod(name: &str, owners: &[Value]) -> Value {
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": NAMESPACE,
+                "uid": format!("pod-{name}"),
+                "labels": {"kpack.io/build": "build-1"},
+                "ownerReferences": owners,
+            },
+            "spec": {"containers": [{"name": "step", "image": "lifecycle"}]},
+        })
+    }
+
+    async fn finish(reconciled: Result<Action, Error>, server: ApiServer) {
+        match reconciled {
+            Ok(action) => assert_eq!(action, Action::await_change()),
+            Err(error) => panic!("reconcile failed: {error}"),
+        }
+        server.done().await;
+    }
+
+    /// A terminating CFApp: its Image, whose ownerReference names the CFApp's uid, is deleted
+    /// with background propagation and no grace period of holdfast's choosing (APP_IMAGE).
+    #[tokio::test]
+    async fn a_terminating_cfapp_has_the_image_that_names_its_uid_deleted_in_the_background() {
+        let (ctx, mut server) = context();
+        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
+        let api = tokio::spawn(async move {
+            let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+            let (_, answer) = server.expect(Method::GET, &path).await;
+            let owned = image(
+                "app-guid",
+                &[owner("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-1", false)],
+            );
+            answer.ok(&owned);
+            let (body, answer) = server.expect(Method::DELETE, &format!("{path}?")).await;
+            assert_eq!(body, json!({"propagationPolicy": "Background"}));
+            assert_eq!(APP_IMAGE.grace_period_seconds, None);
+            answer.ok(&owned);
+            server
+        });
+        let reconciled = app_deleting(app, ctx).await;
+        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+        finish(reconciled, server).await;
+    }
+
+    /// An Image named like the terminating CFApp but owned by another uid is left alone.
+    #[tokio::test]
+    async fn an_image_whose_owner_reference_names_another_uid_is_not_deleted() {
+        let (ctx, mut server) = context();
+        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
+        let api = tokio::spawn(async move {
+            let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+            let (_, answer) = server.expect(Method::GET, &path).await;
+            answer.ok(&image(
+                "app-guid",
+                &[owner("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-2", false)],
+            ));
+            server
+        });
+        let reconciled = app_deleting(app, ctx).await;
+        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+        finish(reconciled, server).await;
+    }
+
+    /// An Image already gone: nothing to delete, no error.
+    #[tokio::test]
+    async fn an_image_already_gone_is_not_an_error() {
+        let (ctx, mut server) = context();
+        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
+        let api = tokio::spawn(async move {
+            let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+            let (_, answer) = server.expect(Method::GET, &path).await;
+            answer.json(
+                StatusCode::NOT_FOUND,
+                &fixtures::status(404, "NotFound", "images.kpack.io \"app-guid\" not found"),
+            );
+            server
+        });
+        let reconciled = app_deleting(app, ctx).await;
+        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+        finish(reconciled, server).await;
+    }
+
+    /// A terminating Build: of the pods its label finds, only the one it controls (by uid) is
+    /// deleted, with the grace period DELETABLE gives build pods (0).
+    #[tokio::test]
+    async fn a_terminating_build_has_only_the_pod_it_controls_deleted_without_grace() {
+        let (ctx, mut server) = context();
+        let build = terminating("kpack.io/v1alpha2", "Build", "build-1", "build-uid-1");
+        let api = tokio::spawn(async move {
+            let pods = format!("/api/v1/namespaces/{NAMESPACE}/pods");
+            let (_, answer) = server
+                .expect(
+                    Method::GET,
+                    &format!("{pods}?&labelSelector=kpack.io%2Fbuild%3Dbuild-1"),
+                )
+                .await;
+            let controlled = pod(
+                "controlled",
+                &[owner("kpack.io/v1alpha2", "Build", "build-uid-1", true)],
+            );
+            answer.ok(&json!({
+                "apiVersion": "v1",
+                "kind": "PodList",
+                "metadata": {"resourceVersion": "10"},
+                "items": [
+                    controlled,
+                    pod("another-build", &[owner("kpack.io/v1alpha2", "Build", "build-uid-2", true)]),
+                    pod("not-controller", &[owner("kpack.io/v1alpha2", "Build", "build-uid-1", false)]),
+                    pod("labelled-only", &[]),
+                ],
+            }));
+            let (body, answer) = server
+                .expect(Method::DELETE, &format!("{pods}/controlled?"))
+                .await;
+            assert_eq!(BUILD_POD.grace_period_seconds, Some(0));
+            assert_eq!(body, json!({"gracePeriodSeconds": 0}));
+            answer.ok(&controlled);
+            server
+        });
+        let reconciled = build_deleting(build, ctx).await;
+        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+        finish(reconciled, server).await;
+    }
+
+    /// Objects that are not being deleted are not touched: no request at all.
+    #[tokio::test]
+    async fn a_live_cfapp_sends_nothing() {
+        let (ctx, server) = context();
+        let live = json!({
+            "apiVersion": "korifi.cloudfoundry.org/v1alpha1",
+            "kind": "CFApp",
+            "metadata": {"name": "app-guid", "namespace": NAMESPACE, "uid": "app-1"},
+        });
+        let app: DynamicObject = serde_json::from_value(live).unwrap_or_else(|e| panic!("{e}"));
+        let reconciled = app_deleting(Arc::new(app), ctx).await;
+        finish(reconciled, server).await;
+    }
 }

@@ -118,6 +118,75 @@ pub fn request_budget(deadline: Instant, now: Instant) -> Duration {
     deadline.saturating_duration_since(now)
 }
 
+/// Where this replica stands in the election, for its readiness ([`crate::admin`]) and the
+/// leader metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Not in the election yet (the digest cache is syncing).
+    Starting,
+    /// Standing by; `healthy` when its last read of the Lease succeeded.
+    Candidate { healthy: bool },
+    /// Holding the Lease: a renewal is late from `late_at` on (two renewal periods after the
+    /// last successful one started, at most the renewal deadline); `failing` when an attempt
+    /// since failed.
+    Leading { late_at: Instant, failing: bool },
+    /// Left the election: the Lease was lost, or handed back on shutdown.
+    Stopped,
+}
+
+/// Whether `role` is a healthy one at `now`: a candidate that reads the Lease, or a leader
+/// whose renewals are current. The error says why not.
+pub fn healthy(role: Role, now: Instant) -> Result<&'static str, &'static str> {
+    match role {
+        Role::Starting => Err("not in the leader election yet"),
+        Role::Candidate { healthy: true } => Ok("standing by"),
+        Role::Candidate { healthy: false } => Err("standing by, but reading the Lease failed"),
+        Role::Leading { failing: true, .. } => Err("leading, but renewing the Lease failed"),
+        Role::Leading { late_at, .. } if now >= late_at => Err("leading, but the Lease renewal is late"),
+        Role::Leading { .. } => Ok("leading"),
+        Role::Stopped => Err("left the leader election (Lease lost or handed back)"),
+    }
+}
+
+/// When a renewal counts as late: two renewal periods after the last successful one started
+/// (one period to wait, one for the request), never later than the renewal deadline.
+pub fn late_at(last_success_started: Instant, renew_every: Duration, renew_deadline: Duration) -> Instant {
+    last_success_started + (renew_every * 2).min(renew_deadline)
+}
+
+/// The replica's [`Role`], as [`Election::lead_reporting`] keeps it; watchable.
+#[derive(Debug)]
+pub struct Status(tokio::sync::watch::Sender<Role>);
+
+impl Default for Status {
+    fn default() -> Self {
+        Self(tokio::sync::watch::Sender::new(Role::Starting))
+    }
+}
+
+impl Status {
+    pub fn role(&self) -> Role {
+        *self.0.borrow()
+    }
+
+    pub fn leading(&self) -> bool {
+        matches!(self.role(), Role::Leading { .. })
+    }
+
+    /// Every change of role, from the current one.
+    pub fn watch(&self) -> tokio::sync::watch::Receiver<Role> {
+        self.0.subscribe()
+    }
+
+    fn set(&self, role: Role) {
+        self.0.send_if_modified(|current| {
+            let changed = *current != role;
+            *current = role;
+            changed
+        });
+    }
+}
+
 impl Election {
     /// Waits until this replica holds the Lease, then runs `work` with a token that is cancelled
     /// when leadership is lost or `cancel` fires. Returns `Err(Lost)` if leadership was lost.
@@ -126,7 +195,44 @@ impl Election {
         F: FnOnce(CancellationToken) -> Fut,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
+        self.lead_reporting(client, cancel, &Status::default(), work)
+            .await
+    }
+
+    /// [`Election::lead`], keeping `status` current: each read of the Lease as a candidate,
+    /// each renewal as the leader, and the end.
+    pub async fn lead_reporting<F, Fut>(
+        &self,
+        client: Client,
+        cancel: CancellationToken,
+        status: &Status,
+        work: F,
+    ) -> Result<(), Error>
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let result = self.run_election(client, cancel, status, work).await;
+        status.set(Role::Stopped);
+        result
+    }
+
+    async fn run_election<F, Fut>(
+        &self,
+        client: Client,
+        cancel: CancellationToken,
+        status: &Status,
+        work: F,
+    ) -> Result<(), Error>
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let leases: Api<Lease> = Api::namespaced(client, &self.namespace);
+        let leading_since = |started: Instant| Role::Leading {
+            late_at: late_at(started, self.renew_every, self.renew_deadline),
+            failing: false,
+        };
         let mut observed = None;
         let mut last_success = loop {
             if cancel.is_cancelled() {
@@ -136,10 +242,17 @@ impl Election {
             let attempt = self.try_acquire(&leases, &mut observed, started);
             // A candidate's write gets the same bound as a renewal.
             match tokio::time::timeout(self.renew_deadline, attempt).await {
-                Ok(Ok(true)) => break started,
-                Ok(Ok(false)) => {}
-                Ok(Err(error)) => tracing::warn!(%error, "reading or taking the lease failed; retrying"),
+                Ok(Ok(true)) => {
+                    status.set(leading_since(started));
+                    break started;
+                }
+                Ok(Ok(false)) => status.set(Role::Candidate { healthy: true }),
+                Ok(Err(error)) => {
+                    status.set(Role::Candidate { healthy: false });
+                    tracing::warn!(%error, "reading or taking the lease failed; retrying")
+                }
                 Err(_) => {
+                    status.set(Role::Candidate { healthy: false });
                     tracing::warn!(deadline = ?self.renew_deadline, "taking the lease timed out; retrying")
                 }
             }
@@ -164,9 +277,18 @@ impl Election {
                     let renewal = self.try_acquire(&leases, &mut observed, started);
                     // The renewal may not outlive leadership: the deadline bounds it too.
                     match tokio::time::timeout(request_budget(deadline, started), renewal).await {
-                        Ok(Ok(true)) => last_success = started,
+                        Ok(Ok(true)) => {
+                            last_success = started;
+                            status.set(leading_since(started));
+                        }
                         Ok(Ok(false)) => break Err(Error::Lost(self.lease.clone())),
-                        Ok(Err(error)) => tracing::warn!(%error, "renewing the lease failed; retrying until the deadline"),
+                        Ok(Err(error)) => {
+                            status.set(Role::Leading {
+                                late_at: late_at(last_success, self.renew_every, self.renew_deadline),
+                                failing: true,
+                            });
+                            tracing::warn!(%error, "renewing the lease failed; retrying until the deadline")
+                        }
                         Err(_) => {
                             tracing::warn!(lease = %self.lease, "renewing the lease did not finish before the deadline; stopping");
                             break Err(Error::Lost(self.lease.clone()));
@@ -175,6 +297,7 @@ impl Election {
                 }
             }
         };
+        status.set(Role::Stopped);
         leading.cancel();
         let _ = task.await;
         if result.is_ok() {
@@ -325,6 +448,36 @@ mod tests {
         let observed = observe(None, record, t0);
         assert!(!may_take(&observed, "me", Duration::from_secs(30), t0 + LEASE));
         assert!(may_take(&observed, "me", Duration::from_secs(30), t0 + LEASE * 2));
+    }
+
+    #[test]
+    fn a_candidate_reading_the_lease_and_a_leader_renewing_in_time_are_healthy() {
+        let t0 = Instant::now();
+        let (every, deadline) = (Duration::from_secs(5), Duration::from_secs(10));
+        assert!(healthy(Role::Starting, t0).is_err());
+        assert!(healthy(Role::Candidate { healthy: true }, t0).is_ok());
+        assert!(healthy(Role::Candidate { healthy: false }, t0).is_err());
+        let late = late_at(t0, every, deadline);
+        assert_eq!(late, t0 + deadline, "two periods, at most the deadline");
+        assert_eq!(
+            late_at(t0, Duration::from_secs(1), deadline),
+            t0 + Duration::from_secs(2)
+        );
+        let leading = Role::Leading {
+            late_at: late,
+            failing: false,
+        };
+        assert!(healthy(leading, t0 + every).is_ok());
+        assert!(
+            healthy(leading, late).is_err(),
+            "a renewal two periods overdue is late"
+        );
+        let failing = Role::Leading {
+            late_at: late,
+            failing: true,
+        };
+        assert!(healthy(failing, t0).is_err());
+        assert!(healthy(Role::Stopped, t0).is_err());
     }
 
     /// The leader stops `renew_deadline` after its last successful renewal started, before any

@@ -12,11 +12,17 @@
 //!   [`references`] says which copies objects reference, [`retention`] deletes the others
 //!   after a grace period.
 //! - [`run`]: all of them on the replica that holds the Lease ([`leader`]), as the binary runs them.
+//! - [`metrics`] and [`admin`]: what the controller reports on its admin port (`/healthz`,
+//!   `/readyz`, `/metrics`).
 
+pub mod admin;
 pub mod backoff;
 pub mod deletable;
 pub mod finalizer;
+#[cfg(test)]
+mod fixtures;
 pub mod leader;
+pub mod metrics;
 pub mod mirror;
 pub mod pinning;
 pub mod references;

@@ -1,10 +1,10 @@
 //! `holdfast-controller`: wiring only — flags, logs, the digest cache, the reconcilers, signals.
 
-use std::time::Duration;
+use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, anyhow};
 use clap::Parser;
-use holdfast_controller::{mirror::MirrorSettings, run::Settings};
+use holdfast_controller::{admin, metrics::Metrics, mirror::MirrorSettings, run::Settings};
 use holdfast_pins::{args::RegistryArgs, logs::LogFormat};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -57,6 +57,9 @@ struct Args {
     /// mirror before the controller deletes it (the mirror must allow deletes).
     #[arg(long, env = "HOLDFAST_MIRROR_RETENTION_SECONDS", default_value_t = 86_400)]
     mirror_retention_seconds: u64,
+    /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics).
+    #[arg(long, env = "HOLDFAST_ADMIN_ADDR", default_value = "0.0.0.0:8081")]
+    admin_addr: SocketAddr,
     /// Log lines: plain text, or one JSON object per line (as the webhook's).
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     log_format: LogFormat,
@@ -121,6 +124,19 @@ async fn main() -> Result<()> {
         }
         stop.cancel();
     });
-    holdfast_controller::run::run_with_mirror(client, settings, mirror, cancel).await?;
+    let (metrics, health) = (Arc::new(Metrics::new()), Arc::new(admin::Health::default()));
+    let admin_cancel = CancellationToken::new();
+    let (_, admin) = admin::serve(
+        args.admin_addr,
+        health.clone(),
+        metrics.clone(),
+        admin_cancel.clone(),
+    )
+    .await?;
+    let result =
+        holdfast_controller::run::run_observed(client, settings, mirror, metrics, health, cancel).await;
+    admin_cancel.cancel();
+    let _ = admin.await;
+    result?;
     Ok(())
 }

@@ -63,6 +63,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     backoff::Backoff,
+    metrics::Metrics,
     references::References,
     retention::{self, Expired, Outcome, Retention},
 };
@@ -192,6 +193,9 @@ pub fn copier_resolver_config(
 /// keeps up to date). `reconcile` is bumped after each completed copy so that the pinning
 /// reconcilers move `follow` pins to the mirror, and after a copy given up on so that those
 /// waiting for it go upstream.
+// Eight: the metrics came last. Issue 16's item 1 (the mirror as a struct owning its state)
+// makes these its fields.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     namespace: String,
@@ -199,6 +203,7 @@ pub async fn run(
     settings: MirrorSettings,
     resolver: ResolverConfig,
     reconcile: watch::Sender<u64>,
+    metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
     let config = CopierConfig::new(settings.location.clone());
@@ -373,6 +378,7 @@ pub async fn run(
                 running.remove(&job.target);
                 match result {
                     Ok(report) => {
+                        metrics.mirror_copy("copied", report.bytes_copied);
                         retries.succeeded(&job.target);
                         retry_at.remove(&job.target);
                         record(&cache, &job, SystemTime::now());
@@ -401,6 +407,7 @@ pub async fn run(
                         reconcile.send_modify(|n| *n = n.wrapping_add(1));
                     }
                     Err(error) if error.is_permanent() => {
+                        metrics.mirror_copy("given_up", 0);
                         retries.succeeded(&job.target);
                         retry_at.remove(&job.target);
                         tracing::error!(
@@ -417,6 +424,7 @@ pub async fn run(
                         reconcile.send_modify(|n| *n = n.wrapping_add(1));
                     }
                     Err(error) => {
+                        metrics.mirror_copy("failed", 0);
                         let delay = retries.failed(job.target.clone());
                         tracing::warn!(
                             source = %job.source,
@@ -439,6 +447,7 @@ pub async fn run(
                 deleting.remove(&expired.location);
                 match outcome {
                     Outcome::Deleted(deletion) => {
+                        metrics.mirror_deletion("deleted");
                         retention.forget(&expired.location);
                         delete_retries.succeeded(&expired.location);
                         delete_retry_at.remove(&expired.location);
@@ -450,10 +459,12 @@ pub async fn run(
                         announcer.spawn(expired.keys, EventType::Normal, "MirrorDeleted", "Delete", note);
                     }
                     Outcome::Referenced => {
+                        metrics.mirror_deletion("kept");
                         retention.forget(&expired.location);
                         tracing::info!(location = %expired.location, "mirror: an object references the copy again; kept");
                     }
                     Outcome::Held { holder } => {
+                        metrics.mirror_deletion("kept");
                         // Its records stay dropped: it is part of `holder` now (module docs).
                         retention.forget(&expired.location);
                         delete_retries.succeeded(&expired.location);
@@ -461,6 +472,7 @@ pub async fn run(
                         tracing::info!(location = %expired.location, %holder, "mirror: a copy an object references holds this one (an index's manifest, a bundle's image); kept, no longer timed");
                     }
                     Outcome::Failed(error) => {
+                        metrics.mirror_deletion("failed");
                         let delay = delete_retries.failed(expired.location.clone());
                         tracing::error!(location = %expired.location, %error, retry_in = ?delay, "mirror: could not delete an unreferenced copy; kept");
                         if delay == FIRST_RETRY {

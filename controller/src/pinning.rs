@@ -22,7 +22,7 @@ use kube::{
     },
 };
 
-use crate::backoff::Backoff;
+use crate::{backoff::Backoff, metrics::Metrics};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -58,6 +58,7 @@ struct Ctx {
     /// Keyed by namespace and name (one context per kind).
     retries: Backoff<(String, String)>,
     recorder: Recorder,
+    metrics: Arc<Metrics>,
 }
 
 /// Runs a controller for each pinned kind whose API is installed, until `cancel`. Every object
@@ -67,6 +68,7 @@ pub async fn run(
     own_namespace: String,
     pinner: Arc<Pinner>,
     rounds: watch::Receiver<u64>,
+    metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
     let mut controllers = Vec::new();
@@ -80,6 +82,7 @@ pub async fn run(
             pinner: pinner.clone(),
             retries: Backoff::new(FIRST_RETRY, RETRY_CEILING),
             recorder: Recorder::new(client.clone(), MANAGER.into()),
+            metrics: metrics.clone(),
         });
         let controller = Controller::new_with(api, watcher::Config::default(), resource)
             .reconcile_all_on(round_ends(rounds.clone()))
@@ -132,7 +135,21 @@ impl Ctx {
     }
 }
 
+/// The metrics' name of this controller.
+const CONTROLLER: &str = "pinning";
+
+#[tracing::instrument(
+    skip(object, ctx),
+    fields(kind = ctx.kind.kind(), namespace = object.metadata.namespace.as_deref(), name = %object.name_any())
+)]
 async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let metrics = ctx.metrics.clone();
+    metrics
+        .reconcile(CONTROLLER, ctx.kind.kind(), pin(object, ctx))
+        .await
+}
+
+async fn pin(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     if object.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -288,6 +305,241 @@ mod tests {
         let note = truncate("é".repeat(800));
         assert!(note.len() <= 1003 && note.ends_with('…'), "{}", note.len());
         assert_eq!(truncate("short".into()), "short");
+    }
+
+    /// The exact requests `reconcile` sends, against a mocked API server.
+    mod api {
+        use std::time::SystemTime;
+
+        use futures::{FutureExt, future::BoxFuture};
+        use holdfast_registry::{
+            Credentials, Digest, Reference, ResolveError,
+            cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope, Source},
+        };
+        use http::{Method, StatusCode};
+        use serde_json::{Value, json};
+
+        use super::super::*;
+        use crate::fixtures::{self, ApiServer};
+
+        const NAMESPACE: &str = "team";
+        const TAGGED: &str = "registry.example/team/app:1.0.0";
+
+        /// A registry that is never reached: every figure below comes from the cache.
+        struct Unreachable;
+
+        impl Source for Unreachable {
+            fn digest<'a>(
+                &'a self,
+                reference: &'a Reference,
+                _: &'a Credentials,
+            ) -> BoxFuture<'a, Result<Digest, ResolveError>> {
+                let error = ResolveError::Timeout {
+                    registry: reference.registry().to_owned(),
+                    repository: reference.repository().to_owned(),
+                    after: Duration::ZERO,
+                };
+                async move { Err(error) }.boxed()
+            }
+
+            fn tags<'a>(
+                &'a self,
+                repository: &'a Reference,
+                credentials: &'a Credentials,
+            ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
+                let digest = self.digest(repository, credentials);
+                async move { digest.await.map(|_| Vec::new()) }.boxed()
+            }
+        }
+
+        fn digest() -> Digest {
+            Digest::sha256_of(b"team/app 1.0.0")
+        }
+
+        /// A context for Apps whose cache holds a fresh entry for [`TAGGED`].
+        fn context() -> (Arc<Ctx>, Arc<DigestCache>, ApiServer) {
+            let (client, server) = fixtures::mock();
+            let cache = Arc::new(DigestCache::new(
+                Arc::new(Unreachable),
+                CacheConfig::default(),
+                None,
+            ));
+            let reference = Reference::parse(TAGGED).unwrap_or_else(|e| panic!("{e}"));
+            let now = SystemTime::now();
+            cache.insert(CacheEntry {
+                key: CacheKey::tag(&reference, Scope::Anonymous),
+                digest: digest(),
+                tag: None,
+                resolved_at: now,
+                checked_at: now,
+                error: None,
+                secret_uid: None,
+            });
+            let gvk = GroupVersionKind::gvk("kappctrl.k14s.io", "v1alpha1", "App");
+            let ctx = Ctx {
+                own_namespace: "holdfast-system".into(),
+                client: client.clone(),
+                resource: ApiResource::from_gvk_with_plural(&gvk, "apps"),
+                kind: PinnedKind::App,
+                pinner: Arc::new(Pinner::new(cache.clone(), None)),
+                retries: Backoff::new(FIRST_RETRY, RETRY_CEILING),
+                recorder: Recorder::new(client, MANAGER.into()),
+                metrics: Arc::default(),
+            };
+            (Arc::new(ctx), cache, server)
+        }
+
+        fn app(extra_metadata: Value) -> Value {
+            let mut metadata = json!({
+                "name": "app",
+                "namespace": NAMESPACE,
+                "uid": "app-uid",
+                "resourceVersion": "41",
+            });
+            if let (Some(metadata), Value::Object(extra)) = (metadata.as_object_mut(), extra_metadata) {
+                metadata.extend(extra);
+            }
+            json!({
+                "apiVersion": "kappctrl.k14s.io/v1alpha1",
+                "kind": "App",
+                "metadata": metadata,
+                "spec": {
+                    "serviceAccountName": "default",
+                    "fetch": [{"image": {"url": TAGGED}}],
+                    "template": [{"ytt": {}}],
+                    "deploy": [{"kapp": {}}],
+                },
+            })
+        }
+
+        fn object(value: &Value) -> Arc<DynamicObject> {
+            Arc::new(serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{e}")))
+        }
+
+        /// The Namespace lookup every reconcile of an object to pin starts with.
+        async fn namespace_is_read(server: &mut ApiServer) {
+            let (_, answer) = server
+                .expect(Method::GET, &format!("/api/v1/namespaces/{NAMESPACE}"))
+                .await;
+            answer.ok(&json!({
+                "apiVersion": "meta.k8s.io/v1",
+                "kind": "PartialObjectMetadata",
+                "metadata": {"name": NAMESPACE, "uid": "ns-uid", "labels": {"kubernetes.io/metadata.name": NAMESPACE}},
+            }));
+        }
+
+        fn patch_path() -> String {
+            format!(
+                "/apis/kappctrl.k14s.io/v1alpha1/namespaces/{NAMESPACE}/apps/app?&fieldManager=holdfast-controller"
+            )
+        }
+
+        /// An App with a tag whose digest is cached: one JSON patch, guarded by the
+        /// resourceVersion the watch showed (its `test` op first), sent as holdfast-controller,
+        /// then the `Pinned` Event; the registry is not asked.
+        #[tokio::test]
+        async fn a_cached_tag_is_pinned_with_a_guarded_json_patch_as_holdfast_controller() {
+            let (ctx, cache, mut server) = context();
+            let stored = app(json!({}));
+            let pinned = format!("registry.example/team/app@{}", digest());
+            let api = {
+                let (stored, pinned) = (stored.clone(), pinned.clone());
+                tokio::spawn(async move {
+                    namespace_is_read(&mut server).await;
+                    let (patch, answer) = server.expect(Method::PATCH, &patch_path()).await;
+                    let original =
+                        json!({"/spec/fetch/0/image/url": {"ref": TAGGED, "digest": digest().as_str()}});
+                    assert_eq!(
+                        patch,
+                        json!([
+                            {"op": "test", "path": "/metadata/resourceVersion", "value": "41"},
+                            {"op": "add", "path": "/metadata/annotations", "value": {
+                                "holdfast.dev/original-refs": original.to_string(),
+                            }},
+                            {"op": "replace", "path": "/spec/fetch/0/image/url", "value": pinned},
+                        ])
+                    );
+                    let mut patched = stored;
+                    patched["spec"]["fetch"][0]["image"]["url"] = json!(pinned);
+                    answer.ok(&patched);
+                    let (event, answer) = server
+                        .expect(
+                            Method::POST,
+                            &format!("/apis/events.k8s.io/v1/namespaces/{NAMESPACE}/events?"),
+                        )
+                        .await;
+                    assert_eq!(event["reason"], "Pinned");
+                    assert_eq!(event["type"], "Normal");
+                    assert_eq!(event["reportingController"], MANAGER);
+                    assert_eq!(event["regarding"]["kind"], "App");
+                    assert_eq!(event["regarding"]["name"], "app");
+                    assert_eq!(event["regarding"]["uid"], "app-uid");
+                    answer.json(StatusCode::CREATED, &event);
+                    server
+                })
+            };
+            let metrics = ctx.metrics.clone();
+            let reconciled = reconcile(object(&stored), ctx).await;
+            assert_eq!(
+                reconciled.unwrap_or_else(|e| panic!("reconcile failed: {e}")),
+                Action::await_change()
+            );
+            let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+            server.done().await;
+            assert_eq!(metrics.reconciles(CONTROLLER, "App", "ok"), 1);
+            assert_eq!(
+                cache
+                    .stats
+                    .registry_lookups
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                0
+            );
+        }
+
+        /// An object being deleted is not touched: not even its namespace is read.
+        #[tokio::test]
+        async fn an_object_being_deleted_sends_nothing() {
+            let (ctx, _, server) = context();
+            let leaving = app(json!({
+                "deletionTimestamp": "2026-01-01T00:00:00Z",
+                "finalizers": ["kapp.k14s.io/delete"],
+            }));
+            let reconciled = reconcile(object(&leaving), ctx).await;
+            assert_eq!(
+                reconciled.unwrap_or_else(|e| panic!("reconcile failed: {e}")),
+                Action::await_change()
+            );
+            server.done().await;
+        }
+
+        /// The resourceVersion guard failed (a bare 422, no causes: the object changed since
+        /// the watch showed it): a quiet requeue after the first retry delay, no error, no Event.
+        #[tokio::test]
+        async fn a_failed_guard_is_requeued_without_an_error() {
+            let (ctx, _, mut server) = context();
+            let stored = app(json!({}));
+            let api = tokio::spawn(async move {
+                namespace_is_read(&mut server).await;
+                let (patch, answer) = server.expect(Method::PATCH, &patch_path()).await;
+                assert_eq!(patch[0]["op"], "test");
+                answer.json(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    &fixtures::status(
+                        422,
+                        "Invalid",
+                        "the server rejected our request due to an error in our request",
+                    ),
+                );
+                server
+            });
+            let reconciled = reconcile(object(&stored), ctx).await;
+            assert_eq!(
+                reconciled.unwrap_or_else(|e| panic!("a failed guard is no error: {e}")),
+                Action::requeue(FIRST_RETRY)
+            );
+            let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+            server.done().await;
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use std::{
     collections::{HashMap, HashSet},
+    sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
@@ -19,6 +20,8 @@ use kube::{
     api::{ApiResource, DynamicObject, ListParams},
 };
 use tokio::sync::watch;
+
+use crate::metrics::Metrics;
 use tokio_util::sync::CancellationToken;
 
 /// One round's refresh and what it collected.
@@ -35,6 +38,7 @@ pub struct Refresher {
     client: Client,
     kinds: Vec<(PinnedKind, ApiResource)>,
     collector: Collector,
+    metrics: Arc<Metrics>,
 }
 
 impl Refresher {
@@ -43,13 +47,27 @@ impl Refresher {
             client,
             kinds,
             collector: Collector::new(grace),
+            metrics: Arc::default(),
         }
+    }
+
+    /// Records each round into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// One round: lists every pinned object, refreshes the keys they name, deletes the entries
     /// unnamed for the grace period. A failed list refreshes and deletes nothing.
+    #[tracing::instrument(skip_all)]
     pub async fn round(&mut self, pinner: &Pinner) -> Result<RoundReport, kube::Error> {
-        let named = self.named().await?;
+        let named = match self.named().await {
+            Ok(named) => named,
+            Err(error) => {
+                self.metrics.refresh_failed();
+                return Err(error);
+            }
+        };
         let refresh = pinner.refresh_all(&named).await;
         let cache = pinner.cache();
         let keep: HashSet<CacheKey> = cache.recorded_copies().into_iter().map(|(key, _)| key).collect();
@@ -59,6 +77,8 @@ impl Refresher {
             tracing::info!(reference = %key.reference, scope = %key.scope, "deleted a digest cache entry no object names");
             cache.remove(key);
         }
+        self.metrics
+            .refresh_round(refresh.checked, refresh.moved, due.len());
         Ok(RoundReport {
             refresh,
             collected: due.len(),

@@ -3,7 +3,10 @@
 //! reconcilers, the fast finalizer and (when a mirror is configured) the mirror copier. The
 //! binary and the e2e suites run this same function.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, atomic::Ordering},
+    time::Duration,
+};
 
 use holdfast_pins::Pinner;
 use holdfast_registry::{
@@ -15,7 +18,9 @@ use kube::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    admin::Health,
     leader::{self, Election},
+    metrics::Metrics,
     mirror::MirrorSettings,
 };
 
@@ -62,16 +67,32 @@ pub async fn run_with_mirror(
     mirror: Option<MirrorSettings>,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
+    let (metrics, health) = Default::default();
+    run_observed(client, settings, mirror, metrics, health, cancel).await
+}
+
+/// [`run_with_mirror`], recording into `metrics` and keeping `health` current (what the admin
+/// port serves, [`crate::admin`]).
+pub async fn run_observed(
+    client: Client,
+    settings: Settings,
+    mirror: Option<MirrorSettings>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    cancel: CancellationToken,
+) -> Result<(), Error> {
     let resolver_config = settings.resolver.clone();
     let resolver = Resolver::new(settings.resolver).map_err(|e| Error::Resolver(e.to_string()))?;
     let entries = cluster_store::api(client.clone(), &settings.namespace);
     let sink = ClusterSink::start(entries.clone(), cancel.clone());
     let cache = Arc::new(DigestCache::new(Arc::new(resolver), settings.cache, Some(sink)));
+    metrics.follow_cache(cache.clone());
     let mut synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
     tokio::select! {
         _ = cancel.cancelled() => return Ok(()),
         _ = synced.wait_for(|s| *s) => {}
     }
+    health.cache_synced.store(true, Ordering::Release);
     let secrets = settings
         .read_secrets
         .then(|| Arc::new(client.clone()) as Arc<dyn holdfast_pins::resolve::SecretSource>);
@@ -84,6 +105,7 @@ pub async fn run_with_mirror(
 
     let (interval, namespace, work_client) = (settings.refresh, settings.namespace.clone(), client.clone());
     let (gc_grace, finalizer_options) = (settings.cache_gc_grace, settings.finalizer);
+    let work_metrics = metrics.clone();
     // Everything that writes runs only on the leader.
     let work = move |leading: CancellationToken| async move {
         let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
@@ -95,24 +117,44 @@ pub async fn run_with_mirror(
                 pinner.clone(),
                 mirror.clone(),
             );
-            let (resolver, reconcile, leading) =
-                (resolver_config.clone(), rounds_tx.clone(), leading.clone());
+            let (resolver, reconcile, leading, metrics) = (
+                resolver_config.clone(),
+                rounds_tx.clone(),
+                leading.clone(),
+                work_metrics.clone(),
+            );
             async move {
                 if let Some(mirror) = mirror {
-                    crate::mirror::run(client, namespace, pinner, mirror, resolver, reconcile, leading).await;
+                    crate::mirror::run(
+                        client, namespace, pinner, mirror, resolver, reconcile, metrics, leading,
+                    )
+                    .await;
                 }
             }
         };
         let refresher = {
-            let (client, pinner, leading) = (work_client.clone(), pinner.clone(), leading.clone());
+            let (client, pinner, leading, metrics) = (
+                work_client.clone(),
+                pinner.clone(),
+                leading.clone(),
+                work_metrics.clone(),
+            );
             async move {
                 let kinds = crate::pinning::installed_kinds(&client).await;
-                let mut refresher = crate::refresher::Refresher::new(client, kinds, gc_grace);
+                let mut refresher =
+                    crate::refresher::Refresher::new(client, kinds, gc_grace).with_metrics(metrics);
                 crate::refresher::run(&mut refresher, &pinner, interval, rounds_tx, leading).await
             }
         };
-        let pinning = crate::pinning::run(work_client.clone(), namespace, pinner, rounds, leading.clone());
-        let finalizer = crate::finalizer::run(work_client, finalizer_options, leading);
+        let pinning = crate::pinning::run(
+            work_client.clone(),
+            namespace,
+            pinner,
+            rounds,
+            work_metrics.clone(),
+            leading.clone(),
+        );
+        let finalizer = crate::finalizer::run(work_client, finalizer_options, work_metrics, leading);
         tokio::join!(refresher, pinning, finalizer, copies);
     };
     let election = Election {
@@ -123,6 +165,8 @@ pub async fn run_with_mirror(
         renew_every: settings.renew_every,
         renew_deadline: settings.renew_deadline,
     };
-    election.lead(client, cancel, work).await?;
+    election
+        .lead_reporting(client, cancel, &health.election, work)
+        .await?;
     Ok(())
 }

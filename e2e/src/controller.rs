@@ -108,6 +108,7 @@ impl LocalController {
             namespace.clone(),
             pinner.clone(),
             rounds_rx,
+            Default::default(),
             cancel.clone(),
         );
         let copies = {
@@ -122,6 +123,7 @@ impl LocalController {
                         mirror,
                         resolver_config,
                         reconcile,
+                        Default::default(),
                         cancel,
                     )
                     .await;

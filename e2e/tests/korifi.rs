@@ -37,6 +37,7 @@ fn finalizer(
     let task = tokio::spawn(holdfast_controller::finalizer::run(
         client,
         options,
+        Default::default(),
         cancel.clone(),
     ));
     (cancel, task)

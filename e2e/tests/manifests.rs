@@ -784,8 +784,8 @@ fn check_controller_election(objects: &[Value], controller: &Value) -> Vec<Strin
     problems
 }
 
-/// Ingress is denied by default in holdfast's namespace; the admin port admits only selected
-/// scrapers.
+/// Ingress is denied by default in holdfast's namespace; the admin ports (the webhook's 8080,
+/// the controller's 8081) admit only selected scrapers.
 fn check_network(objects: &[Value]) -> Vec<String> {
     let mut problems = Vec::new();
     let policies: Vec<&Value> = of_kind(objects, "NetworkPolicy")
@@ -806,9 +806,10 @@ fn check_network(objects: &[Value]) -> Vec<String> {
     }
     for policy in &policies {
         for (i, rule) in items(policy, "spec.ingress").iter().enumerate() {
-            let admin = items(rule, "ports")
-                .iter()
-                .any(|p| text(p, "port") == "admin" || at(p, "port").and_then(Value::as_i64) == Some(8080));
+            let admin = items(rule, "ports").iter().any(|p| {
+                text(p, "port") == "admin"
+                    || matches!(at(p, "port").and_then(Value::as_i64), Some(8080 | 8081))
+            });
             if admin && items(rule, "from").is_empty() {
                 problems.push(format!(
                     "{}: ingress[{i}] opens the admin port to everyone",
@@ -1714,6 +1715,72 @@ fn an_open_admin_port_is_caught() -> Result<()> {
     )?;
     rule.as_mapping_mut().context("rule")?.remove("from");
     expect_caught("admin port open", check_network(&objects), "admin port");
+
+    let mut objects = base()?;
+    let rule = at_mut(
+        find_mut(&mut objects, "NetworkPolicy", "holdfast-controller")?,
+        "spec.ingress.0",
+    )?;
+    rule.as_mapping_mut().context("rule")?.remove("from");
+    expect_caught(
+        "controller admin port open",
+        check_network(&objects),
+        "admin port",
+    );
+    Ok(())
+}
+
+/// The controller's admin port: `--admin-addr` (documented) is the container's `admin` port,
+/// the probes ask it (`/healthz` for liveness, `/readyz` for readiness), and a NetworkPolicy
+/// opens it to scrapers only.
+#[test]
+fn the_controller_serves_its_probes_and_metrics_on_its_admin_port() -> Result<()> {
+    let objects = base()?;
+    let readme = read(&repo().join("README.md"))?;
+    let deployment = find(&objects, "Deployment", "holdfast-controller")?;
+    let container = at(deployment, "spec.template.spec.containers.0").context("no container")?;
+    let addr = strings(container.get("args"))
+        .into_iter()
+        .find_map(|a| a.strip_prefix("--admin-addr=").map(str::to_owned))
+        .context("no --admin-addr")?;
+    let controller_section = readme
+        .split_once("### `holdfast-controller`")
+        .map(|(_, rest)| rest)
+        .context("no holdfast-controller section in README.md")?;
+    ensure!(
+        controller_section.contains("`--admin-addr`"),
+        "--admin-addr is not documented for holdfast-controller in README.md"
+    );
+    let admin = items(container, "ports")
+        .into_iter()
+        .find(|p| text(p, "name") == "admin")
+        .and_then(|p| at(p, "containerPort").and_then(Value::as_i64))
+        .context("no container port named admin")?;
+    assert_eq!(
+        addr.rsplit(':').next(),
+        Some(admin.to_string().as_str()),
+        "--admin-addr vs port admin"
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = at(container, &format!("{probe}.httpGet")).with_context(|| format!("no {probe}"))?;
+        assert_eq!(text(get, "path"), path, "{probe}");
+        assert_eq!(text(get, "port"), "admin", "{probe}");
+    }
+    let pod_labels = at(deployment, "spec.template.metadata.labels").context("no pod labels")?;
+    let opened = of_kind(&objects, "NetworkPolicy").into_iter().any(|policy| {
+        let selects = at(policy, "spec.podSelector.matchLabels")
+            .and_then(Value::as_mapping)
+            .is_some_and(|m| !m.is_empty() && m.iter().all(|(k, v)| pod_labels.get(k) == Some(v)));
+        selects
+            && items(policy, "spec.ingress").iter().any(|rule| {
+                !items(rule, "from").is_empty()
+                    && items(rule, "ports").iter().any(|p| text(p, "port") == "admin")
+            })
+    });
+    ensure!(
+        opened,
+        "no NetworkPolicy lets scrapers reach the controller's admin port"
+    );
     Ok(())
 }
 

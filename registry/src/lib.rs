@@ -17,6 +17,7 @@ pub mod digest;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod host_gate;
+pub mod metrics;
 pub mod mirror;
 pub mod reference;
 pub mod resolve;

@@ -69,10 +69,11 @@ async fn up(state: &Path) -> Result<()> {
         .collect();
     std::fs::write(state.join("pids"), pids.join("\n") + "\n")?;
     let exports = format!(
-        "export KUBECONFIG={}\nexport HOLDFAST_REGISTRY={}\nexport HOLDFAST_WEBHOOK_ADMIN=http://{}\n",
+        "export KUBECONFIG={}\nexport HOLDFAST_REGISTRY={}\nexport HOLDFAST_WEBHOOK_ADMIN=http://{}\nexport HOLDFAST_CONTROLLER_ADMIN=http://{}\n",
         kubeconfig.display(),
         env.registry(),
-        webhook.admin
+        webhook.admin,
+        webhook.controller_admin
     );
     let partial = state.join("env.partial");
     std::fs::write(&partial, exports)?;
@@ -194,6 +195,8 @@ const NAMESPACE: &str = "holdfast-system";
 struct LocalWebhook {
     addr: String,
     admin: String,
+    /// The controller's admin port.
+    controller_admin: String,
 }
 
 /// Runs `holdfast-webhook` (and `holdfast-controller`) as processes of the environment, with the
@@ -213,7 +216,7 @@ async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
             },
         )
         .await?;
-    let (port, admin_port) = (free_port()?, free_port()?);
+    let (port, admin_port, controller_admin_port) = (free_port()?, free_port()?, free_port()?);
     let (mutating, validating) =
         shipped_configurations("holdfast", &format!("https://127.0.0.1:{port}"), None)?;
     Api::<MutatingWebhookConfiguration>::all(client.clone())
@@ -247,6 +250,7 @@ async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
         &[
             format!("--namespace={NAMESPACE}"),
             "--refresh-seconds=30".into(),
+            format!("--admin-addr=127.0.0.1:{controller_admin_port}"),
             format!("--insecure-registry={}", env.registry()),
         ],
         &[("KUBECONFIG", kubeconfig.as_path())],
@@ -269,5 +273,6 @@ async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
     Ok(LocalWebhook {
         addr: format!("127.0.0.1:{port}"),
         admin: format!("127.0.0.1:{admin_port}"),
+        controller_admin: format!("127.0.0.1:{controller_admin_port}"),
     })
 }

@@ -182,6 +182,7 @@ impl FastDeletion {
         let finalizer = tokio::spawn(holdfast_controller::finalizer::run(
             client,
             options,
+            Default::default(),
             cancel.clone(),
         ));
         Ok(Self {

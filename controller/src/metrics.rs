@@ -1,0 +1,306 @@
+//! Prometheus metrics of the controller, served on its admin port ([`crate::admin`]): the
+//! reconciles of every controller, the leader's status, the refresher's rounds, the mirror's
+//! copies and deletions, and the digest cache's figures (with the registry requests it made).
+//!
+//! Every metric is recorded where the work happens (no polling); the label values are
+//! constants, so recording allocates nothing after a label set's first use.
+
+use std::{
+    future::Future,
+    sync::{Arc, OnceLock},
+    time::Instant,
+};
+
+use holdfast_registry::{cache::DigestCache, metrics::CacheCollector};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileLabels {
+    /// `pinning` or `finalizer`.
+    pub controller: &'static str,
+    /// The kind reconciled (App, PackageRepository, Package; CFApp, BuildWorkload, Build,
+    /// Namespace).
+    pub kind: &'static str,
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub controller: &'static str,
+    pub kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+type Durations = Family<KindLabels, Histogram, fn() -> Histogram>;
+
+/// 1 ms to 30 s: a reconcile answered from the caches takes milliseconds, one that waits on the
+/// API server or a registry (bounded by the resolver's timeout) seconds.
+const DURATION_BUCKETS: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0,
+];
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Family<ReconcileLabels, Counter>,
+    durations: Durations,
+    leader: Gauge,
+    refresh_rounds: Family<ResultLabels, Counter>,
+    refresh_tags_checked: Counter,
+    refresh_tags_moved: Counter,
+    refresh_entries_collected: Counter,
+    mirror_copies: Family<ResultLabels, Counter>,
+    mirror_copied_bytes: Counter,
+    mirror_deletions: Family<ResultLabels, Counter>,
+    /// The digest cache, once the controller built it.
+    cache: Arc<OnceLock<Arc<DigestCache>>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("holdfast_controller");
+        // No `_total` suffixes: the encoder adds them (prometheus-client panics if given one).
+        let reconciles = Family::<ReconcileLabels, Counter>::default();
+        registry.register(
+            "reconciles",
+            "Reconciles by controller (pinning, finalizer), kind and result (ok, error)",
+            reconciles.clone(),
+        );
+        let durations: Durations = Family::new_with_constructor(duration_histogram);
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time a reconcile took, by controller and kind",
+            durations.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the Lease and reconciles, 0 while it stands by",
+            leader.clone(),
+        );
+        let refresh_rounds = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "refresh_rounds",
+            "Refresh rounds by result: ok, failed (listing the pinned objects failed; nothing refreshed)",
+            refresh_rounds.clone(),
+        );
+        let refresh_tags_checked = Counter::default();
+        registry.register(
+            "refresh_tags_checked",
+            "Cache keys (tags, tag selections) the refresher asked the registry about",
+            refresh_tags_checked.clone(),
+        );
+        let refresh_tags_moved = Counter::default();
+        registry.register(
+            "refresh_tags_moved",
+            "Cache keys the refresher found holding another digest than before",
+            refresh_tags_moved.clone(),
+        );
+        let refresh_entries_collected = Counter::default();
+        registry.register(
+            "refresh_entries_collected",
+            "Digest cache entries deleted because no object named them for the grace period",
+            refresh_entries_collected.clone(),
+        );
+        let mirror_copies = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "mirror_copies",
+            "Mirror copies finished, by result: copied, failed (retried with backoff), given_up (permanent: not retried while the tag holds that digest)",
+            mirror_copies.clone(),
+        );
+        let mirror_copied_bytes = Counter::default();
+        registry.register(
+            "mirror_copied_bytes",
+            "Bytes of blobs and manifests sent to the mirror (not those already there or mounted)",
+            mirror_copied_bytes.clone(),
+        );
+        let mirror_deletions = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "mirror_deletions",
+            "Retention's deletions of unreferenced mirror copies, by result: deleted, kept (referenced again, or held by a referenced index or bundle), failed",
+            mirror_deletions.clone(),
+        );
+        let cache = Arc::new(OnceLock::new());
+        registry.register_collector(Box::new(LateCache(cache.clone())));
+        Self {
+            registry,
+            reconciles,
+            durations,
+            leader,
+            refresh_rounds,
+            refresh_tags_checked,
+            refresh_tags_moved,
+            refresh_entries_collected,
+            mirror_copies,
+            mirror_copied_bytes,
+            mirror_deletions,
+            cache,
+        }
+    }
+
+    /// Reports the figures of `cache` (the first cache given; the controller has one).
+    pub fn follow_cache(&self, cache: Arc<DigestCache>) {
+        let _ = self.cache.set(cache);
+    }
+
+    /// Runs one reconcile, counting it by its result and timing it.
+    pub async fn reconcile<T, E>(
+        &self,
+        controller: &'static str,
+        kind: &'static str,
+        work: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let started = Instant::now();
+        let result = work.await;
+        self.durations
+            .get_or_create(&KindLabels { controller, kind })
+            .observe(started.elapsed().as_secs_f64());
+        let result_label = if result.is_ok() { "ok" } else { "error" };
+        self.reconciles
+            .get_or_create(&ReconcileLabels {
+                controller,
+                kind,
+                result: result_label,
+            })
+            .inc();
+        result
+    }
+
+    /// The reconciles of `controller` and `kind` that ended with `result` (`ok`, `error`).
+    pub fn reconciles(&self, controller: &'static str, kind: &'static str, result: &'static str) -> u64 {
+        self.reconciles
+            .get_or_create(&ReconcileLabels {
+                controller,
+                kind,
+                result,
+            })
+            .get()
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    /// A refresh round that ran: what it checked, found moved and collected.
+    pub fn refresh_round(&self, checked: usize, moved: usize, collected: usize) {
+        self.refresh_rounds
+            .get_or_create(&ResultLabels { result: "ok" })
+            .inc();
+        self.refresh_tags_checked.inc_by(count(checked));
+        self.refresh_tags_moved.inc_by(count(moved));
+        self.refresh_entries_collected.inc_by(count(collected));
+    }
+
+    /// A refresh round that could not list the pinned objects.
+    pub fn refresh_failed(&self) {
+        self.refresh_rounds
+            .get_or_create(&ResultLabels { result: "failed" })
+            .inc();
+    }
+
+    /// A finished mirror copy: `copied`, `failed` or `given_up`, with the bytes it sent.
+    pub fn mirror_copy(&self, result: &'static str, bytes: u64) {
+        self.mirror_copies.get_or_create(&ResultLabels { result }).inc();
+        self.mirror_copied_bytes.inc_by(bytes);
+    }
+
+    /// A finished retention deletion: `deleted`, `kept` or `failed`.
+    pub fn mirror_deletion(&self, result: &'static str) {
+        self.mirror_deletions
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+fn count(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// The digest cache's collector, once there is a cache (nothing before).
+struct LateCache(Arc<OnceLock<Arc<DigestCache>>>);
+
+impl std::fmt::Debug for LateCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LateCache")
+    }
+}
+
+impl Collector for LateCache {
+    fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        match self.0.get() {
+            Some(cache) => CacheCollector(cache.clone()).encode(encoder),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+        text.lines().find(|l| l.starts_with(prefix))
+    }
+
+    #[tokio::test]
+    async fn reconciles_are_counted_by_result_and_timed() {
+        let metrics = Metrics::new();
+        let ok: Result<(), ()> = metrics.reconcile("pinning", "App", async { Ok(()) }).await;
+        let failed: Result<(), ()> = metrics.reconcile("pinning", "App", async { Err(()) }).await;
+        assert!(ok.is_ok() && failed.is_err());
+        metrics.set_leader(true);
+        metrics.refresh_round(3, 1, 0);
+        metrics.mirror_copy("copied", 1024);
+        let text = metrics.encode().unwrap();
+        for expected in [
+            "holdfast_controller_reconciles_total{controller=\"pinning\",kind=\"App\",result=\"ok\"} 1",
+            "holdfast_controller_reconciles_total{controller=\"pinning\",kind=\"App\",result=\"error\"} 1",
+            "holdfast_controller_reconcile_duration_seconds_count{controller=\"pinning\",kind=\"App\"} 2",
+            "holdfast_controller_leader 1",
+            "holdfast_controller_refresh_rounds_total{result=\"ok\"} 1",
+            "holdfast_controller_refresh_tags_checked_total 3",
+            "holdfast_controller_refresh_tags_moved_total 1",
+            "holdfast_controller_mirror_copies_total{result=\"copied\"} 1",
+            "holdfast_controller_mirror_copied_bytes_total 1024",
+        ] {
+            assert!(text.lines().any(|l| l == expected), "{expected} not in\n{text}");
+        }
+        // No cache yet: none of its figures.
+        assert!(
+            line(&text, "holdfast_controller_registry_lookups").is_none(),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! The digest cache's figures as Prometheus metrics, for the webhook's and the controller's
+//! `/metrics`: a collector registered in the component's registry (whose prefix names it).
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
+};
+
+use crate::cache::DigestCache;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LookupLabels {
+    result: &'static str,
+}
+
+/// The digest cache's counters, read at scrape time (the cache counts with plain atomics, so
+/// the lookup path pays nothing for the metrics).
+pub struct CacheCollector(pub Arc<DigestCache>);
+
+impl std::fmt::Debug for CacheCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CacheCollector")
+    }
+}
+
+impl Collector for CacheCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let stats = &self.0.stats;
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+
+        let lookups = ConstCounter::new(0u64);
+        let mut family = encoder.encode_descriptor(
+            "digest_cache_lookups",
+            "Digest cache lookups by result: hit (fresh entry), miss (asked the registry), stale (registry failed, answered from an older entry), negative (a recent failure remembered)",
+            None,
+            lookups.metric_type(),
+        )?;
+        for (result, value) in [
+            ("hit", read(&stats.hits)),
+            ("miss", read(&stats.misses)),
+            ("stale", read(&stats.stale_answers)),
+            ("negative", read(&stats.negative_hits)),
+        ] {
+            ConstCounter::new(value).encode(family.encode_family(&LookupLabels { result })?)?;
+        }
+
+        let requests = ConstCounter::new(read(&stats.registry_lookups));
+        requests.encode(encoder.encode_descriptor(
+            "registry_lookups",
+            "Registry resolutions started (one per single-flight, however many callers joined it)",
+            None,
+            requests.metric_type(),
+        )?)?;
+        let errors = ConstCounter::new(read(&stats.registry_errors));
+        errors.encode(encoder.encode_descriptor(
+            "registry_errors",
+            "Registry resolutions that failed (timeouts, refused connections, 429s, 5xx, auth)",
+            None,
+            errors.metric_type(),
+        )?)?;
+        let refused = ConstCounter::new(read(&stats.refused));
+        refused.encode(encoder.encode_descriptor(
+            "digest_cache_refused",
+            "New references answered but not cached: the cache held --cache-max-entries, or this minute's --cache-new-entries-per-minute were used",
+            None,
+            refused.metric_type(),
+        )?)?;
+        let entries = ConstGauge::new(i64::try_from(self.0.entry_count()).unwrap_or(i64::MAX));
+        entries.encode(encoder.encode_descriptor(
+            "digest_cache_entries",
+            "Entries in the digest cache (one per reference, tag selection and credential scope)",
+            None,
+            entries.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
