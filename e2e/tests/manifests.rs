@@ -8,6 +8,9 @@
 //!   components together are rendered with `kubectl kustomize` and checked as rendered.
 //! - Every check is also run on mutated copies (a wildcard verb, a missing namespaceSelector, …)
 //!   to show that it catches what it is meant to catch.
+//! - The controller's fence (a ValidatingAdmissionPolicy) is held to the fast finalizer's table
+//!   (`DELETABLE`) for the controller's flags, and its fetch fields to kapp-controller's upstream
+//!   CRDs (collected by `make deps`; skipped without them).
 //!
 //! No control plane: plain `#[test]` functions.
 
