@@ -11,7 +11,8 @@
 //!   it), a pod that is not a Build's build pod, or a kpack Image no Korifi owner names outside a
 //!   namespace being deleted; it cannot change an App's `spec.deploy`, labels or other sources;
 //!   it can delete a build pod and an app's Image, and send the pin patches the controller
-//!   sends. Packages, served by kapp-controller's aggregated API, are out of the fence's sight.
+//!   sends. With `components/fast-org-deletion` it can delete a CFSpace only in a namespace being
+//!   deleted. Packages, served by kapp-controller's aggregated API, are out of the fence's sight.
 
 use std::{
     sync::Arc,
@@ -21,7 +22,7 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 use holdfast_e2e::{
     Env,
-    accounts::{CONTROLLER, FENCE, Forbidden, NAMESPACE, install_rbac, service_account_client},
+    accounts::{CONTROLLER, FENCE, Forbidden, NAMESPACE, install_rbac, manifests, service_account_client},
     controller::LocalController,
     e2e_main, images,
     objects::api_for,
@@ -49,6 +50,7 @@ e2e_main!(
     forged_reviews_with_fresh_tags_persist_nothing,
     the_fence_lets_the_controllers_token_delete_only_what_the_fast_finalizer_deletes,
     the_fence_lets_the_controllers_token_change_only_fetch_references,
+    with_fast_org_deletion_the_fence_lets_cfspaces_go_only_from_namespaces_being_deleted,
     packages_are_out_of_the_fences_sight,
 );
 
@@ -179,6 +181,18 @@ async fn forged_reviews_with_fresh_tags_persist_nothing(env: Arc<Env>) -> Result
 // ---------------------------------------------------------------------------------------------
 // The controller's fence
 
+/// holdfast's RBAC and the base's fence, installed once for the whole binary: the tests run at
+/// the same time, and one of them swaps the fence for `components/fast-org-deletion`'s for a
+/// while, which another test's install must not undo.
+async fn fenced(env: &Env) -> Result<()> {
+    static INSTALLED: tokio::sync::OnceCell<Result<(), String>> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async { install_rbac(env).await.map_err(|e| format!("{e:#}")) })
+        .await
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
 /// The controller's ServiceAccount, as the RBAC authorizer and the fence know it.
 fn controller_user() -> String {
     format!("system:serviceaccount:{NAMESPACE}:{CONTROLLER}")
@@ -194,7 +208,12 @@ fn refused_by_fence<T>(what: &str, result: kube::Result<T>) -> Result<String> {
 }
 
 /// Whether RBAC lets the controller's ServiceAccount `verb` `resource` in `namespace`.
-async fn rbac_allows(client: &Client, verb: &str, resource: &str, namespace: &str) -> Result<bool> {
+async fn rbac_allows(
+    client: &Client,
+    verb: &str,
+    (group, resource): (&str, &str),
+    namespace: &str,
+) -> Result<bool> {
     let review = SubjectAccessReview {
         spec: SubjectAccessReviewSpec {
             user: Some(controller_user()),
@@ -205,6 +224,7 @@ async fn rbac_allows(client: &Client, verb: &str, resource: &str, namespace: &st
             ]),
             resource_attributes: Some(ResourceAttributes {
                 verb: Some(verb.into()),
+                group: Some(group.into()),
                 resource: Some(resource.into()),
                 namespace: Some(namespace.into()),
                 ..Default::default()
@@ -230,7 +250,7 @@ async fn grant_configmap_deletes(env: &Env, client: &Client, namespace: &str) ->
         ),
     )?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !rbac_allows(client, "delete", "configmaps", namespace).await? {
+    while !rbac_allows(client, "delete", ("", "configmaps"), namespace).await? {
         ensure!(
             tokio::time::Instant::now() < deadline,
             "RBAC still refuses the controller's delete of configmaps in {namespace}"
@@ -259,7 +279,7 @@ fn image_owned_by(name: &str, owner: &DynamicObject) -> Result<String> {
 async fn the_fence_lets_the_controllers_token_delete_only_what_the_fast_finalizer_deletes(
     env: Arc<Env>,
 ) -> Result<()> {
-    install_rbac(&env).await?;
+    fenced(&env).await?;
     let admin = env.client().await?;
     let controller = service_account_client(&env, CONTROLLER, &Forbidden::new()).await?;
     let namespace = env.namespace("fence-deletes").await?;
@@ -446,7 +466,7 @@ async fn pin_as_the_controller(
 }
 
 async fn the_fence_lets_the_controllers_token_change_only_fetch_references(env: Arc<Env>) -> Result<()> {
-    install_rbac(&env).await?;
+    fenced(&env).await?;
     let admin = env.client().await?;
     let controller = service_account_client(&env, CONTROLLER, &Forbidden::new()).await?;
     let namespace = env.namespace("fence-patches").await?;
@@ -605,7 +625,7 @@ async fn the_fence_lets_the_controllers_token_change_only_fetch_references(env: 
 /// this gap; this test fails when it closes.
 async fn packages_are_out_of_the_fences_sight(env: Arc<Env>) -> Result<()> {
     env.kapp_controller().await?;
-    install_rbac(&env).await?;
+    fenced(&env).await?;
     let admin = env.client().await?;
     let controller = service_account_client(&env, CONTROLLER, &Forbidden::new()).await?;
     let namespace = env.namespace("fence-packages").await?;
@@ -634,4 +654,154 @@ async fn packages_are_out_of_the_fences_sight(env: Arc<Env>) -> Result<()> {
         patched.data["spec"]
     );
     Ok(())
+}
+
+/// `components/fast-org-deletion`'s fence (the base's with the CFSpace row) and its RBAC, as
+/// kustomize renders the base with it, each as YAML for `kubectl apply`.
+fn fast_org_deletion() -> Result<(String, String)> {
+    let scratch = tempfile::tempdir()?;
+    let copy = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(manifests())
+        .arg(scratch.path().join("manifests"))
+        .status()?;
+    ensure!(copy.success(), "copying manifests/");
+    std::fs::write(
+        scratch.path().join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [manifests/base]\ncomponents: [manifests/components/fast-org-deletion]\n",
+    )?;
+    let out = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(scratch.path())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "kubectl kustomize: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (mut fence, mut rbac) = (Vec::new(), Vec::new());
+    for object in holdfast_e2e::objects::parse_documents(&String::from_utf8(out.stdout)?)? {
+        let kind = object.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
+        if kind.starts_with("ValidatingAdmissionPolicy") && object.name_any() == FENCE {
+            fence.push(serde_yaml::to_string(&object)?);
+        } else if kind.starts_with("ClusterRole") && object.name_any() == "holdfast-controller-cfspaces" {
+            rbac.push(serde_yaml::to_string(&object)?);
+        }
+    }
+    ensure!(
+        fence.len() == 2 && rbac.len() == 2,
+        "the component renders {fence:?} and {rbac:?}"
+    );
+    Ok((fence.join("---\n"), rbac.join("---\n")))
+}
+
+/// Deletes `namespace` and waits until the API server shows it being deleted.
+async fn start_deleting(namespaces: &Api<Namespace>, namespace: &str) -> Result<()> {
+    namespaces.delete(namespace, &DeleteParams::default()).await?;
+    wait::until(namespaces, namespace, |n: Option<&Namespace>| {
+        n.is_some_and(|n| n.metadata.deletion_timestamp.is_some())
+    })
+    .await
+    .map(drop)
+}
+
+/// The base's fence refuses every CFSpace delete, even in a namespace being deleted and with the
+/// component's RBAC granted; with the component's fence, the controller's token may delete the
+/// CFSpace of a namespace being deleted and still not one of a live namespace.
+async fn with_fast_org_deletion_the_fence_lets_cfspaces_go_only_from_namespaces_being_deleted(
+    env: Arc<Env>,
+) -> Result<()> {
+    fenced(&env).await?;
+    let (fence, rbac) = fast_org_deletion()?;
+    let admin = env.client().await?;
+    let controller = service_account_client(&env, CONTROLLER, &Forbidden::new()).await?;
+    let (live, org_before, org_after) = (
+        env.namespace("fence-org-live").await?,
+        env.namespace("fence-org-base").await?,
+        env.namespace("fence-org").await?,
+    );
+    let mut spaces = Vec::new();
+    for namespace in [&live, &org_before, &org_after] {
+        spaces.push((
+            namespace.clone(),
+            scenarios::create(&admin, namespace, &scenarios::cfspace("space")).await?,
+        ));
+    }
+    env.kubectl_apply_with(&[], &rbac)?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !rbac_allows(&admin, "delete", ("korifi.cloudfoundry.org", "cfspaces"), &live).await? {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "RBAC still refuses the controller's CFSpace deletes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dry_run = DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let namespaces = Api::<Namespace>::all(admin.clone());
+    let cfspaces = kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+        "korifi.cloudfoundry.org",
+        "v1alpha1",
+        "CFSpace",
+    ));
+    let spaces_in =
+        |namespace: &str| Api::<DynamicObject>::namespaced_with(controller.clone(), namespace, &cfspaces);
+
+    start_deleting(&namespaces, &org_before).await?;
+    let base_refusal = refused_by_fence(
+        "a CFSpace of a namespace being deleted, behind the base's fence",
+        spaces_in(&org_before).delete("space", &dry_run).await,
+    );
+
+    env.kubectl_apply_with(&[], &fence)?;
+    start_deleting(&namespaces, &org_after).await?;
+    // The API server loads the changed policy and the namespace's deletion through its own
+    // watches: a bounded poll of dry runs until the org's space may go.
+    let held = api_for(&admin, &spaces[2].1, Some(&org_after)).await?;
+    let in_org = spaces_in(&org_after);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let allowed = loop {
+        // An object already being deleted is deleted again without admission (see above).
+        ensure!(
+            held.get("space").await?.metadata.deletion_timestamp.is_none(),
+            "the namespace controller deleted the CFSpace before the fence was asked"
+        );
+        match in_org.delete("space", &dry_run).await {
+            Ok(_) => break Ok(()),
+            Err(kube::Error::Api(e))
+                if e.code == 403 && e.message.contains(FENCE) && tokio::time::Instant::now() < deadline => {}
+            Err(e) => {
+                break Err(e)
+                    .context("the CFSpace of a namespace being deleted, behind the component's fence");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let live_refusal = refused_by_fence(
+        "a CFSpace of a live namespace, behind the component's fence",
+        spaces_in(&live).delete("space", &dry_run).await,
+    );
+
+    // Back to the base: its fence for the other tests, without the component's RBAC.
+    env.kubectl_apply_with(
+        &[],
+        &std::fs::read_to_string(manifests().join("base/controller/fence.yaml"))?,
+    )?;
+    let out = env
+        .kubectl()
+        .args([
+            "delete",
+            "clusterrole,clusterrolebinding",
+            "holdfast-controller-cfspaces",
+        ])
+        .output()?;
+    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for (namespace, space) in &spaces {
+        scenarios::release(&admin, namespace, space).await?;
+    }
+    base_refusal?;
+    allowed?;
+    live_refusal.map(drop)
 }
