@@ -1,7 +1,10 @@
 //! What the fast finalizer may delete, and when: ONE table of kinds and the condition each
 //! deletion needs ([`DELETABLE`]). The finalizer asks [`permits`] before every delete; the
-//! manifests test holds the controller's `delete` RBAC to the table's resources; a
-//! ValidatingAdmissionPolicy fence on the controller's deletes is to be generated from it.
+//! manifests test holds the controller's `delete` RBAC to the table's resources, and the rows of
+//! the controller's fence (`manifests/base/controller/fence.yaml`, a ValidatingAdmissionPolicy on
+//! its ServiceAccount) to what a request shows of each row: the resource, the label, the kind of
+//! owner or the namespace's deletion. The uid and "being deleted" checks of [`permits`] stay
+//! here: a policy sees no other object.
 //!
 //! Nothing is deleted because of its name or labels alone: a child is deleted for an owner only
 //! when one of its ownerReferences names that owner's uid (labels only find the candidates), and

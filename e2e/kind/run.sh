@@ -26,8 +26,8 @@
 set -euo pipefail
 
 CLUSTER="${HOLDFAST_KIND_CLUSTER:-holdfast-e2e}"
-# kind v0.24+ (kindnet enforces NetworkPolicy); Kubernetes >= 1.28 for the match-conditions
-# component the kind overlay enables.
+# kind v0.24+ (kindnet enforces NetworkPolicy); Kubernetes >= 1.30 for the base's fence (a
+# ValidatingAdmissionPolicy, v1) and the match-conditions component the kind overlay enables.
 KIND_NODE_IMAGE="${KIND_NODE_IMAGE:-kindest/node:v1.31.0}"
 KAPP_CONTROLLER_VERSION="${KAPP_CONTROLLER_VERSION:-v0.53.1}"
 KPACK_VERSION="${KPACK_VERSION:-0.17.0}"

@@ -8,6 +8,9 @@
 //!   components together are rendered with `kubectl kustomize` and checked as rendered.
 //! - Every check is also run on mutated copies (a wildcard verb, a missing namespaceSelector, …)
 //!   to show that it catches what it is meant to catch.
+//! - The controller's fence (a ValidatingAdmissionPolicy) is held to the fast finalizer's table
+//!   (`DELETABLE`) for the controller's flags, and its fetch fields to kapp-controller's upstream
+//!   CRDs (collected by `make deps`; skipped without them).
 //!
 //! No control plane: plain `#[test]` functions.
 
@@ -830,6 +833,7 @@ fn check_all(objects: &[Value]) -> Vec<String> {
         check_containers(objects),
         check_availability(objects),
         check_network(objects),
+        check_fence(objects),
     ]
     .concat()
 }
@@ -2119,5 +2123,450 @@ fn the_webhook_cannot_write_the_digest_cache() -> Result<()> {
         writes.is_empty(),
         "the webhook may write digest cache entries: {writes:?}"
     );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The controller's fence (manifests/base/controller/fence.yaml; issue 15, item 5)
+
+const FENCE: &str = "holdfast-controller-fence";
+
+/// What the fence can see of one row of the fast finalizer's table, as the policy's `deletable`
+/// variable writes it: the resource (`resource.group`), the label that finds it, and the kind
+/// (`Kind.group`) an ownerReference must name — the controller reference if `controller` — or
+/// `''` when its namespace must be being deleted. Whether that owner is being deleted, and has
+/// that uid, is not in the request: the controller checks it (`deletable::permits`).
+fn fence_row(row: &holdfast_controller::deletable::Deletable) -> String {
+    use holdfast_controller::deletable::Condition;
+    let resource = match row.group {
+        "" => row.resource.to_owned(),
+        group => format!("{}.{group}", row.resource),
+    };
+    let (owner, controller) = match row.condition {
+        Condition::OwnerTerminating {
+            group,
+            kind,
+            controller,
+            ..
+        } => (format!("{kind}.{group}"), controller),
+        Condition::NamespaceTerminating => (String::new(), false),
+    };
+    format!(
+        "{{'resource': '{resource}', 'label': '{}', 'owner': '{owner}', 'controller': '{controller}'}}",
+        row.label.unwrap_or_default()
+    )
+}
+
+/// The rows of the fence for a controller started with `args`: every row of `DELETABLE` that
+/// is always on or whose opt-in flag the args set.
+fn fence_rows_for(args: &[String]) -> Vec<String> {
+    holdfast_controller::deletable::DELETABLE
+        .iter()
+        .filter(|d| d.opt_in.is_none_or(|flag| args.contains(&format!("{flag}=true"))))
+        .map(fence_row)
+        .collect()
+}
+
+/// The policy's variable `name`, as written.
+fn fence_variable<'a>(policy: &'a Value, name: &str) -> &'a str {
+    items(policy, "spec.variables")
+        .into_iter()
+        .find(|v| text(v, "name") == name)
+        .map(|v| text(v, "expression"))
+        .unwrap_or_default()
+}
+
+/// The rows of the policy's `deletable` variable: one per line, as the file lays them out.
+fn fence_rows(policy: &Value) -> Vec<String> {
+    fence_variable(policy, "deletable")
+        .lines()
+        .map(|l| l.trim().trim_end_matches(',').to_owned())
+        .filter(|l| l.starts_with('{'))
+        .collect()
+}
+
+/// The fence is installed, fails closed, denies, binds to holdfast-controller's ServiceAccount
+/// (as the controller Deployment runs it, in its namespace), holds the table's rows for the
+/// controller's flags, and answers every refusal with 403 Forbidden: a 422 without causes is what
+/// the controller takes for a failed resourceVersion guard and retries quietly
+/// (`controller/src/pinning.rs`, `guard_failed`).
+fn check_fence(objects: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let (Ok(policy), Ok(controller)) = (
+        find(objects, "ValidatingAdmissionPolicy", FENCE),
+        find(objects, "Deployment", "holdfast-controller"),
+    ) else {
+        return vec![format!("no ValidatingAdmissionPolicy {FENCE} (or no controller)")];
+    };
+    if text(policy, "spec.failurePolicy") != "Fail" {
+        problems.push(format!("{}: failurePolicy is not Fail", id(policy)));
+    }
+    let account = format!(
+        "system:serviceaccount:{}:{}",
+        text(controller, "metadata.namespace"),
+        text(controller, "spec.template.spec.serviceAccountName")
+    );
+    let conditions = items(policy, "spec.matchConditions");
+    if conditions.len() != 1
+        || text(conditions[0], "expression") != format!("request.userInfo.username == '{account}'")
+    {
+        problems.push(format!("{}: does not match {account} alone", id(policy)));
+    }
+    let rules: BTreeSet<(Vec<String>, Vec<String>, Vec<String>)> =
+        items(policy, "spec.matchConstraints.resourceRules")
+            .into_iter()
+            .map(|r| {
+                (
+                    strings(r.get("operations")),
+                    strings(r.get("apiGroups")),
+                    strings(r.get("resources")),
+                )
+            })
+            .collect();
+    // Every DELETE, and the UPDATEs of the pinned kinds kube-apiserver admits itself: Packages
+    // go to kapp-controller's aggregated API server, which no policy of kube-apiserver sees.
+    let mut expected = BTreeSet::from([(vec!["DELETE".into()], vec!["*".into()], vec!["*".into()])]);
+    for kind in holdfast_pins::PinnedKind::ALL {
+        if kind != holdfast_pins::PinnedKind::Package {
+            expected.insert((
+                vec!["UPDATE".into()],
+                vec![kind.group().into()],
+                vec![kind.resource().into()],
+            ));
+        }
+    }
+    if rules != expected {
+        problems.push(format!("{}: matches {rules:?}, not {expected:?}", id(policy)));
+    }
+    let args = strings(at(controller, "spec.template.spec.containers.0.args"));
+    let (rows, wanted) = (fence_rows(policy), fence_rows_for(&args));
+    if rows != wanted {
+        problems.push(format!(
+            "{}: the deletable rows are not controller/src/deletable.rs's DELETABLE for the controller's flags; they should read:\n{}",
+            id(policy),
+            wanted.join(",\n")
+        ));
+    }
+    for (i, validation) in items(policy, "spec.validations").iter().enumerate() {
+        if text(validation, "reason") != "Forbidden" {
+            problems.push(format!(
+                "{}: validations[{i}] answers without reason Forbidden",
+                id(policy)
+            ));
+        }
+    }
+    let bindings: Vec<&Value> = of_kind(objects, "ValidatingAdmissionPolicyBinding")
+        .into_iter()
+        .filter(|b| text(b, "spec.policyName") == FENCE)
+        .collect();
+    let enforced = bindings.iter().any(|b| {
+        strings(b.get("spec").and_then(|s| s.get("validationActions"))) == ["Deny"]
+            && at(b, "spec.matchResources").is_none()
+            && at(b, "spec.paramRef").is_none()
+    });
+    if !enforced {
+        problems.push(format!(
+            "no binding of {FENCE} with validationActions [Deny] on every object"
+        ));
+    }
+    problems
+}
+
+#[test]
+fn the_fence_is_the_fast_finalizers_table_and_binds_the_controller() -> Result<()> {
+    let objects = base()?;
+    assert_clean("the base's fence", &check_fence(&objects));
+    // The base's rows are the always-on ones; the opt-in rows come with their component.
+    let policy = find(&objects, "ValidatingAdmissionPolicy", FENCE)?;
+    ensure!(
+        fence_rows(policy) == fence_rows_for(&[]),
+        "{:?}",
+        fence_rows(policy)
+    );
+    Ok(())
+}
+
+/// Renders the base with `components` (a copy of manifests/ in a scratch directory).
+fn render_with_components(kubectl: &Path, components: &[&str]) -> Result<Vec<Value>> {
+    let scratch = tempfile::tempdir()?;
+    copy_dir(&manifests(), &scratch.path().join("manifests"))?;
+    let listed: String = components
+        .iter()
+        .map(|c| format!("  - manifests/components/{c}\n"))
+        .collect();
+    std::fs::write(
+        scratch.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - manifests/base\ncomponents:\n{listed}"
+        ),
+    )?;
+    render(kubectl, scratch.path())
+}
+
+/// `components/fast-org-deletion` turns on `--delete-org-spaces` and the fence's CFSpace row
+/// together, and changes nothing else of the fence.
+#[test]
+fn the_fence_lets_cfspaces_go_only_with_fast_org_deletion() -> Result<()> {
+    let Some(kubectl) = kubectl() else {
+        eprintln!("kubectl is not on PATH: the fence with fast-org-deletion is not checked");
+        return Ok(());
+    };
+    let base = render(&kubectl, &manifests())?;
+    let opted = render_with_components(&kubectl, &["fast-org-deletion"])?;
+    assert_clean("base + fast-org-deletion", &check_fence(&opted));
+    let all_rows: Vec<String> = holdfast_controller::deletable::DELETABLE
+        .iter()
+        .map(fence_row)
+        .collect();
+    let policy = find(&opted, "ValidatingAdmissionPolicy", FENCE)?;
+    ensure!(fence_rows(policy) == all_rows, "{:?}", fence_rows(policy));
+    ensure!(
+        fence_rows(find(&base, "ValidatingAdmissionPolicy", FENCE)?) != all_rows,
+        "the base's fence already holds the opt-in rows"
+    );
+    let mut without_rows = policy.clone();
+    let mut base_policy = find(&base, "ValidatingAdmissionPolicy", FENCE)?.clone();
+    for p in [&mut without_rows, &mut base_policy] {
+        *at_mut(p, "spec.variables.1.expression")? = Value::Null;
+    }
+    ensure!(
+        without_rows == base_policy,
+        "components/fast-org-deletion changes more of the fence than its deletable rows"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_fence_that_drifts_from_the_table_or_the_controller_is_caught() -> Result<()> {
+    fn with(change: impl FnOnce(&mut Vec<Value>) -> Result<()>) -> Result<Vec<String>> {
+        let mut objects = base()?;
+        change(&mut objects)?;
+        Ok(check_fence(&objects))
+    }
+    fn policy(objects: &mut [Value]) -> Result<&mut Value> {
+        find_mut(objects, "ValidatingAdmissionPolicy", FENCE)
+    }
+    let rows = |objects: &mut Vec<Value>, edit: &dyn Fn(&str) -> String| -> Result<()> {
+        let expression = at_mut(policy(objects)?, "spec.variables.1.expression")?;
+        *expression = Value::from(edit(expression.as_str().unwrap_or_default()));
+        Ok(())
+    };
+    expect_caught(
+        "a row dropped",
+        with(|o| {
+            rows(o, &|e| {
+                e.replace(&fence_row(&holdfast_controller::deletable::BUILD_POD), "")
+            })
+        })?,
+        "DELETABLE",
+    );
+    expect_caught(
+        "the opt-in row without its flag",
+        with(|o| {
+            rows(o, &|e| {
+                e.replace(
+                    "\n]",
+                    &format!(
+                        ",\n  {}\n]",
+                        fence_row(&holdfast_controller::deletable::NAMESPACE_SPACE)
+                    ),
+                )
+            })
+        })?,
+        "DELETABLE",
+    );
+    expect_caught(
+        "pods without their label",
+        with(|o| rows(o, &|e| e.replace("'label': 'kpack.io/build'", "'label': ''")))?,
+        "DELETABLE",
+    );
+    expect_caught(
+        "fails open",
+        with(|o| {
+            *at_mut(policy(o)?, "spec.failurePolicy")? = Value::from("Ignore");
+            Ok(())
+        })?,
+        "failurePolicy",
+    );
+    expect_caught(
+        "another account",
+        with(|o| {
+            *at_mut(policy(o)?, "spec.matchConditions.0.expression")? = Value::from(
+                "request.userInfo.username == 'system:serviceaccount:default:holdfast-controller'",
+            );
+            Ok(())
+        })?,
+        "does not match",
+    );
+    expect_caught(
+        "no longer every delete",
+        with(|o| {
+            *at_mut(policy(o)?, "spec.matchConstraints.resourceRules.0.resources")? =
+                serde_yaml::from_str("[pods]")?;
+            Ok(())
+        })?,
+        "matches",
+    );
+    expect_caught(
+        "a 422",
+        with(|o| {
+            at_mut(policy(o)?, "spec.validations.2")?
+                .as_mapping_mut()
+                .context("validation")?
+                .remove("reason");
+            Ok(())
+        })?,
+        "reason Forbidden",
+    );
+    expect_caught(
+        "warn only",
+        with(|o| {
+            *at_mut(
+                find_mut(o, "ValidatingAdmissionPolicyBinding", FENCE)?,
+                "spec.validationActions",
+            )? = serde_yaml::from_str("[Warn]")?;
+            Ok(())
+        })?,
+        "no binding",
+    );
+    expect_caught(
+        "no fence",
+        with(|o| {
+            o.retain(|d| kind(d) != "ValidatingAdmissionPolicy");
+            Ok(())
+        })?,
+        "no ValidatingAdmissionPolicy",
+    );
+    Ok(())
+}
+
+/// The properties of the fetch entries of kapp-controller's upstream CRDs (the peer's module,
+/// collected by `make deps`), per resource: the entry's fields and each source's.
+fn upstream_fetch_schema() -> Result<Option<Vec<(String, serde_json::Value)>>> {
+    let Ok(dir) = holdfast_e2e::tools::peer_dir("kapp-controller") else {
+        return Ok(None);
+    };
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir.join("crds"))? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|x| x != "yaml") {
+            continue;
+        }
+        let crd: serde_json::Value = serde_yaml::from_str(&read(&path)?)?;
+        let name = crd["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+        if ![
+            "apps.kappctrl.k14s.io",
+            "packagerepositories.packaging.carvel.dev",
+        ]
+        .contains(&name.as_str())
+        {
+            continue;
+        }
+        for version in crd["spec"]["versions"].as_array().into_iter().flatten() {
+            let fetch = &version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["fetch"];
+            let entry = if fetch["type"] == "array" {
+                &fetch["items"]
+            } else {
+                fetch
+            };
+            found.push((
+                format!("{name} {}", version["name"].as_str().unwrap_or_default()),
+                entry.clone(),
+            ));
+        }
+    }
+    Ok(Some(found))
+}
+
+fn property_names(schema: &serde_json::Value) -> BTreeSet<String> {
+    schema["properties"]
+        .as_object()
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// The fence compares fetch entries field by field (CEL in Kubernetes 1.30 cannot drop a key
+/// from an object): every field of the upstream CRDs' fetch entries must be either one it holds
+/// unchanged (`fixed`, `sources`) or one pinning rewrites (`pins/src/sites.rs`: a source's
+/// reference, `secretRef.name`, `tagSelection`). A field a new kapp-controller adds fails here.
+#[test]
+fn the_fence_holds_every_fetch_field_of_the_upstream_crds() -> Result<()> {
+    let Some(schemas) = upstream_fetch_schema()? else {
+        eprintln!(
+            "kapp-controller's CRDs are not collected (make deps): the fence's fetch fields are not checked"
+        );
+        return Ok(());
+    };
+    ensure!(schemas.len() >= 2, "found only {schemas:?}");
+    let objects = base()?;
+    let policy = find(&objects, "ValidatingAdmissionPolicy", FENCE)?;
+    // `f.?git`, `f.?image.?subPath`: the paths the policy holds unchanged.
+    let fixed: BTreeSet<String> = fence_variable(policy, "fixed")
+        .split("f.?")
+        .skip(1)
+        .map(|s| {
+            s.chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '?')
+                .collect::<String>()
+                .replace('?', "")
+        })
+        .collect();
+    let sources = fence_variable(policy, "sources");
+    let mut problems = Vec::new();
+    for kind in [
+        holdfast_pins::SiteKind::Image,
+        holdfast_pins::SiteKind::ImgpkgBundle,
+    ] {
+        let source = kind.source_key();
+        for needle in [
+            format!("has(f.{source})"),
+            format!("f.?{source}.?secretRef.hasValue()"),
+        ] {
+            if !sources.contains(&needle) {
+                problems.push(format!("the fence's sources do not hold {needle}"));
+            }
+        }
+    }
+    for (crd, entry) in &schemas {
+        let mut held: BTreeSet<String> = fixed.iter().filter(|p| !p.contains('.')).cloned().collect();
+        for kind in [
+            holdfast_pins::SiteKind::Image,
+            holdfast_pins::SiteKind::ImgpkgBundle,
+        ] {
+            let source = kind.source_key();
+            held.insert(source.to_owned());
+            let schema = &entry["properties"][source];
+            let rewritten = BTreeSet::from([
+                kind.ref_key().to_owned(),
+                "secretRef".into(),
+                "tagSelection".into(),
+            ]);
+            let unchanged: BTreeSet<String> = fixed
+                .iter()
+                .filter_map(|p| p.strip_prefix(&format!("{source}.")).map(str::to_owned))
+                .collect();
+            let covered: BTreeSet<String> = rewritten.union(&unchanged).cloned().collect();
+            if property_names(schema) != covered {
+                problems.push(format!(
+                    "{crd}: fetch[].{source} has {:?}; the fence covers {covered:?}",
+                    property_names(schema)
+                ));
+            }
+            let secret = property_names(&schema["properties"]["secretRef"]);
+            if secret != BTreeSet::from(["name".to_owned()]) {
+                problems.push(format!(
+                    "{crd}: fetch[].{source}.secretRef has {secret:?}, not only name"
+                ));
+            }
+        }
+        let fields = property_names(entry);
+        if !fields.is_subset(&held) {
+            problems.push(format!(
+                "{crd}: fetch entries have {:?} that the fence does not hold",
+                fields.difference(&held).collect::<Vec<_>>()
+            ));
+        }
+    }
+    assert_clean("the fence's fetch fields", &problems);
     Ok(())
 }

@@ -4,6 +4,8 @@
 //! - The webhook and the controller run as their ServiceAccounts (a token from the TokenRequest
 //!   API, as the kubelet projects it into their pods), through the shared scenarios
 //!   (`holdfast_e2e::scenarios`): pinning and fast deletion pass and no request is forbidden.
+//!   The controller's fence (`manifests/base/controller/fence.yaml`) is installed and enforced
+//!   throughout, so the scenarios also show it never refuses the controller's own work.
 //! - Minimality: each rule of every Role and ClusterRole in `manifests/base/rbac/` is removed in
 //!   turn; a scenario then fails, with a 403 for that rule's resource.
 //!
@@ -11,18 +13,16 @@
 //! from `manifests/`: the scenarios run against its pods, and the minimality test, which edits
 //! RBAC and runs the components in-process, refuses to run.
 
-use std::{
-    path::{Path, PathBuf},
-    sync::Arc,
-    task::{Context as TaskContext, Poll},
-    time::Duration,
-};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, bail, ensure};
-use futures::future::BoxFuture;
 use holdfast_controller::run::Settings;
 use holdfast_e2e::{
-    Env, e2e_main,
+    Env,
+    accounts::{
+        CONTROLLER, FENCE, Forbidden, NAMESPACE, WEBHOOK, install_rbac, manifests, service_account_client,
+    },
+    e2e_main,
     objects::parse_documents,
     scenarios,
     webhook::{Installed, LocalWebhook, Registration},
@@ -30,20 +30,17 @@ use holdfast_e2e::{
 use holdfast_registry::{ResolverConfig, cache::CacheConfig};
 use k8s_openapi::api::{
     admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
-    authentication::v1::{TokenRequest, TokenRequestSpec},
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
     coordination::v1::Lease,
-    core::v1::{Secret, ServiceAccount},
+    core::v1::Secret,
     rbac::v1::{ClusterRole, PolicyRule, Role},
 };
 use kube::{
-    Api, Client, Config,
+    Api,
     api::{DeleteParams, Patch, PatchParams, PostParams},
-    client::{Body, ClientBuilder},
-    config::{KubeConfigOptions, Kubeconfig},
 };
 use serde_json::json;
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 e2e_main!(serial:
@@ -52,17 +49,10 @@ e2e_main!(serial:
     removing_any_rule_fails_a_scenario,
 );
 
-const NAMESPACE: &str = "holdfast-system";
-const WEBHOOK: &str = "holdfast-webhook";
-const CONTROLLER: &str = "holdfast-controller";
 /// The names the manifests give the webhook configurations, the TLS Secret and the Lease.
 const CONFIGURATION: &str = "holdfast";
 const TLS_SECRET: &str = "holdfast-webhook-tls";
 const LEASE: &str = "holdfast-controller";
-
-fn manifests() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
-}
 
 fn kubectl(env: &Env, args: &[&str]) -> Result<std::process::Output> {
     let out = env.kubectl().args(args).output()?;
@@ -80,20 +70,6 @@ fn kubectl_ok(env: &Env, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// The namespace, ServiceAccounts, Roles, ClusterRoles and bindings, and the empty TLS Secret,
-/// exactly as `manifests/base` has them.
-fn install_rbac(env: &Env) -> Result<()> {
-    let base = manifests().join("base");
-    for path in [
-        base.join("namespace.yaml"),
-        base.join("rbac"),
-        base.join("webhook/secret.yaml"),
-    ] {
-        kubectl_ok(env, &["apply", "-f", &path.display().to_string()])?;
-    }
-    Ok(())
-}
-
 async fn the_manifests_apply_server_side(env: Arc<Env>) -> Result<()> {
     if env.is_existing_cluster() {
         // Installed by e2e/kind/run.sh with this overlay: applying it again changes nothing.
@@ -105,13 +81,17 @@ async fn the_manifests_apply_server_side(env: Arc<Env>) -> Result<()> {
         return Ok(());
     }
     // Namespaced objects are checked against an existing namespace: install it (and the RBAC).
-    install_rbac(&env)?;
+    install_rbac(&env).await?;
     // The base and the overlay README recommends both apply, whole, on this API server.
     for dir in [manifests(), manifests().join("overlays/recommended")] {
         let out = kubectl_ok(
             &env,
             &["apply", "-k", &dir.display().to_string(), "--dry-run=server"],
         )?;
+        let fence = [
+            format!("validatingadmissionpolicy.admissionregistration.k8s.io/{FENCE}"),
+            format!("validatingadmissionpolicybinding.admissionregistration.k8s.io/{FENCE}"),
+        ];
         for kind in [
             "deployment.apps/holdfast-webhook",
             "deployment.apps/holdfast-controller",
@@ -119,7 +99,10 @@ async fn the_manifests_apply_server_side(env: Arc<Env>) -> Result<()> {
             "validatingwebhookconfiguration.admissionregistration.k8s.io/holdfast",
             "networkpolicy.networking.k8s.io/holdfast-webhook",
             "poddisruptionbudget.policy/holdfast-webhook",
-        ] {
+        ]
+        .into_iter()
+        .chain(fence.iter().map(String::as_str))
+        {
             ensure!(
                 out.contains(kind),
                 "the dry run of {} did not apply {kind}:\n{out}",
@@ -128,116 +111,6 @@ async fn the_manifests_apply_server_side(env: Arc<Env>) -> Result<()> {
         }
     }
     Ok(())
-}
-
-// ---------------------------------------------------------------------------------------------
-// Clients authenticated as the ServiceAccounts, and every 403 they get
-
-/// Every request answered 403, as `METHOD path`: the evidence of a missing permission, seen
-/// the moment it happens instead of after a timeout.
-#[derive(Clone)]
-struct Forbidden(Arc<watch::Sender<Vec<String>>>);
-
-impl Forbidden {
-    fn new() -> Self {
-        Self(Arc::new(watch::channel(Vec::new()).0))
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.0.borrow().clone()
-    }
-
-    /// Resolves with the first forbidden request.
-    async fn first(&self) -> String {
-        let mut seen = self.0.subscribe();
-        let first = seen.wait_for(|v| !v.is_empty()).await.map(|v| v[0].clone());
-        match first {
-            Ok(first) => first,
-            Err(_) => std::future::pending().await,
-        }
-    }
-}
-
-/// The tower service between a kube client and the API server that records 403s.
-struct Record<S> {
-    inner: S,
-    forbidden: Forbidden,
-}
-
-impl<S, B> tower::Service<http::Request<Body>> for Record<S>
-where
-    S: tower::Service<http::Request<Body>, Response = http::Response<B>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = http::Response<B>;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<http::Response<B>, S::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let what = format!(
-            "{} {}{}",
-            request.method(),
-            request.uri().path(),
-            if request.uri().query().is_some_and(|q| q.contains("watch=true")) {
-                " (watch)"
-            } else {
-                ""
-            }
-        );
-        let forbidden = self.forbidden.clone();
-        let response = self.inner.call(request);
-        Box::pin(async move {
-            let response = response.await?;
-            if response.status() == http::StatusCode::FORBIDDEN {
-                forbidden.0.send_modify(|v| v.push(what));
-            }
-            Ok(response)
-        })
-    }
-}
-
-/// A client that authenticates with a token the API server issues for the ServiceAccount.
-async fn service_account_client(env: &Env, account: &str, forbidden: &Forbidden) -> Result<Client> {
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: Vec::new(),
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let token = Api::<ServiceAccount>::namespaced(env.client().await?, NAMESPACE)
-        .create_token_request(account, &PostParams::default(), &request)
-        .await
-        .with_context(|| format!("requesting a token for {NAMESPACE}/{account}"))?
-        .status
-        .context("no token in the TokenRequest")?
-        .token;
-    // The admin's kubeconfig (server, CA) with the ServiceAccount's token as the only credential.
-    let mut kubeconfig: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(env.kubeconfig())?)?;
-    let users = kubeconfig
-        .get_mut("users")
-        .and_then(serde_yaml::Value::as_sequence_mut)
-        .context("kubeconfig without users")?;
-    for user in users.iter_mut().filter_map(serde_yaml::Value::as_mapping_mut) {
-        user.insert("user".into(), serde_yaml::to_value(json!({ "token": token }))?);
-    }
-    let kubeconfig = Kubeconfig::from_yaml(&serde_yaml::to_string(&kubeconfig)?)?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    let forbidden = forbidden.clone();
-    Ok(ClientBuilder::try_from(config)?
-        .with_layer(&tower::layer::layer_fn(move |inner| Record {
-            inner,
-            forbidden: forbidden.clone(),
-        }))
-        .build())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -396,7 +269,7 @@ async fn the_scenarios_pass_as_the_service_accounts(env: Arc<Env>) -> Result<()>
         scenarios::pinning(&env, &admin, &namespace, NAMESPACE).await?;
         return scenarios::fast_deletion(&admin, &namespace).await;
     }
-    install_rbac(&env)?;
+    install_rbac(&env).await?;
     let forbidden = Forbidden::new();
     let (outcome, stopped) = scenarios_as_service_accounts(&env, &forbidden).await?;
     outcome?;
@@ -562,7 +435,7 @@ async fn removing_any_rule_fails_a_scenario(env: Arc<Env>) -> Result<()> {
     if env.is_existing_cluster() {
         bail!("this test edits holdfast's RBAC and runs it in-process: local control plane only");
     }
-    install_rbac(&env)?;
+    install_rbac(&env).await?;
     let mut problems = Vec::new();
     let mut cases = 0;
     for role in roles()? {

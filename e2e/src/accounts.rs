@@ -1,0 +1,222 @@
+//! holdfast's ServiceAccounts on the local control plane, as `manifests/base` installs them:
+//! their RBAC, the controller's fence (`manifests/base/controller/fence.yaml`), and clients that
+//! authenticate with a token the API server issues for them and record every 403 they get.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    task::{Context as TaskContext, Poll},
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use futures::future::BoxFuture;
+use k8s_openapi::api::{
+    authentication::v1::{TokenRequest, TokenRequestSpec},
+    core::v1::{Pod, ServiceAccount},
+};
+use kube::{
+    Api, Client, Config,
+    api::{DeleteParams, PostParams},
+    client::{Body, ClientBuilder},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::Env;
+
+/// holdfast's namespace and ServiceAccounts, as the manifests name them.
+pub const NAMESPACE: &str = "holdfast-system";
+pub const WEBHOOK: &str = "holdfast-webhook";
+pub const CONTROLLER: &str = "holdfast-controller";
+/// The controller's fence: the ValidatingAdmissionPolicy and its binding.
+pub const FENCE: &str = "holdfast-controller-fence";
+
+pub fn manifests() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
+}
+
+fn kubectl_ok(env: &Env, args: &[&str]) -> Result<String> {
+    let out = env.kubectl().args(args).output()?;
+    ensure!(
+        out.status.success(),
+        "kubectl {} failed:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The namespace, ServiceAccounts, Roles, ClusterRoles and bindings, the empty TLS Secret and
+/// the controller's fence, exactly as `manifests/base` has them; returns once the API server
+/// enforces the fence.
+pub async fn install_rbac(env: &Env) -> Result<()> {
+    let base = manifests().join("base");
+    for path in [
+        base.join("namespace.yaml"),
+        base.join("rbac"),
+        base.join("webhook/secret.yaml"),
+        base.join("controller/fence.yaml"),
+    ] {
+        kubectl_ok(env, &["apply", "-f", &path.display().to_string()])?;
+    }
+    until_fenced(env).await
+}
+
+/// The API server loads policies through its own watch, a moment after they are written: a
+/// probe pod in holdfast's namespace, which the controller's RBAC lets it delete and its fence
+/// does not (no `kpack.io/build` label), is deleted as a dry run with the controller's token
+/// (a bounded poll: nothing to watch) until the fence refuses it.
+async fn until_fenced(env: &Env) -> Result<()> {
+    const PROBE: &str = "fence-probe";
+    let pods = Api::<Pod>::namespaced(env.client().await?, NAMESPACE);
+    let probe: Pod = serde_json::from_value(json!({
+        "metadata": {"name": PROBE},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "probe", "image": "registry.example/probe",
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    }))?;
+    match pods.create(&PostParams::default(), &probe).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e).context("creating the fence's probe pod"),
+    }
+    let controller = service_account_client(env, CONTROLLER, &Forbidden::new()).await?;
+    let dry_run = DeleteParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match Api::<Pod>::namespaced(controller.clone(), NAMESPACE)
+            .delete(PROBE, &dry_run)
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(FENCE) => return Ok(()),
+            Err(e) => return Err(e).context("probing the controller's fence"),
+            Ok(_) if tokio::time::Instant::now() < deadline => {}
+            Ok(_) => bail!("the API server did not enforce {FENCE} within 30 s of its creation"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Every request answered 403, as `METHOD path`: the evidence of a missing permission, seen
+/// the moment it happens instead of after a timeout.
+#[derive(Clone)]
+pub struct Forbidden(Arc<watch::Sender<Vec<String>>>);
+
+impl Default for Forbidden {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Forbidden {
+    pub fn new() -> Self {
+        Self(Arc::new(watch::channel(Vec::new()).0))
+    }
+
+    pub fn requests(&self) -> Vec<String> {
+        self.0.borrow().clone()
+    }
+
+    /// Resolves with the first forbidden request.
+    pub async fn first(&self) -> String {
+        let mut seen = self.0.subscribe();
+        let first = seen.wait_for(|v| !v.is_empty()).await.map(|v| v[0].clone());
+        match first {
+            Ok(first) => first,
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// The tower service between a kube client and the API server that records 403s.
+struct Record<S> {
+    inner: S,
+    forbidden: Forbidden,
+}
+
+impl<S, B> tower::Service<http::Request<Body>> for Record<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<B>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<B>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<http::Response<B>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let what = format!(
+            "{} {}{}",
+            request.method(),
+            request.uri().path(),
+            if request.uri().query().is_some_and(|q| q.contains("watch=true")) {
+                " (watch)"
+            } else {
+                ""
+            }
+        );
+        let forbidden = self.forbidden.clone();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            if response.status() == http::StatusCode::FORBIDDEN {
+                forbidden.0.send_modify(|v| v.push(what));
+            }
+            Ok(response)
+        })
+    }
+}
+
+/// A client that authenticates with a token the API server issues for the ServiceAccount
+/// `account` of holdfast's namespace, as the kubelet projects one into its pods.
+pub async fn service_account_client(env: &Env, account: &str, forbidden: &Forbidden) -> Result<Client> {
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Vec::new(),
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let token = Api::<ServiceAccount>::namespaced(env.client().await?, NAMESPACE)
+        .create_token_request(account, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("requesting a token for {NAMESPACE}/{account}"))?
+        .status
+        .context("no token in the TokenRequest")?
+        .token;
+    // The admin's kubeconfig (server, CA) with the ServiceAccount's token as the only credential.
+    let mut kubeconfig: serde_yaml::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(env.kubeconfig())?)?;
+    let users = kubeconfig
+        .get_mut("users")
+        .and_then(serde_yaml::Value::as_sequence_mut)
+        .context("kubeconfig without users")?;
+    for user in users.iter_mut().filter_map(serde_yaml::Value::as_mapping_mut) {
+        user.insert("user".into(), serde_yaml::to_value(json!({ "token": token }))?);
+    }
+    let kubeconfig = Kubeconfig::from_yaml(&serde_yaml::to_string(&kubeconfig)?)?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    let forbidden = forbidden.clone();
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&tower::layer::layer_fn(move |inner| Record {
+            inner,
+            forbidden: forbidden.clone(),
+        }))
+        .build())
+}
