@@ -519,8 +519,10 @@ async fn a_leader_cut_off_from_the_api_server_never_writes_alongside_its_success
 
     // A leads and writes; B stands by, reading the Lease.
     let a = Replica::start(client_a.clone(), settings("replica-a"));
-    a.until("A leading", wait::DEFAULT_TIMEOUT, |r| matches!(r, Role::Leading { .. }))
-        .await?;
+    a.until("A leading", wait::DEFAULT_TIMEOUT, |r| {
+        matches!(r, Role::Leading { .. })
+    })
+    .await?;
     next_pinned("A leading").await?;
     let b = Replica::start(client_b, settings("replica-b"));
     b.until("B standing by", wait::DEFAULT_TIMEOUT, |r| {
@@ -542,12 +544,17 @@ async fn a_leader_cut_off_from_the_api_server_never_writes_alongside_its_success
         .await
         .context("A's run did not end within 5 s of losing the lead, its link hung")??;
     ensure!(
-        matches!(ended, Err(run::Error::Election(holdfast_controller::leader::Error::Lost(_)))),
+        matches!(
+            ended,
+            Err(run::Error::Election(holdfast_controller::leader::Error::Lost(_)))
+        ),
         "A's run ended with {ended:?}, not a lost Lease"
     );
     a.cancel.cancel();
-    b.until("B leading", Duration::from_secs(30), |r| matches!(r, Role::Leading { .. }))
-        .await?;
+    b.until("B leading", Duration::from_secs(30), |r| {
+        matches!(r, Role::Leading { .. })
+    })
+    .await?;
     let b_leads = hung.elapsed();
     next_pinned("B leading, A cut off").await?;
 
@@ -562,9 +569,12 @@ async fn a_leader_cut_off_from_the_api_server_never_writes_alongside_its_success
     .await?;
     let standby = async {
         let mut role = a.health.election.watch();
-        let led = tokio::time::timeout(lease_duration, role.wait_for(|r| matches!(r, Role::Leading { .. })))
-            .await
-            .is_ok();
+        let led = tokio::time::timeout(
+            lease_duration,
+            role.wait_for(|r| matches!(r, Role::Leading { .. })),
+        )
+        .await
+        .is_ok();
         ensure!(!led, "A led again while B held the Lease");
         anyhow::Ok(())
     };
@@ -588,7 +598,10 @@ async fn a_leader_cut_off_from_the_api_server_never_writes_alongside_its_success
         {
             break events;
         }
-        ensure!(Instant::now() < deadline, "B's release of the Lease not in the audit log within 10 s");
+        ensure!(
+            Instant::now() < deadline,
+            "B's release of the Lease not in the audit log within 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let of = |ua: &'static str| {
@@ -646,7 +659,11 @@ async fn a_leader_cut_off_from_the_api_server_never_writes_alongside_its_success
     let a_retook: Vec<_> = of(ua_a)
         .filter(|e| lease(e) && e.succeeded() && e.request_received_timestamp > b_acquired.stage_timestamp)
         .collect();
-    ensure!(a_retook.is_empty(), "A wrote the Lease while B held it:{}", list(&a_retook));
+    ensure!(
+        a_retook.is_empty(),
+        "A wrote the Lease while B held it:{}",
+        list(&a_retook)
+    );
     let a_after_hang: Vec<_> = of(ua_a)
         .filter(|e| e.request_received_timestamp >= hung_at)
         .collect();
@@ -689,7 +706,10 @@ async fn a_leader_cut_off_from_the_api_server_never_writes_alongside_its_success
             config_maps.create(&PostParams::default(), &held),
         )
         .await;
-        ensure!(answered.is_err(), "a create was answered through the hung link: {answered:?}");
+        ensure!(
+            answered.is_err(),
+            "a create was answered through the hung link: {answered:?}"
+        );
         probe_relay.resume();
         // Through the same connection: once answered, the held frames were delivered.
         config_maps.list(&Default::default()).await?;
