@@ -4,7 +4,8 @@
 //! change (observed time, local monotonic clock), so clock skew between replicas cannot make two
 //! leaders; the leader gives every renewal a deadline (`renew_deadline` after the start of its
 //! last successful one, well inside the lease) and stops its work the moment that passes, even
-//! while a renewal request hangs. A lost leader then exits and restarts as a candidate; on
+//! while a renewal request hangs: its work is dropped at once, requests in flight included (on
+//! shutdown it may wind down until that deadline). A lost leader then exits and restarts as a candidate; on
 //! shutdown it releases the Lease so a standby takes over without waiting for the expiry.
 //!
 //! Why not a crate: `kube-leader-election` 0.44 needs kube 4 (holdfast is on kube 5);
@@ -263,7 +264,7 @@ impl Election {
         };
         tracing::info!(lease = %self.lease, identity = %self.identity, "became leader");
         let leading = cancel.child_token();
-        let task = tokio::spawn(work(leading.clone()));
+        let mut task = tokio::spawn(work(leading.clone()));
         let result = loop {
             let deadline = leading_until(last_success, self.renew_deadline);
             tokio::select! {
@@ -299,7 +300,26 @@ impl Election {
         };
         status.set(Role::Stopped);
         leading.cancel();
-        let _ = task.await;
+        let finished = match &result {
+            // Lost: nothing more goes to the API server for this term. The work is dropped where
+            // it stands, its requests in flight with it (a request already on the wire cannot be
+            // recalled: SECURITY.md). A graceful end would let a reconcile that waits on a hung
+            // connection carry on, and write, once the connection comes back.
+            Err(_) => false,
+            // Shutting down: the work winds down, but not past the lease this replica still holds.
+            Ok(()) => {
+                let until = leading_until(last_success, self.renew_deadline);
+                let finished = tokio::time::timeout_at(until.into(), &mut task).await.is_ok();
+                if !finished {
+                    tracing::warn!(lease = %self.lease, "the work did not stop before the renewal deadline; dropped");
+                }
+                finished
+            }
+        };
+        if !finished {
+            task.abort();
+            let _ = task.await;
+        }
         if result.is_ok() {
             self.release(&leases).await;
         }

@@ -84,7 +84,9 @@ pub async fn run_observed(
     let resolver_config = settings.resolver.clone();
     let resolver = Resolver::new(settings.resolver).map_err(|e| Error::Resolver(e.to_string()))?;
     let entries = cluster_store::api(client.clone(), &settings.namespace);
-    let sink = ClusterSink::start(entries.clone(), cancel.clone());
+    // The digest cache's writes are the leader's too: they stop, in flight, when its term ends.
+    let cache_writes = cancel.child_token();
+    let sink = ClusterSink::start(entries.clone(), cache_writes.clone());
     let cache = Arc::new(DigestCache::new(Arc::new(resolver), settings.cache, Some(sink)));
     metrics.follow_cache(cache.clone());
     let mut synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
@@ -108,6 +110,8 @@ pub async fn run_observed(
     let work_metrics = metrics.clone();
     // Everything that writes runs only on the leader.
     let work = move |leading: CancellationToken| async move {
+        // Dropped with the work, however it ends (a lost Lease aborts it).
+        let _cache_writes = cache_writes.drop_guard();
         let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
         // A completed copy has every object reconciled, as a refresh round does.
         let copies = {

@@ -33,6 +33,8 @@ use crate::{
 
 /// How long any one component may take to become ready before the boot fails.
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
+/// The API server's audit log, in the environment's directory.
+const AUDIT_LOG: &str = "audit.log";
 /// Label on every namespace the harness creates, so leftovers can be found on a shared cluster.
 pub const E2E_LABEL: &str = "holdfast.dev/e2e";
 /// Set to a kubeconfig file: the suites run against that cluster (e.g. kind with holdfast
@@ -188,6 +190,16 @@ impl Env {
             "--endpoint-reconciler-type=none".into(),
         ];
         apiserver_args.extend(pki.apiserver_flags());
+        // Writes to what the controller writes, at Metadata level ([`crate::audit`]).
+        let audit_policy = root.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, crate::audit::POLICY)?;
+        apiserver_args.extend([
+            format!("--audit-policy-file={}", audit_policy.display()),
+            format!("--audit-log-path={}", root.join(AUDIT_LOG).display()),
+            // Bounded: one file of at most 200 MB, never rotated away mid-suite in practice.
+            "--audit-log-maxsize=200".into(),
+            "--audit-log-maxbackup=1".into(),
+        ]);
         env.spawn("kube-apiserver", &tools.kube_apiserver, &apiserver_args)?;
 
         env.wait_for_registry().await?;
@@ -399,9 +411,25 @@ impl Env {
 
     /// A fresh client: kube clients keep connections on the runtime that made them.
     pub async fn client(&self) -> Result<Client> {
+        Ok(Client::try_from(self.config().await?)?)
+    }
+
+    /// The kubeconfig's client configuration, to build a client that differs (another address,
+    /// a `User-Agent` of its own, timeouts).
+    pub async fn config(&self) -> Result<Config> {
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
-        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-        Ok(Client::try_from(config)?)
+        Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
+    }
+
+    /// Every event of the API server's audit log so far ([`crate::audit`]); only on the local
+    /// control plane.
+    pub fn audit_log(&self) -> Result<Vec<crate::audit::Event>> {
+        if self.is_existing_cluster() {
+            bail!("the audit log is kept only on the local control plane");
+        }
+        let path = self.dir()?.join(AUDIT_LOG);
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        crate::audit::parse(&text)
     }
 
     pub fn kubeconfig(&self) -> &Path {

@@ -3,6 +3,7 @@
 //! real peers on demand, test images pushed to it, and the runner the e2e suites share.
 
 pub mod accounts;
+pub mod audit;
 pub mod control_plane;
 pub mod controller;
 pub mod emulators;

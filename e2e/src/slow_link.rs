@@ -41,3 +41,87 @@ impl Drop for SlowLink {
         self.task.abort();
     }
 }
+
+/// A TCP relay a test can make hang: [`Relay::hang`] keeps accepting bytes in both directions on
+/// every connection, existing and new, and forwards none of them until [`Relay::resume`], which
+/// then delivers everything held, in order (as a stalled proxy or network path would; a client
+/// that gave up meanwhile cannot recall what it already sent). HTTP/2 keeps one connection
+/// alive for many requests, so a hang must stall open connections, not only new ones.
+pub struct Relay {
+    /// `host:port` to use instead of the upstream's.
+    pub addr: String,
+    held: tokio::sync::watch::Sender<bool>,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Relay {
+    pub async fn start(upstream: &str) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let upstream = upstream.to_string();
+        let held = tokio::sync::watch::Sender::new(false);
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (flow, accepting) = (held.clone(), stop.clone());
+        tokio::spawn(accepting.clone().run_until_cancelled_owned(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let (upstream, flow, stop) = (upstream.clone(), flow.clone(), accepting.clone());
+                tokio::spawn(stop.run_until_cancelled_owned(async move {
+                    let outbound = match tokio::net::TcpStream::connect(&upstream).await {
+                        Ok(outbound) => outbound,
+                        Err(error) => {
+                            tracing::warn!(%upstream, %error, "relay: upstream refused");
+                            return;
+                        }
+                    };
+                    let (from_client, to_client) = inbound.into_split();
+                    let (from_server, to_server) = outbound.into_split();
+                    tokio::join!(
+                        pump(from_client, to_server, flow.subscribe()),
+                        pump(from_server, to_client, flow.subscribe()),
+                    );
+                }));
+            }
+        }));
+        Ok(Self { addr, held, stop })
+    }
+
+    /// From now on nothing is forwarded, either way, on any connection.
+    pub fn hang(&self) {
+        self.held.send_replace(true);
+    }
+
+    /// Delivers what was held, and everything after it.
+    pub fn resume(&self) {
+        self.held.send_replace(false);
+    }
+}
+
+/// Copies `from` to `to`; a chunk read while held waits (and `from`'s further bytes wait in the
+/// kernel's buffers) until resumed. An end of stream is passed on as a half close.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut held: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = from.read(&mut buf).await.unwrap_or(0);
+        if held.wait_for(|held| !*held).await.is_err() {
+            return;
+        }
+        if n == 0 {
+            let _ = to.shutdown().await;
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}

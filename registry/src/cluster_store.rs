@@ -213,6 +213,7 @@ enum Write {
 }
 
 impl ClusterSink {
+    /// Writes until `cancel`, which also drops a write in flight (nothing queued is written after).
     pub fn start(api: Api<DynamicObject>, cancel: CancellationToken) -> Arc<Self> {
         let (tx, mut rx) = mpsc::unbounded_channel::<Write>();
         tokio::spawn(async move {
@@ -243,29 +244,36 @@ impl ClusterSink {
                     }
                     next = rx.try_recv().ok();
                 }
-                // Entries first: a record applies to an object that exists.
-                for entry in entries.into_values() {
-                    let name = object_name(&entry.key);
-                    if let Err(error) = api.patch(&name, &params, &Patch::Apply(to_object(&entry))).await {
-                        tracing::warn!(%error, reference = %entry.key.reference, "could not persist a digest cache entry");
-                    }
-                }
-                for (key, fields) in records {
-                    let name = object_name(&key);
-                    let patch = mirror_patch(&key, &fields);
-                    if let Err(error) = api.patch(&name, &mirror_params, &Patch::Apply(patch)).await {
-                        let location = fields.current.as_ref().map(|c| c.location.as_str());
-                        tracing::warn!(%error, reference = %key.reference, ?location, "could not persist a mirror record");
-                    }
-                }
-                for key in deletions {
-                    match api.delete(&object_name(&key), &DeleteParams::default()).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(status)) if status.code == 404 => {}
-                        Err(error) => {
-                            tracing::warn!(%error, reference = %key.reference, scope = %key.scope, "could not delete a digest cache entry")
+                // Entries first: a record applies to an object that exists. Each write is dropped,
+                // in flight, the moment `cancel` fires (the controller's leadership ended).
+                let writes = async {
+                    for entry in entries.into_values() {
+                        let name = object_name(&entry.key);
+                        if let Err(error) = api.patch(&name, &params, &Patch::Apply(to_object(&entry))).await
+                        {
+                            tracing::warn!(%error, reference = %entry.key.reference, "could not persist a digest cache entry");
                         }
                     }
+                    for (key, fields) in records {
+                        let name = object_name(&key);
+                        let patch = mirror_patch(&key, &fields);
+                        if let Err(error) = api.patch(&name, &mirror_params, &Patch::Apply(patch)).await {
+                            let location = fields.current.as_ref().map(|c| c.location.as_str());
+                            tracing::warn!(%error, reference = %key.reference, ?location, "could not persist a mirror record");
+                        }
+                    }
+                    for key in deletions {
+                        match api.delete(&object_name(&key), &DeleteParams::default()).await {
+                            Ok(_) => {}
+                            Err(kube::Error::Api(status)) if status.code == 404 => {}
+                            Err(error) => {
+                                tracing::warn!(%error, reference = %key.reference, scope = %key.scope, "could not delete a digest cache entry")
+                            }
+                        }
+                    }
+                };
+                if cancel.run_until_cancelled(writes).await.is_none() {
+                    return;
                 }
             }
         });
