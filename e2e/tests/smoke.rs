@@ -139,6 +139,11 @@ async fn garbage_collector_deletes_dependents_in_foreground(env: Arc<Env>) -> Re
 }
 
 async fn namespace_deletion_completes_with_custom_resources(env: Arc<Env>) -> Result<()> {
+    // The namespace controller deletes nothing while an API group's discovery fails, and backs
+    // off: kapp-controller's aggregated packaging API, started by another test of the suite,
+    // must be available before the delete (twice the namespace outlived the 60 s wait when the
+    // two overlapped).
+    env.kapp_controller().await?;
     let client = env.client().await?;
     let ns = env.namespace("nsdel").await?;
     // kapp-controller (running for the other tests) puts its delete finalizer on the App and would
@@ -161,7 +166,22 @@ async fn namespace_deletion_completes_with_custom_resources(env: Arc<Env>) -> Re
     let namespaces: Api<Namespace> = Api::all(client);
     let uid = namespaces.get(&ns).await?.uid().context("no uid")?;
     namespaces.delete(&ns, &DeleteParams::default()).await?;
-    wait::deleted(&namespaces, &ns, &uid).await
+    if let Err(error) = wait::deleted(&namespaces, &ns, &uid).await {
+        // What holds it: the namespace controller's conditions say.
+        let conditions = namespaces
+            .get_opt(&ns)
+            .await?
+            .and_then(|n| n.status)
+            .and_then(|s| s.conditions)
+            .unwrap_or_default();
+        let conditions: Vec<String> = conditions
+            .iter()
+            .filter(|c| c.status == "True")
+            .map(|c| format!("{}: {}", c.type_, c.message.as_deref().unwrap_or_default()))
+            .collect();
+        return Err(error.context(format!("namespace {ns} still there: {conditions:?}")));
+    }
+    Ok(())
 }
 
 async fn registry_answers_pushed_and_moved_tags(env: Arc<Env>) -> Result<()> {
