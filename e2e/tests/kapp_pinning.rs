@@ -25,6 +25,7 @@ e2e_main!(
     serial: pinned_apps_keep_reconciling_through_a_registry_outage,
     a_repositorys_packages_are_pinned_through_the_aggregated_api_and_install_pinned,
     applying_a_tag_again_changes_nothing_with_kapp_or_kubectl,
+    every_app_shape_reconciles_pinned,
 );
 
 /// kapp-controller's sync period for the test's Apps; the outage lasts three of them.
@@ -480,6 +481,101 @@ async fn applying_a_tag_again_changes_nothing_with_kapp_or_kubectl(env: Arc<Env>
                 after.pointer(pointer) == before.pointer(pointer),
                 "a second kubectl apply{} changed the App's {what}",
                 if server_side { " --server-side" } else { "" }
+            );
+        }
+    }
+    webhook.stop().await
+}
+
+/// An App of each fetch shape holdfast pins — an image by tag, an imgpkg bundle by tag, an
+/// image by `tagSelection.semver` — is stored pinned to the digest the tag (or the highest
+/// matching version) holds, and the real kapp-controller reconciles each and deploys its
+/// ConfigMap.
+async fn every_app_shape_reconciles_pinned(env: Arc<Env>) -> Result<()> {
+    env.kapp_controller().await?;
+    let reg = env.registry();
+    let config = |name: &str, data: &str| {
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}}}\ndata: {{v: '{data}'}}\n")
+    };
+    let image = images::Image::with_files(&[("config.yml", config("shape-image", "1").as_bytes())])?;
+    let image_digest = images::push(reg, "shapes/image", "1.0.0", &image).await?;
+    let bundle = images::Image::bundle(
+        &[("config/config.yml", config("shape-bundle", "1").as_bytes())],
+        &[],
+    )?;
+    let bundle_digest = images::push(reg, "shapes/bundle", "1.0.0", &bundle).await?;
+    let old = images::Image::with_files(&[("config.yml", config("shape-semver", "1.0.0").as_bytes())])?;
+    images::push(reg, "shapes/semver", "1.0.0", &old).await?;
+    let new = images::Image::with_files(&[("config.yml", config("shape-semver", "1.1.0").as_bytes())])?;
+    let semver_digest = images::push(reg, "shapes/semver", "1.1.0", &new).await?;
+
+    let webhook = LocalWebhook::start(env.clone(), Registration::shipped()).await?;
+    let ns = webhook.namespace("shapes").await?;
+    kapp_controller::add_deployer(&env, &ns)?;
+    let client = env.client().await?;
+    let app = |name: &str, fetch: &str, template: &str| {
+        format!(
+            "apiVersion: kappctrl.k14s.io/v1alpha1\nkind: App\nmetadata: {{name: {name}}}\nspec:\n  serviceAccountName: {}\n  fetch: [{fetch}]\n  template: [{template}]\n  deploy: [{{kapp: {{}}}}]\n",
+            kapp_controller::DEPLOYER
+        )
+    };
+    let shapes = [
+        (
+            "image",
+            app(
+                "image",
+                &format!("{{image: {{url: {reg}/shapes/image:1.0.0}}}}"),
+                "{ytt: {}}",
+            ),
+            "/spec/fetch/0/image/url",
+            format!("{reg}/shapes/image@{image_digest}"),
+            "shape-image",
+        ),
+        (
+            "bundle",
+            app(
+                "bundle",
+                &format!("{{imgpkgBundle: {{image: {reg}/shapes/bundle:1.0.0}}}}"),
+                "{ytt: {paths: [config]}}",
+            ),
+            "/spec/fetch/0/imgpkgBundle/image",
+            format!("{reg}/shapes/bundle@{bundle_digest}"),
+            "shape-bundle",
+        ),
+        (
+            "semver",
+            app(
+                "semver",
+                &format!(
+                    "{{image: {{url: {reg}/shapes/semver, tagSelection: {{semver: {{constraints: '>=1.0.0'}}}}}}}}"
+                ),
+                "{ytt: {}}",
+            ),
+            "/spec/fetch/0/image/url",
+            format!("{reg}/shapes/semver@{semver_digest}"),
+            "shape-semver",
+        ),
+    ];
+    for (name, yaml, pointer, pinned, configmap) in &shapes {
+        let created = create_all(&client, &ns, yaml).await?;
+        let stored = &created[0];
+        ensure!(
+            stored.data.pointer(pointer).and_then(|v| v.as_str()) == Some(pinned.as_str()),
+            "App {name} was stored as {:?}, not pinned to {pinned}",
+            stored.data.pointer(pointer)
+        );
+        ensure!(
+            stored.data.pointer("/spec/fetch/0/image/tagSelection").is_none(),
+            "App {name} kept its tagSelection"
+        );
+        let apps = api_for(&client, stored, Some(&ns)).await?;
+        kapp_controller::until_reconciled(&env, &apps, name).await?;
+        let deployed = env.kubectl_get("configmaps", configmap, &ns)?;
+        if *name == "semver" {
+            ensure!(
+                deployed["data"]["v"] == "1.1.0",
+                "App semver deployed {} instead of the highest matching version",
+                deployed["data"]["v"]
             );
         }
     }

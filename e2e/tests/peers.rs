@@ -281,14 +281,27 @@ async fn kpack_builds_an_image(env: Arc<Env>) -> Result<()> {
         "build pod {pod_name}: {} on {node:?}",
         phase(&pod)
     );
-    // Bound by kube-controller-manager once the provisioner made its volume; the claim's phase
-    // is written after the binding the scheduler waited for, so it may lag the build.
-    let claims = Api::<PersistentVolumeClaim>::namespaced(client, &ns);
-    wait::until(&claims, "app-cache", |c: Option<&PersistentVolumeClaim>| {
-        c.and_then(|c| c.status.as_ref()).and_then(|s| s.phase.as_deref()) == Some("Bound")
-    })
-    .await
-    .context("the Image's cache claim bound")?;
+    // A build pod that mounts the Image's cache claim is scheduled only once the provisioner
+    // made its volume; the claim's phase is written after that binding, so it may lag the
+    // build. kpack names the claim in a Build from the Image's stored status (v0.17.2
+    // image_builds.go, getBuildCacheConfig: `im.Status.BuildCacheName`), so a Build made before
+    // that status was written goes without it: seen under load (the pod scheduled, the claim
+    // left waiting for a first consumer). The claim is checked when the pod mounts it.
+    let mounts_cache = pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()).any(|v| {
+        v.persistent_volume_claim
+            .as_ref()
+            .is_some_and(|c| c.claim_name == "app-cache")
+    });
+    if mounts_cache {
+        let claims = Api::<PersistentVolumeClaim>::namespaced(client, &ns);
+        wait::until(&claims, "app-cache", |c: Option<&PersistentVolumeClaim>| {
+            c.and_then(|c| c.status.as_ref()).and_then(|s| s.phase.as_deref()) == Some("Bound")
+        })
+        .await
+        .context("the Image's cache claim bound")?;
+    } else {
+        eprintln!("kpack: the first Build ran without the cache claim (created before the claim)");
+    }
 
     let out = env
         .kubectl()
