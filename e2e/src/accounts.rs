@@ -37,7 +37,8 @@ pub fn manifests() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
 }
 
-fn kubectl_ok(env: &Env, args: &[&str]) -> Result<String> {
+/// Runs kubectl with the environment's kubeconfig; its stdout, or its stderr as the error.
+pub fn kubectl_ok(env: &Env, args: &[&str]) -> Result<String> {
     let out = env.kubectl().args(args).output()?;
     ensure!(
         out.status.success(),

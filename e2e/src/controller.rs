@@ -22,6 +22,29 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{Env, control_plane::unique_name};
 
+/// The whole controller's settings as the e2e suites run it in `namespace`: a lease of 15 s
+/// renewed every second (deadline 10 s) under a unique identity starting with `identity`, no
+/// refresh round within a test, Secrets read, plain HTTP to the shared registry.
+pub fn settings(env: &Env, namespace: &str, identity: &str) -> holdfast_controller::run::Settings {
+    holdfast_controller::run::Settings {
+        namespace: namespace.into(),
+        refresh: Duration::from_secs(3600),
+        lease: "holdfast-controller".into(),
+        identity: unique_name(identity),
+        lease_duration: Duration::from_secs(15),
+        renew_every: Duration::from_secs(1),
+        renew_deadline: Duration::from_secs(10),
+        read_secrets: true,
+        cache_gc_grace: Duration::from_secs(3600),
+        finalizer: Default::default(),
+        resolver: ResolverConfig {
+            insecure_registries: [env.registry().to_string()].into(),
+            ..Default::default()
+        },
+        cache: CacheConfig::default(),
+    }
+}
+
 pub struct LocalController {
     /// Where its digest cache entries live.
     pub namespace: String,

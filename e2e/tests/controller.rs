@@ -229,7 +229,6 @@ async fn scrape_until(
 /// the controller stops (the Lease handed back) /readyz is 503 again.
 async fn the_admin_port_reports_readiness_and_metrics_as_work_happens(env: Arc<Env>) -> Result<()> {
     use holdfast_controller::{admin, leader::Role, metrics::Metrics, run};
-    use holdfast_registry::{ResolverConfig, cache::CacheConfig};
     use std::time::Duration;
 
     let client = env.client().await?;
@@ -252,23 +251,7 @@ async fn the_admin_port_reports_readiness_and_metrics_as_work_happens(env: Arc<E
         "/readyz before the controller started: {status} {why}"
     );
 
-    let settings = run::Settings {
-        namespace: own.clone(),
-        refresh: Duration::from_secs(3600),
-        lease: "holdfast-controller".into(),
-        identity: holdfast_e2e::control_plane::unique_name("obs"),
-        lease_duration: Duration::from_secs(15),
-        renew_every: Duration::from_secs(1),
-        renew_deadline: Duration::from_secs(10),
-        read_secrets: true,
-        cache_gc_grace: Duration::from_secs(3600),
-        finalizer: Default::default(),
-        resolver: ResolverConfig {
-            insecure_registries: [env.registry().to_string()].into(),
-            ..Default::default()
-        },
-        cache: CacheConfig::default(),
-    };
+    let settings = holdfast_e2e::controller::settings(&env, &own, "obs");
     let cancel = CancellationToken::new();
     let controller = tokio::spawn(run::run_observed(
         client.clone(),
@@ -444,7 +427,6 @@ async fn a_leader_cut_off_from_the_api_server_never_writes_alongside_its_success
 ) -> Result<()> {
     use holdfast_controller::{leader::Role, run};
     use holdfast_e2e::{audit, control_plane::unique_name, slow_link::Relay};
-    use holdfast_registry::{ResolverConfig, cache::CacheConfig};
     use k8s_openapi::{api::core::v1::Event as CoreEvent, jiff::Timestamp};
     use std::time::{Duration, Instant};
 
@@ -457,21 +439,12 @@ async fn a_leader_cut_off_from_the_api_server_never_writes_alongside_its_success
     let (lease_duration, renew_deadline) = (Duration::from_secs(4), Duration::from_millis(2500));
     let own = env.namespace("holdfast-fence").await?;
     let settings = |identity: &str| run::Settings {
-        namespace: own.clone(),
-        refresh: Duration::from_secs(3600),
         lease: LEASE.into(),
         identity: identity.into(),
         lease_duration,
         renew_every: Duration::from_millis(500),
         renew_deadline,
-        read_secrets: true,
-        cache_gc_grace: Duration::from_secs(3600),
-        finalizer: Default::default(),
-        resolver: ResolverConfig {
-            insecure_registries: [env.registry().to_string()].into(),
-            ..Default::default()
-        },
-        cache: CacheConfig::default(),
+        ..holdfast_e2e::controller::settings(&env, &own, identity)
     };
     let apiserver = format!("127.0.0.1:{}", env.apiserver_port());
     let relay = Relay::start(&apiserver).await?;

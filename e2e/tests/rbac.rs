@@ -20,14 +20,14 @@ use holdfast_controller::run::Settings;
 use holdfast_e2e::{
     Env,
     accounts::{
-        CONTROLLER, FENCE, Forbidden, NAMESPACE, WEBHOOK, install_rbac, manifests, service_account_client,
+        CONTROLLER, FENCE, Forbidden, NAMESPACE, WEBHOOK, install_rbac, kubectl_ok, manifests,
+        service_account_client,
     },
     e2e_main,
     objects::parse_documents,
     scenarios,
     webhook::{Installed, LocalWebhook, Registration},
 };
-use holdfast_registry::{ResolverConfig, cache::CacheConfig};
 use k8s_openapi::api::{
     admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
@@ -53,22 +53,6 @@ e2e_main!(serial:
 const CONFIGURATION: &str = "holdfast";
 const TLS_SECRET: &str = "holdfast-webhook-tls";
 const LEASE: &str = "holdfast-controller";
-
-fn kubectl(env: &Env, args: &[&str]) -> Result<std::process::Output> {
-    let out = env.kubectl().args(args).output()?;
-    Ok(out)
-}
-
-fn kubectl_ok(env: &Env, args: &[&str]) -> Result<String> {
-    let out = kubectl(env, args)?;
-    ensure!(
-        out.status.success(),
-        "kubectl {} failed:\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 async fn the_manifests_apply_server_side(env: Arc<Env>) -> Result<()> {
     if env.is_existing_cluster() {
@@ -171,23 +155,11 @@ impl Holdfast {
     ) -> Result<()> {
         let controller_client = service_account_client(env, CONTROLLER, forbidden).await?;
         let cancel = CancellationToken::new();
+        // Renewed every second within the scenarios, so the renewal's permissions are
+        // exercised too.
         let settings = Settings {
-            namespace: NAMESPACE.into(),
-            refresh: Duration::from_secs(3600),
             lease: LEASE.into(),
-            identity: holdfast_e2e::control_plane::unique_name("controller"),
-            lease_duration: Duration::from_secs(15),
-            // Renewed within the scenarios, so the renewal's permissions are exercised too.
-            renew_every: Duration::from_secs(1),
-            renew_deadline: Duration::from_secs(10),
-            read_secrets: true,
-            cache_gc_grace: Duration::from_secs(3600),
-            finalizer: Default::default(),
-            resolver: ResolverConfig {
-                insecure_registries: [env.registry().to_string()].into(),
-                ..Default::default()
-            },
-            cache: CacheConfig::default(),
+            ..holdfast_e2e::controller::settings(env, NAMESPACE, "controller")
         };
         let run = holdfast_controller::run::run(controller_client, settings, cancel.clone());
         let stopped = stopped.clone();
