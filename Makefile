@@ -52,9 +52,10 @@ bench-admission:
 bench-deletion:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-deletion
 
-## bench-pinning: registry requests per emulated hour and failed syncs in a registry outage, 1,000 Apps over 50 tags
-## (BENCH_PINNING_APPS, BENCH_PINNING_TAGS) through the kapp-controller emulator, without and with holdfast;
-## last line registry_request_ratio=… failed_syncs_without=… failed_syncs_with=…
+## bench-pinning: registry requests and failed syncs in a registry outage of 200 Apps over 10 tags (BENCH_PINNING_APPS,
+## BENCH_PINNING_TAGS) reconciled by the real kapp-controller, BENCH_PINNING_MINUTES (20) + BENCH_PINNING_OUTAGE_MINUTES (5)
+## per arm, without and with holdfast; last line registry_request_ratio=… failed_syncs_without=… failed_syncs_with=…
+## steady_state_ratio=…
 bench-pinning:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-pinning
 

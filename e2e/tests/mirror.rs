@@ -5,9 +5,12 @@
 //! copied by a process whose peak resident memory stays under 64 MiB. With the webhook and the
 //! controller: Apps admitted with a tagged image and a tagged imgpkg bundle are pinned upstream,
 //! the controller copies the content (the bundle relocated) and re-pins them to the mirror, and
-//! the emulated kapp-controller, restarted with an empty cache, syncs both Apps without a single
-//! request to the upstream registry, up or stopped (the bundle found relocated in the mirror);
-//! the same emulator fails every sync of Apps still pinned upstream while it is stopped.
+//! the real kapp-controller reconciles them, and new Apps (each with an empty vendir cache: the
+//! cache is per App) created while the upstream registry is stopped, without a single request
+//! to the upstream registry (the bundle found fully relocated: its templates get the mirror's
+//! image locations); Apps still pinned upstream fail while it is stopped. A bundle whose
+//! ImagesLock names an image upstream does not have is reported (a `MirrorCopyFailed` Event)
+//! and nothing of it is pinned to or left in the mirror.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -16,15 +19,16 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
+use futures::TryStreamExt;
 use holdfast_controller::mirror::MirrorSettings;
 use holdfast_e2e::{
     Env,
     control_plane::SpareRegistry,
     controller::LocalController,
     e2e_main,
-    emulators::kapp_controller::{DEFAULT_SYNC_PERIOD, KappController},
     images::{self, IMGPKG_BUNDLE_LABEL, Image, OCI_LAYER_TAR},
     objects::api_for,
+    peers::kapp_controller,
     wait,
     webhook::{LocalWebhook, Registration},
 };
@@ -36,10 +40,12 @@ use holdfast_registry::{
     mirror::{Copier, CopierConfig, CopyEvent, MirrorLocation, host_component},
 };
 use kube::api::{DynamicObject, ListParams, PostParams};
+use kube::runtime::WatchStreamExt;
 use serde_json::json;
 
+// Serial. The test with kapp-controller runs last: once started it reconciles every App of the
+// environment, and its finalizer would hold the Apps other tests delete.
 e2e_main!(serial:
-    apps_are_repinned_to_the_mirror_and_sync_without_upstream,
     unreferenced_copies_are_deleted_after_the_grace,
     a_moved_tag_moves_follow_apps_once_and_its_old_copy_goes,
     only_selected_namespaces_are_pinned_to_the_mirror,
@@ -47,6 +53,8 @@ e2e_main!(serial:
     copies_an_image_and_relocates_a_bundle_byte_for_byte,
     an_interrupted_copy_resumes_without_resending_blobs,
     a_200_mib_bundle_is_copied_in_under_64_mib_of_memory,
+    a_bundle_with_a_missing_image_is_reported_and_not_mirrored,
+    apps_are_repinned_to_the_mirror_and_sync_without_upstream,
 );
 
 const PREFIX: &str = "mirror";
@@ -418,22 +426,62 @@ fn original_refs(object: &DynamicObject) -> Result<serde_json::Value> {
     Ok(serde_json::from_str(annotation)?)
 }
 
-/// An App named `name` with the one fetch entry `fetch`.
+/// An App named `name` with the one fetch entry `fetch`, as kapp-controller reconciles it: ytt
+/// over the fetched `config/` (names prefixed with the App's), and for a bundle kbld with its
+/// ImagesLock (what kapp-controller's docs give bundles), deployed with [`kapp_controller::DEPLOYER`].
 fn app_object(name: &str, fetch: serde_json::Value) -> Result<DynamicObject> {
+    let mut ytt = kapp_controller::own_names_template(name);
+    ytt["ytt"]["paths"] = json!(["config"]);
+    let mut template = vec![ytt];
+    if fetch.get("imgpkgBundle").is_some() {
+        template.push(json!({"kbld": {"paths": ["-", ".imgpkg/images.yml"]}}));
+    }
     Ok(serde_json::from_value(json!({
         "apiVersion": "kappctrl.k14s.io/v1alpha1",
         "kind": "App",
         "metadata": {"name": name},
-        "spec": {"serviceAccountName": "default", "fetch": [fetch],
-                 "template": [{"ytt": {}}], "deploy": [{"kapp": {}}]},
+        "spec": {"serviceAccountName": kapp_controller::DEPLOYER, "fetch": [fetch],
+                 "template": template, "deploy": [{"kapp": {}}]},
     }))?)
+}
+
+/// A ConfigMap `name` whose `data.image` is `image` (kbld rewrites it from a bundle's ImagesLock).
+fn image_config(name: &str, image: &str) -> String {
+    format!("apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}}}\ndata: {{image: {image:?}}}\n")
+}
+
+/// `data.image` of the ConfigMap `name` that an App deployed in `namespace`.
+async fn deployed_image(client: &kube::Client, namespace: &str, name: &str) -> Result<Option<String>> {
+    let config = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .with_context(|| format!("ConfigMap {namespace}/{name} not deployed"))?;
+    Ok(config.data.and_then(|d| d.get("image").cloned()))
+}
+
+/// Waits on a watch (at most 90 s: a failing App is retried with backoff up to its 30 s sync
+/// period) until kapp-controller reports `condition` on the App `name`.
+async fn until_condition(api: &kube::Api<DynamicObject>, name: &str, condition: &'static str) -> Result<()> {
+    let seen =
+        move |a: Option<&DynamicObject>| a.is_some_and(|a| kapp_controller::has_condition(a, condition));
+    tokio::time::timeout(
+        Duration::from_secs(90),
+        kube::runtime::wait::await_condition(api.clone(), name, seen),
+    )
+    .await
+    .with_context(|| format!("App {name} not {condition} within 90 s"))??;
+    Ok(())
 }
 
 /// The bundle App of [`bundle_is_repinned_relocated`], pinned to the mirror.
 struct BundleApp {
     namespace: String,
+    /// The bundle by tag, as written.
+    tag: String,
     /// The bundle upstream, by digest.
     upstream: String,
+    /// The bundle in the mirror, by digest.
+    mirrored: String,
     /// Its ImagesLock as pushed: the images upstream, each in its own repository.
     lock: Vec<String>,
     /// The same images in the bundle's mirror repository, where the copy relocated them.
@@ -460,14 +508,14 @@ async fn bundle_is_repinned_relocated(
         format!("{up}/images/one@{one_digest}"),
         format!("{up}/images/two@{two_digest}"),
     ];
-    let bundle = Image::bundle(&[("config/app.yml", b"app: 1\n")], &lock)?;
+    let config = [image_config("one", &lock[0]), image_config("two", &lock[1])].join("---\n");
+    let bundle = Image::bundle(&[("config/app.yml", config.as_bytes())], &lock)?;
     let bundle_digest = images::push(up, "bundles/app", "1.0", &bundle).await?;
     let client = env.client().await?;
     let ns = webhook.namespace("mirror-bundle").await?;
-    let app = app_object(
-        "bundle",
-        json!({"imgpkgBundle": {"image": format!("{up}/bundles/app:1.0")}}),
-    )?;
+    kapp_controller::add_deployer(env, &ns)?;
+    let tag = format!("{up}/bundles/app:1.0");
+    let app = app_object("bundle", json!({"imgpkgBundle": {"image": tag}}))?;
     let api = api_for(&client, &app, Some(&ns)).await?;
     api.create(&PostParams::default(), &app).await?;
     let repo = mirrored(up, "bundles/app");
@@ -484,42 +532,15 @@ async fn bundle_is_repinned_relocated(
     ensure!(compared == (3, 4), "locked index: compared {compared:?}");
     Ok(BundleApp {
         namespace: ns,
+        tag,
         upstream: format!("{up}/bundles/app@{bundle_digest}"),
+        mirrored: format!("{m}/{repo}@{bundle_digest}"),
         lock,
         relocated: vec![
             format!("{m}/{repo}@{one_digest}"),
             format!("{m}/{repo}@{two_digest}"),
         ],
     })
-}
-
-/// What a [`fresh_kapp_controller`] did: `[syncs, failed syncs, registry requests, cache hits]`,
-/// and per App (`namespace/name`) the ImagesLock images its bundles left for the templates.
-type KappRun = ([u64; 4], BTreeMap<String, Vec<String>>);
-
-/// The emulated kapp-controller started afresh (empty vendir caches) on `namespace`'s `apps`
-/// Apps, run for 95 emulated seconds (four syncs each). It runs on a thread of its own: its sync
-/// loop is not `Send`.
-async fn fresh_kapp_controller(client: kube::Client, namespace: &str, apps: usize) -> Result<KappRun> {
-    let namespace = namespace.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        runtime.block_on(async {
-            let mut kapp = KappController::start(client, &namespace, DEFAULT_SYNC_PERIOD).await?;
-            kapp.wait_for_apps(apps).await?;
-            kapp.run_until(Duration::from_secs(95)).await?;
-            let locks = kapp
-                .stats
-                .images_locks
-                .lock()
-                .map_err(|_| anyhow::anyhow!("lock poisoned"))?
-                .clone();
-            Ok((kapp.stats.snapshot(), locks))
-        })
-    })
-    .await?
 }
 
 /// Every request to a registry's API in its access log.
@@ -587,11 +608,92 @@ async fn mirroring_with(
     }
 }
 
+/// A bundle whose ImagesLock names an image upstream does not have cannot be fully relocated:
+/// the copy fails for good, a `MirrorCopyFailed` Event on the tag's cache entry names the
+/// missing image, the App stays pinned upstream, a new App of the tag is admitted upstream too,
+/// and the mirror holds no manifest of the bundle (no partial copy to pin to).
+async fn a_bundle_with_a_missing_image_is_reported_and_not_mirrored(env: Arc<Env>) -> Result<()> {
+    let upstream = env.spare_registry().await?;
+    let mirror = env.spare_registry().await?;
+    let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
+    let (webhook, controller) = mirroring(&env, &up, &m, Duration::from_secs(86_400)).await?;
+    let result = partial_bundle_scenario(&env, &webhook, &up, &m).await;
+    controller.stop().await;
+    webhook.stop().await?;
+    result
+}
+
+async fn partial_bundle_scenario(env: &Env, webhook: &LocalWebhook, up: &str, m: &str) -> Result<()> {
+    let present = Image::with_files(&[("present.yml", b"present: 1\n")])?;
+    let present_digest = images::push(up, "images/present", "1", &present).await?;
+    let missing = format!("{up}/images/missing@{}", images::sha256_digest(b"never pushed"));
+    let lock = vec![format!("{up}/images/present@{present_digest}"), missing];
+    let bundle = Image::bundle(&[("config/app.yml", b"app: 1\n")], &lock)?;
+    let digest = images::push(up, "bundles/partial", "1.0", &bundle).await?;
+    let client = env.client().await?;
+    let ns = webhook.namespace("mirror-partial").await?;
+    let tag = format!("{up}/bundles/partial:1.0");
+    let pinned = Some(format!("{up}/bundles/partial@{digest}"));
+    let app = app_object("partial", json!({"imgpkgBundle": {"image": tag}}))?;
+    let api = api_for(&client, &app, Some(&ns)).await?;
+    let created = api.create(&PostParams::default(), &app).await?;
+    ensure!(
+        url_of(Some(&created)) == pinned,
+        "admitted: {:?}",
+        url_of(Some(&created))
+    );
+
+    let entry = cluster_store::object_name(&CacheKey::tag(&Reference::parse(&tag)?, Scope::Anonymous));
+    let events = kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+        client.clone(),
+        &webhook.system_namespace,
+    );
+    let failed = kube::runtime::watcher(events, kube::runtime::watcher::Config::default())
+        .applied_objects()
+        .try_filter(|e| {
+            futures::future::ready(
+                e.reason.as_deref() == Some("MirrorCopyFailed")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(entry.as_str()),
+            )
+        });
+    let mut failed = std::pin::pin!(failed);
+    let event = tokio::time::timeout(wait::DEFAULT_TIMEOUT, failed.try_next())
+        .await
+        .context("no MirrorCopyFailed Event on the cache entry")??
+        .context("the Event watch ended")?;
+    let note = event.note.unwrap_or_default();
+    ensure!(
+        note.contains("images/missing") && note.contains("not retried"),
+        "the Event does not name the missing image: {note}"
+    );
+
+    ensure!(
+        url_of(Some(&api.get("partial").await?)) == pinned,
+        "the App left its upstream pin"
+    );
+    let again = app_object("partial-2", json!({"imgpkgBundle": {"image": tag}}))?;
+    let admitted = api.create(&PostParams::default(), &again).await?;
+    ensure!(
+        url_of(Some(&admitted)) == pinned,
+        "a new App of the tag: {:?}",
+        url_of(Some(&admitted))
+    );
+    let repo = mirrored(up, "bundles/partial");
+    ensure!(
+        images::fetch_raw(m, &repo, "manifests", &digest).await.is_err(),
+        "the mirror serves the bundle {m}/{repo}@{digest}"
+    );
+    Ok(())
+}
+
 async fn apps_are_repinned_to_the_mirror_and_sync_without_upstream(env: Arc<Env>) -> Result<()> {
     let mut upstream = env.spare_registry().await?;
     let mirror = env.spare_registry().await?;
     let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
-    let web = Image::with_files(&[("config/web.yml", b"kind: web\n")])?;
+    let web = Image::with_files(&[(
+        "config/web.yml",
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: web}\ndata: {k: v}\n",
+    )])?;
     let digest = images::push(&up, "apps/web", "1.0", &web).await?;
     let (webhook, controller) = mirroring(&env, &up, &m, Duration::from_secs(86_400)).await?;
     let result = match bundle_is_repinned_relocated(&env, &webhook, &upstream, &mirror).await {
@@ -614,6 +716,7 @@ async fn repin_and_sync(
     let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
     let client = env.client().await?;
     let ns = webhook.namespace("mirror-pin").await?;
+    kapp_controller::add_deployer(env, &ns)?;
     let written = format!("{up}/apps/web:1.0");
     let app = app_object("web", json!({"image": {"url": written}}))?;
     let api = api_for(&client, &app, Some(&ns)).await?;
@@ -679,11 +782,15 @@ async fn repin_and_sync(
         url_of(Some(&admitted))
     );
 
-    // kapp-controller restarted (empty vendir cache): every sync fetches from the mirror only.
+    // The real kapp-controller from here on: each App's first reconcile has an empty vendir
+    // cache (kapp-controller keeps one per App), so its fetch shows where the content is.
     let before = upstream.requests_matching(ANY_REQUEST);
     let from_mirror = mirror.requests_matching(&format!("/v2/{repo}/"));
-    let ([syncs, failed, _, _], _) = fresh_kapp_controller(client.clone(), &ns, 2).await?;
-    ensure!(syncs >= 6 && failed == 0, "syncs {syncs}, failed {failed}");
+    env.kapp_controller().await?;
+    for name in ["web", "web-2"] {
+        kapp_controller::until_reconciled(env, &api, name).await?;
+        deployed_image(&client, &ns, &format!("{name}-web")).await?;
+    }
     ensure!(
         upstream.requests_matching(ANY_REQUEST) == before,
         "kapp-controller asked the upstream registry"
@@ -693,45 +800,54 @@ async fn repin_and_sync(
         "kapp-controller did not fetch from the mirror"
     );
 
-    // Upstream down, kapp-controller restarted again: still every sync succeeds.
+    // Upstream down: an App created now is pinned to the mirror from the shared cache and
+    // reconciles from it on its first (uncached) fetch.
     upstream.stop();
-    let ([syncs, failed, _, _], _) = fresh_kapp_controller(client.clone(), &ns, 2).await?;
+    let during = app_object("web-3", json!({"image": {"url": written}}))?;
+    let admitted = api.create(&PostParams::default(), &during).await?;
     ensure!(
-        syncs >= 6 && failed == 0,
-        "upstream stopped: syncs {syncs}, failed {failed}"
+        url_of(Some(&admitted)) == Some(location.clone()),
+        "admitted during the outage: {:?}",
+        url_of(Some(&admitted))
     );
-    // The bundle App too: its relocation check finds both locked images in the bundle's mirror
-    // repository, so the pull is cacheable (one pull, then the cache) and the ImagesLock the
-    // templates get names the mirror.
-    let bundle_from_mirror = mirror.requests_matching(ANY_REQUEST);
-    let ([syncs, failed, _, hits], locks) =
-        fresh_kapp_controller(client.clone(), &bundle.namespace, 1).await?;
+    kapp_controller::until_reconciled(env, &api, "web-3").await?;
+    deployed_image(&client, &ns, "web-3-web").await?;
+
+    // The bundle Apps too, the one re-pinned and one created during the outage: imgpkg finds
+    // both locked images in the bundle's mirror repository (fully relocated), so the ImagesLock
+    // kbld applies names the mirror, and that is what the deployed ConfigMaps hold.
+    let bundles = api_for(&client, &admitted, Some(&bundle.namespace)).await?;
+    let during = app_object("bundle-2", json!({"imgpkgBundle": {"image": bundle.tag}}))?;
+    let admitted = bundles.create(&PostParams::default(), &during).await?;
     ensure!(
-        syncs >= 3 && failed == 0 && hits == syncs - 1,
-        "bundle App, upstream stopped: syncs {syncs}, failed {failed}, cache hits {hits}"
+        url_of(Some(&admitted)) == Some(bundle.mirrored.clone()),
+        "bundle admitted during the outage: {:?}",
+        url_of(Some(&admitted))
     );
-    let lock = locks.get(&format!("{}/bundle", bundle.namespace));
-    ensure!(
-        lock == Some(&bundle.relocated),
-        "the bundle's ImagesLock after the pull: {lock:?}"
-    );
-    ensure!(
-        mirror.requests_matching(ANY_REQUEST) > bundle_from_mirror,
-        "kapp-controller did not pull the bundle from the mirror"
-    );
+    for app in ["bundle", "bundle-2"] {
+        kapp_controller::until_reconciled(env, &bundles, app).await?;
+        for (config, relocated) in ["one", "two"].iter().zip(&bundle.relocated) {
+            let image = deployed_image(&client, &bundle.namespace, &format!("{app}-{config}")).await?;
+            ensure!(
+                image.as_ref() == Some(relocated),
+                "{app}'s ConfigMap {config} names {image:?}, not the relocated {relocated}"
+            );
+        }
+    }
     ensure!(
         upstream.requests_matching(ANY_REQUEST) == before,
         "requests reached the upstream registry"
     );
-    apps_pinned_upstream_need_it(webhook, &client, upstream, digest, bundle).await
+    apps_pinned_upstream_need_it(env, webhook, &client, upstream, digest, bundle).await
 }
 
-/// The converse of the syncs without upstream, to show they could fail: the same emulator on an
-/// image App and the bundle App still pinned upstream by digest (opted out of holdfast, so never
-/// re-pinned to the mirror) fails every sync while upstream is stopped. Upstream back, they
-/// sync, with requests in upstream's access log; the bundle upstream is not relocated (its
-/// images are in other repositories): its ImagesLock is left as pushed and it is never cached.
+/// The converse of the reconciles without upstream, to show they could fail: an image App and
+/// the bundle App pinned upstream by digest (opted out of holdfast, so never re-pinned to the
+/// mirror) fail while upstream is stopped. Upstream back, they reconcile, with requests in its
+/// access log; the bundle upstream is not relocated (its images are in other repositories), so
+/// its templates get the ImagesLock as pushed.
 async fn apps_pinned_upstream_need_it(
+    env: &Env,
     webhook: &LocalWebhook,
     client: &kube::Client,
     upstream: &mut SpareRegistry,
@@ -740,6 +856,7 @@ async fn apps_pinned_upstream_need_it(
 ) -> Result<()> {
     let up = upstream.addr.clone();
     let ns = webhook.namespace("upstream-pin").await?;
+    kapp_controller::add_deployer(env, &ns)?;
     let apps = [
         app_object(
             "web",
@@ -752,29 +869,27 @@ async fn apps_pinned_upstream_need_it(
         app.metadata.labels = Some([(holdfast_pins::PIN_KEY.to_owned(), "disabled".to_owned())].into());
         api.create(&PostParams::default(), &app).await?;
     }
-    let ([syncs, failed, _, _], _) = fresh_kapp_controller(client.clone(), &ns, 2).await?;
-    ensure!(
-        syncs >= 6 && failed == syncs,
-        "pinned upstream, upstream stopped: syncs {syncs}, failed {failed}"
-    );
+    for app in ["web", "bundle"] {
+        until_condition(&api, app, "ReconcileFailed").await?;
+    }
 
     upstream.start().await?;
     // The access log starts anew with the registry.
     let before = upstream.requests_matching(ANY_REQUEST);
-    let ([syncs, failed, _, hits], locks) = fresh_kapp_controller(client.clone(), &ns, 2).await?;
-    ensure!(
-        syncs >= 6 && failed == 0 && hits == syncs / 2 - 1,
-        "pinned upstream, upstream up: syncs {syncs}, failed {failed}, cache hits {hits} (only the image's)"
-    );
+    for app in ["web", "bundle"] {
+        until_condition(&api, app, "ReconcileSucceeded").await?;
+    }
     ensure!(
         upstream.requests_matching(ANY_REQUEST) > before,
         "no request in upstream's access log"
     );
-    let lock = locks.get(&format!("{ns}/bundle"));
-    ensure!(
-        lock == Some(&bundle.lock),
-        "the upstream bundle's ImagesLock after the pull: {lock:?}"
-    );
+    for (config, locked) in ["one", "two"].iter().zip(&bundle.lock) {
+        let image = deployed_image(client, &ns, &format!("bundle-{config}")).await?;
+        ensure!(
+            image.as_ref() == Some(locked),
+            "the upstream bundle's ConfigMap {config} names {image:?}, not {locked}"
+        );
+    }
     for (app, written) in [
         ("web", format!("{up}/apps/web@{digest}")),
         ("bundle", bundle.upstream.clone()),

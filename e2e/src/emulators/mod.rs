@@ -1,8 +1,6 @@
 //! EMULATORS of peer behaviour — test fixtures, NOT the peers and not part of holdfast.
 //!
-//! [`kapp_controller`] emulates kapp-controller's App fetches of images and imgpkg bundles (sync
-//! timer, imgpkg's relocation check, vendir's per-App digest cache) for `make bench-pinning` and
-//! the mirror suite; the rest of this page is about kpack and Korifi.
+//! (kapp-controller's emulator is gone: `make bench-pinning` and every suite run the real one.)
 //!
 //! kpack and Korifi cannot run on the local control plane (no container runtime, no kubelet:
 //! Pods are stored, never run), so the e2e suites run in-process emulations of exactly the parts
@@ -21,7 +19,6 @@
 //! [`Scope`]; the Korifi emulator stamps its scope label on the org and space namespaces it
 //! creates, the way a real cluster would have exactly one Korifi and one kpack.
 
-pub mod kapp_controller;
 pub mod korifi;
 pub mod kpack;
 pub mod runtime;

@@ -180,6 +180,16 @@ pub fn add_deployer(env: &Env, namespace: &str) -> Result<()> {
     )
 }
 
+/// An App's ytt template step with an inline overlay that prefixes every resource's name with
+/// `app` (`config` becomes `app-config`), so Apps fetching the same configuration deploy resources
+/// of their own: kapp refuses to deploy a resource another App owns.
+pub fn own_names_template(app: &str) -> serde_json::Value {
+    let overlay = format!(
+        "#@ load(\"@ytt:overlay\", \"overlay\")\n#@overlay/match by=overlay.all, expects=\"1+\"\n---\nmetadata:\n  #@overlay/replace via=lambda left, right: right + \"-\" + left\n  name: {app}\n"
+    );
+    serde_json::json!({"ytt": {"inline": {"paths": {"own-names.yml": overlay}}}})
+}
+
 /// The types of the conditions kapp-controller reports True on an App, PackageRepository or
 /// PackageInstall (`Reconciling`, `ReconcileSucceeded`, `ReconcileFailed`, …).
 pub fn true_conditions(object: &DynamicObject) -> Vec<String> {
