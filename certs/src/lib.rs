@@ -1,4 +1,5 @@
-//! CA and serving certificate issue and rotation, shared by the webhook and the controller.
+//! CA and serving certificate issue and rotation for the webhook (the controller serves no TLS:
+//! its admin port is plain HTTP behind a NetworkPolicy).
 //!
 //! - [`issue`]: a self-managed CA and serving leaves (rcgen), PEM in and out, Secret data keys.
 //! - [`rotation`]: pure renewal decisions and `caBundle` management during CA rotation.

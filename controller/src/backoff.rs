@@ -4,6 +4,12 @@
 
 use std::{collections::HashMap, hash::Hash, sync::Mutex, time::Duration};
 
+/// The first retry of an object that could not be pinned and of a failed copy (doubling with
+/// each failure up to the ceiling): a registry blip is over in seconds.
+pub const FIRST_RETRY: Duration = Duration::from_secs(2);
+/// Their longest wait: a registry that stays down is asked every five minutes.
+pub const RETRY_CEILING: Duration = Duration::from_secs(300);
+
 #[derive(Debug)]
 pub struct Backoff<K> {
     first: Duration,

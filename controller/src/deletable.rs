@@ -10,6 +10,7 @@
 //! when one of its ownerReferences names that owner's uid (labels only find the candidates), and
 //! for a namespace only while that namespace is being deleted.
 
+use holdfast_peers::{korifi, kpack};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// A kind the fast finalizer deletes, and the condition a deletion needs.
@@ -48,14 +49,14 @@ pub enum Condition {
 /// A CFApp being deleted: its kpack Image, when the Image's ownerReference names the CFApp
 /// (stamp-owners adds it at admission).
 pub const APP_IMAGE: Deletable = Deletable {
-    group: "kpack.io",
-    version: "v1alpha2",
-    kind: "Image",
+    group: kpack::GROUP,
+    version: kpack::VERSION,
+    kind: kpack::IMAGE,
     resource: "images",
     label: None,
     condition: Condition::OwnerTerminating {
-        group: "korifi.cloudfoundry.org",
-        kind: "CFApp",
+        group: korifi::GROUP,
+        kind: korifi::CF_APP,
         controller: false,
         every: false,
     },
@@ -67,8 +68,8 @@ pub const APP_IMAGE: Deletable = Deletable {
 /// Image's ownerReferences name (Korifi adds one per BuildWorkload) is being deleted or gone.
 pub const WORKLOAD_IMAGE: Deletable = Deletable {
     condition: Condition::OwnerTerminating {
-        group: "korifi.cloudfoundry.org",
-        kind: "BuildWorkload",
+        group: korifi::GROUP,
+        kind: korifi::BUILD_WORKLOAD,
         controller: false,
         every: true,
     },
@@ -89,10 +90,10 @@ pub const BUILD_POD: Deletable = Deletable {
     version: "v1",
     kind: "Pod",
     resource: "pods",
-    label: Some("kpack.io/build"),
+    label: Some(kpack::BUILD_POD_LABEL),
     condition: Condition::OwnerTerminating {
-        group: "kpack.io",
-        kind: "Build",
+        group: kpack::GROUP,
+        kind: kpack::BUILD,
         controller: true,
         every: false,
     },
@@ -103,9 +104,9 @@ pub const BUILD_POD: Deletable = Deletable {
 /// An org namespace being deleted: the Korifi CFSpaces in it, at once instead of at the
 /// namespace controller's first pass. Opt-in: `--delete-org-spaces`.
 pub const NAMESPACE_SPACE: Deletable = Deletable {
-    group: "korifi.cloudfoundry.org",
-    version: "v1alpha1",
-    kind: "CFSpace",
+    group: korifi::GROUP,
+    version: korifi::VERSION,
+    kind: korifi::CF_SPACE,
     resource: "cfspaces",
     label: None,
     condition: Condition::NamespaceTerminating,

@@ -18,11 +18,14 @@
 use std::{sync::Arc, time::Duration};
 
 use futures::{StreamExt, future::BoxFuture};
+use holdfast_peers::{
+    korifi::{self, APP_GUID_LABEL},
+    kpack,
+};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PropagationPolicy},
-    discovery,
     runtime::{Controller, controller::Action, watcher},
 };
 use tokio_util::sync::CancellationToken;
@@ -33,8 +36,6 @@ use crate::{
     },
     metrics::Metrics,
 };
-
-pub const APP_GUID_LABEL: &str = "korifi.cloudfoundry.org/app-guid";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -61,26 +62,32 @@ struct Ctx {
 /// The metrics' name of this controller.
 const CONTROLLER: &str = "finalizer";
 
-async fn found(client: &Client, group: &str, version: &str, kind: &str) -> Option<ApiResource> {
-    match discovery::pinned_kind(client, &GroupVersionKind::gvk(group, version, kind)).await {
-        Ok((resource, _)) => Some(resource),
-        Err(error) => {
-            tracing::warn!(kind, %error, "API not available; the fast finalizer skips it");
-            None
-        }
+async fn found(client: &Client, gvk: GroupVersionKind) -> Option<ApiResource> {
+    holdfast_peers::served_or_skip(client, &gvk, "the fast finalizer skips it").await
+}
+
+/// Deletes `name` with `params`; `false` when it was already gone (404).
+async fn delete_present<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> Result<bool, Error>
+where
+    K: Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// Runs the finalizer's controllers until `cancel`. Without kpack there is nothing to do.
 pub async fn run(client: Client, options: Options, metrics: Arc<Metrics>, cancel: CancellationToken) {
-    let Some(image) = found(&client, "kpack.io", "v1alpha2", "Image").await else {
+    let Some(image) = found(&client, kpack::image()).await else {
         return;
     };
-    let build = found(&client, "kpack.io", "v1alpha2", "Build").await;
-    let cfapp = found(&client, "korifi.cloudfoundry.org", "v1alpha1", "CFApp").await;
-    let build_workload = found(&client, "korifi.cloudfoundry.org", "v1alpha1", "BuildWorkload").await;
+    let build = found(&client, kpack::build()).await;
+    let cfapp = found(&client, korifi::cf_app()).await;
+    let build_workload = found(&client, korifi::build_workload()).await;
     let cf_space = if options.delete_org_spaces {
-        found(&client, "korifi.cloudfoundry.org", "v1alpha1", "CFSpace").await
+        found(&client, korifi::cf_space()).await
     } else {
         None
     };
@@ -187,10 +194,8 @@ async fn delete_image(
         propagation_policy: Some(PropagationPolicy::Background),
         ..Default::default()
     };
-    match images.delete(name, &params).await {
-        Ok(_) => tracing::info!(%namespace, image = name, because, "deleted the kpack Image"),
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
-        Err(e) => return Err(e.into()),
+    if delete_present(&images, name, &params).await? {
+        tracing::info!(%namespace, image = name, because, "deleted the kpack Image");
     }
     Ok(())
 }
@@ -284,12 +289,8 @@ async fn build_deleting(build: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Acti
             tracing::info!(%namespace, pod = %pod.name_any(), build = %build.name_any(), "not deleting a pod labelled for a terminating Build: the Build is not its controller");
             continue;
         }
-        match pods.delete(&pod.name_any(), &now).await {
-            Ok(_) => {
-                tracing::info!(%namespace, pod = %pod.name_any(), "deleted the build pod of a terminating Build")
-            }
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
+        if delete_present(&pods, &pod.name_any(), &now).await? {
+            tracing::info!(%namespace, pod = %pod.name_any(), "deleted the build pod of a terminating Build");
         }
     }
     Ok(Action::await_change())
@@ -328,14 +329,8 @@ async fn delete_spaces(ctx: &Ctx, namespace: &str, resource: &ApiResource) -> Re
         if deleting(&space) || !deletable::permits(&NAMESPACE_SPACE, &space.metadata, &[], true) {
             continue;
         }
-        match spaces.delete(&space.name_any(), &DeleteParams::default()).await {
-            Ok(_) => tracing::info!(
-                %namespace,
-                space = %space.name_any(),
-                "deleted the CFSpace of a terminating namespace"
-            ),
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e.into()),
+        if delete_present(&spaces, &space.name_any(), &DeleteParams::default()).await? {
+            tracing::info!(%namespace, space = %space.name_any(), "deleted the CFSpace of a terminating namespace");
         }
     }
     Ok(())

@@ -62,15 +62,11 @@ use tokio::{sync::watch, task::JoinSet, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    backoff::Backoff,
+    backoff::{Backoff, FIRST_RETRY, RETRY_CEILING},
     metrics::Metrics,
     references::References,
     retention::{self, Expired, Outcome, Retention},
 };
-
-/// First retry of a failed copy, doubling up to the ceiling.
-const FIRST_RETRY: Duration = Duration::from_secs(2);
-const RETRY_CEILING: Duration = Duration::from_secs(300);
 
 /// Mirror settings of the controller.
 #[derive(Debug, Clone)]

@@ -12,8 +12,7 @@ use holdfast_pins::{
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
-    discovery,
+    api::{ApiResource, DynamicObject, Patch, PatchParams},
     runtime::{
         Controller,
         controller::Action,
@@ -22,7 +21,10 @@ use kube::{
     },
 };
 
-use crate::{backoff::Backoff, metrics::Metrics};
+use crate::{
+    backoff::{Backoff, FIRST_RETRY, RETRY_CEILING},
+    metrics::Metrics,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -35,11 +37,6 @@ pub enum Error {
     #[error("object has no namespace")]
     NoNamespace,
 }
-
-/// How soon an object with a reference that could not be pinned is tried again, doubling with
-/// each failure up to the ceiling; a refresh round also retries every object.
-const FIRST_RETRY: Duration = Duration::from_secs(2);
-const RETRY_CEILING: Duration = Duration::from_secs(300);
 
 /// Who the API server records as the controller: `reportingController` of its Events and field
 /// manager of its pin patches, so `managedFields` tell a pin the controller wrote from one the
@@ -102,12 +99,10 @@ pub async fn run(
 pub async fn installed_kinds(client: &Client) -> Vec<(PinnedKind, ApiResource)> {
     let mut installed = Vec::new();
     for kind in PinnedKind::ALL {
-        let gvk = GroupVersionKind::gvk(kind.group(), "v1alpha1", kind.kind());
-        match discovery::pinned_kind(client, &gvk).await {
-            Ok((resource, _)) => installed.push((kind, resource)),
-            Err(error) => {
-                tracing::warn!(kind = kind.kind(), %error, "API not available; not following this kind")
-            }
+        if let Some(resource) =
+            holdfast_peers::served_or_skip(client, &kind.gvk(), "not following this kind").await
+        {
+            installed.push((kind, resource));
         }
     }
     installed
@@ -375,11 +370,10 @@ mod tests {
                 error: None,
                 secret_uid: None,
             });
-            let gvk = GroupVersionKind::gvk("kappctrl.k14s.io", "v1alpha1", "App");
             let ctx = Ctx {
                 own_namespace: "holdfast-system".into(),
                 client: client.clone(),
-                resource: ApiResource::from_gvk_with_plural(&gvk, "apps"),
+                resource: ApiResource::from_gvk_with_plural(&PinnedKind::App.gvk(), "apps"),
                 kind: PinnedKind::App,
                 pinner: Arc::new(Pinner::new(cache.clone(), None)),
                 retries: Backoff::new(FIRST_RETRY, RETRY_CEILING),

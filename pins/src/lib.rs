@@ -2,8 +2,9 @@
 //! digests (`repo@sha256:…`), so kapp-controller serves them from its digest-keyed cache instead
 //! of asking the registry on every sync (kapp-controller.md §2.4, §6).
 //!
-//! This module is the **pure** part of the rule: no I/O, no async. The caller (the admission
-//! handler, and the controller's pinners) does the registry work in between:
+//! The planning and patching in this module are **pure**: no I/O, no async. The registry work in
+//! between is [`resolve`]'s (the crate's I/O edge, over the shared digest cache), called by the
+//! admission handler and the controller's pinners:
 //!
 //! 1. [`ObjectPlan::new`] reads the object's pin policy, finds its [`FetchSite`]s and says per
 //!    site what to do ([`Step`]): nothing, resolve a tag, list tags and select one, reuse a

@@ -2,8 +2,10 @@
 
 use std::fmt;
 
+use holdfast_peers::kapp_controller;
 use holdfast_registry::VersionSelection;
 use json_patch::jsonptr::PointerBuf;
+use kube::api::GroupVersionKind;
 use serde_json::Value;
 
 /// The kinds whose fetch specs holdfast pins.
@@ -30,9 +32,9 @@ impl PinnedKind {
 
     pub fn group(self) -> &'static str {
         match self {
-            Self::App => "kappctrl.k14s.io",
-            Self::PackageRepository => "packaging.carvel.dev",
-            Self::Package => "data.packaging.carvel.dev",
+            Self::App => kapp_controller::APP_GROUP,
+            Self::PackageRepository => kapp_controller::PACKAGING_GROUP,
+            Self::Package => kapp_controller::DATA_PACKAGING_GROUP,
         }
     }
 
@@ -51,6 +53,10 @@ impl PinnedKind {
             Self::PackageRepository => "PackageRepository",
             Self::Package => "Package",
         }
+    }
+
+    pub fn gvk(self) -> GroupVersionKind {
+        GroupVersionKind::gvk(self.group(), kapp_controller::VERSION, self.kind())
     }
 
     /// The path of the `fetch` field.

@@ -7,11 +7,11 @@
 use std::collections::BTreeMap;
 
 use futures::{FutureExt, StreamExt, future::BoxFuture};
+use holdfast_peers::{korifi, kpack};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta},
-    discovery::{self, ApiCapabilities},
     runtime::{WatchStreamExt, reflector, reflector::ObjectRef, watcher},
 };
 use tokio::sync::watch;
@@ -89,22 +89,15 @@ impl Peer {
 
     pub fn gvk(self) -> GroupVersionKind {
         match self {
-            Peer::CfApp => cfapp_gvk(),
-            Peer::BuildWorkload => {
-                GroupVersionKind::gvk("korifi.cloudfoundry.org", "v1alpha1", "BuildWorkload")
-            }
-            Peer::KpackImage => GroupVersionKind::gvk("kpack.io", "v1alpha2", "Image"),
-            Peer::KpackBuild => GroupVersionKind::gvk("kpack.io", "v1alpha2", "Build"),
+            Peer::CfApp => korifi::cf_app(),
+            Peer::BuildWorkload => korifi::build_workload(),
+            Peer::KpackImage => kpack::image(),
+            Peer::KpackBuild => kpack::build(),
         }
     }
 }
 
 type MetaStore = reflector::Store<PartialObjectMeta<DynamicObject>>;
-
-/// Korifi's app kind: an Image named after a CFApp in its namespace belongs to it.
-pub fn cfapp_gvk() -> GroupVersionKind {
-    GroupVersionKind::gvk("korifi.cloudfoundry.org", "v1alpha1", "CFApp")
-}
 
 /// The cluster view backed by reflectors. A kind whose API is not installed has no store and
 /// answers nothing (holdfast runs on clusters without Korifi).
@@ -121,8 +114,8 @@ impl Cluster {
     pub async fn start(client: Client, cancel: CancellationToken) -> Result<Self, kube::Error> {
         let mut peers = std::collections::BTreeMap::new();
         for peer in Peer::ALL {
-            match discover(&client, &peer.gvk()).await? {
-                Some((resource, _)) => {
+            match holdfast_peers::served(&client, &peer.gvk()).await? {
+                Some(resource) => {
                     let store = watch_metadata(client.clone(), resource.clone(), cancel.clone());
                     peers.insert(peer, (resource, store));
                 }
@@ -247,18 +240,6 @@ impl ClusterView for Cluster {
             .get(&ObjectRef::new_with(namespace, resource.clone()))
             .and_then(|found| found.metadata.labels.clone())
             .unwrap_or_default()
-    }
-}
-
-async fn discover(
-    client: &Client,
-    gvk: &GroupVersionKind,
-) -> Result<Option<(ApiResource, ApiCapabilities)>, kube::Error> {
-    match discovery::pinned_kind(client, gvk).await {
-        Ok(found) => Ok(Some(found)),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
-        Err(kube::Error::Discovery(_)) => Ok(None),
-        Err(e) => Err(e),
     }
 }
 

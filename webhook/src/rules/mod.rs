@@ -9,6 +9,7 @@ pub mod terminating_guard;
 
 use std::sync::Arc;
 
+use holdfast_peers::kpack;
 use holdfast_pins::{PinnedKind, Pinner};
 use serde::de::DeserializeOwned;
 
@@ -61,11 +62,11 @@ impl Rule {
             &*resource.resource,
             request.sub_resource.as_deref(),
         ) {
-            (Family::Mutating, "kpack.io", "images", None) => Some(Rule::StampOwners),
+            (Family::Mutating, kpack::GROUP, "images", None) => Some(Rule::StampOwners),
             (Family::Mutating, group, resource, None) => {
                 PinnedKind::from_group_resource(group, resource).map(Rule::PinFetchRefs)
             }
-            (Family::Validating, "kpack.io", "builds" | "images", None)
+            (Family::Validating, kpack::GROUP, "builds" | "images", None)
             | (Family::Validating, "", "pods", None) => Some(Rule::TerminatingGuard),
             (Family::Validating, group, resource, None) => {
                 PinnedKind::from_group_resource(group, resource).map(Rule::Policy)

@@ -22,6 +22,11 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::admission::Operation;
 
+use holdfast_peers::{
+    korifi::BUILD_WORKLOAD_LABEL,
+    kpack::{self, BUILD_POD_LABEL, IMAGE_LABEL},
+};
+
 use crate::{
     cluster::{ClusterView, Peer, Presence},
     decision::{Decision, Verdict},
@@ -30,15 +35,11 @@ use crate::{
 
 pub const NAME: &str = "terminating-guard";
 
-const IMAGE_LABEL: &str = "image.kpack.io/image";
-const BUILD_WORKLOAD_LABEL: &str = "korifi.cloudfoundry.org/build-workload-name";
-const BUILD_POD_LABEL: &str = "kpack.io/build";
-
 pub async fn evaluate(request: &Request<'_>, cluster: &dyn ClusterView) -> Verdict {
     let namespace = request.namespace.as_deref().unwrap_or_default();
     let resource = (&*request.resource.group, &*request.resource.resource);
     match (resource, &request.operation) {
-        (("kpack.io", "builds"), Operation::Create) => {
+        ((kpack::GROUP, "builds"), Operation::Create) => {
             let build = match super::object::<Object>(request, NAME) {
                 Ok(build) => build.metadata,
                 Err(answer) => return answer,
@@ -84,7 +85,7 @@ pub async fn evaluate(request: &Request<'_>, cluster: &dyn ClusterView) -> Verdi
                     deny("build pod", &pod, peer, namespace, &owner)
                 })
         }
-        (("kpack.io", "images"), Operation::Update) => {
+        ((kpack::GROUP, "images"), Operation::Update) => {
             let image: Object<serde_json::Value> = match super::object(request, NAME) {
                 Ok(image) => image,
                 Err(answer) => return answer,

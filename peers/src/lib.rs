@@ -1,0 +1,98 @@
+//! The vocabulary of the peers holdfast works beside — kapp-controller, kpack and Korifi: their
+//! API groups, versions, kinds and labels, spelled once for the webhook, the controller and the
+//! manifest checks, and the discovery that tells which of them a cluster serves (holdfast runs
+//! on clusters without Korifi or kpack, and then leaves their rules idle).
+
+use kube::{
+    Client,
+    api::{ApiResource, GroupVersionKind},
+    discovery,
+};
+
+/// kapp-controller's kinds holdfast pins (`holdfast_pins::PinnedKind` names them).
+pub mod kapp_controller {
+    /// `App`.
+    pub const APP_GROUP: &str = "kappctrl.k14s.io";
+    /// `PackageRepository`, `PackageInstall`.
+    pub const PACKAGING_GROUP: &str = "packaging.carvel.dev";
+    /// `Package`, served by kapp-controller's aggregated API server.
+    pub const DATA_PACKAGING_GROUP: &str = "data.packaging.carvel.dev";
+    pub const VERSION: &str = "v1alpha1";
+}
+
+/// kpack: the Images Korifi creates per app, their Builds and build pods.
+pub mod kpack {
+    use kube::api::GroupVersionKind;
+
+    pub const GROUP: &str = "kpack.io";
+    pub const VERSION: &str = "v1alpha2";
+    pub const IMAGE: &str = "Image";
+    pub const BUILD: &str = "Build";
+    /// The label kpack puts on a Build's pods, naming the Build.
+    pub const BUILD_POD_LABEL: &str = "kpack.io/build";
+    /// The label kpack puts on an Image's Builds, naming the Image.
+    pub const IMAGE_LABEL: &str = "image.kpack.io/image";
+
+    pub fn image() -> GroupVersionKind {
+        GroupVersionKind::gvk(GROUP, VERSION, IMAGE)
+    }
+
+    pub fn build() -> GroupVersionKind {
+        GroupVersionKind::gvk(GROUP, VERSION, BUILD)
+    }
+}
+
+/// Korifi: apps, their build workloads, spaces.
+pub mod korifi {
+    use kube::api::GroupVersionKind;
+
+    pub const GROUP: &str = "korifi.cloudfoundry.org";
+    pub const VERSION: &str = "v1alpha1";
+    pub const CF_APP: &str = "CFApp";
+    pub const BUILD_WORKLOAD: &str = "BuildWorkload";
+    pub const CF_SPACE: &str = "CFSpace";
+    /// The label Korifi puts on an app's objects (BuildWorkloads among them), naming its GUID.
+    pub const APP_GUID_LABEL: &str = "korifi.cloudfoundry.org/app-guid";
+    /// The label Korifi puts on a BuildWorkload's kpack Build, naming the BuildWorkload.
+    pub const BUILD_WORKLOAD_LABEL: &str = "korifi.cloudfoundry.org/build-workload-name";
+
+    pub fn cf_app() -> GroupVersionKind {
+        GroupVersionKind::gvk(GROUP, VERSION, CF_APP)
+    }
+
+    pub fn build_workload() -> GroupVersionKind {
+        GroupVersionKind::gvk(GROUP, VERSION, BUILD_WORKLOAD)
+    }
+
+    pub fn cf_space() -> GroupVersionKind {
+        GroupVersionKind::gvk(GROUP, VERSION, CF_SPACE)
+    }
+}
+
+/// The API resource of `gvk` when the cluster serves it, `None` when it does not (its group or
+/// kind is not in discovery). Any other failure (the API server unreachable, forbidden) is the
+/// caller's to report.
+pub async fn served(client: &Client, gvk: &GroupVersionKind) -> Result<Option<ApiResource>, kube::Error> {
+    match discovery::pinned_kind(client, gvk).await {
+        Ok((resource, _)) => Ok(Some(resource)),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
+        Err(kube::Error::Discovery(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// [`served`] for a caller that carries on without the kind whatever the reason: logs why it is
+/// skipped, and `skipped` (what the caller then does without it).
+pub async fn served_or_skip(client: &Client, gvk: &GroupVersionKind, skipped: &str) -> Option<ApiResource> {
+    match served(client, gvk).await {
+        Ok(Some(resource)) => Some(resource),
+        Ok(None) => {
+            tracing::warn!(kind = %gvk.kind, group = %gvk.group, "API not installed; {skipped}");
+            None
+        }
+        Err(error) => {
+            tracing::warn!(kind = %gvk.kind, group = %gvk.group, %error, "API not available; {skipped}");
+            None
+        }
+    }
+}
