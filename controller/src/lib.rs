@@ -11,6 +11,8 @@
 //!   records each copy on its cache entry and has objects re-pinned to the copy;
 //!   [`references`] says which copies objects reference, [`retention`] deletes the others
 //!   after a grace period.
+//! - [`watched`]: the one watch per pinned kind (and of the namespaces) that the pinners and the
+//!   mirror share for a leader's term.
 //! - [`run`]: all of them on the replica that holds the Lease ([`leader`]), as the binary runs them.
 //! - [`metrics`] and [`admin`]: what the controller reports on its admin port (`/healthz`,
 //!   `/readyz`, `/metrics`).
@@ -29,3 +31,4 @@ pub mod references;
 pub mod refresher;
 pub mod retention;
 pub mod run;
+pub mod watched;

@@ -66,6 +66,7 @@ use crate::{
     metrics::Metrics,
     references::References,
     retention::{self, Expired, Outcome, Retention},
+    watched::Watched,
 };
 
 /// Mirror settings of the controller.
@@ -189,13 +190,14 @@ pub fn copier_resolver_config(
 /// keeps up to date). `reconcile` is bumped after each completed copy so that the pinning
 /// reconcilers move `follow` pins to the mirror, and after a copy given up on so that those
 /// waiting for it go upstream.
-// Eight: the metrics came last. Issue 16's item 1 (the mirror as a struct owning its state)
+// Nine: the metrics came last, the shared watch after them. Issue 16's item 1 (the mirror as a struct owning its state)
 // makes these its fields.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     client: Client,
     namespace: String,
     pinner: Arc<Pinner>,
+    watched: Arc<Watched>,
     settings: MirrorSettings,
     resolver: ResolverConfig,
     reconcile: watch::Sender<u64>,
@@ -215,13 +217,7 @@ pub async fn run(
         }
     };
     let (cache, copying) = (pinner.cache().clone(), pinner.copying().clone());
-    let kinds = crate::pinning::installed_kinds(&client).await;
-    let references = Arc::new(References::follow(
-        client.clone(),
-        settings.pins(),
-        kinds,
-        cancel.clone(),
-    ));
+    let references = Arc::new(References::new(client.clone(), settings.pins(), watched));
     // Copies start from the kinds listed so far. Retention waits until every kind is listed:
     // before that, a copy is not known to be unreferenced (a kind that cannot be listed — an
     // aggregated API down, a forbidden list — keeps deletions off, not copies).

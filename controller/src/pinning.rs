@@ -17,13 +17,13 @@ use kube::{
         Controller,
         controller::Action,
         events::{Event, EventType, Recorder},
-        watcher,
     },
 };
 
 use crate::{
     backoff::{Backoff, FIRST_RETRY, RETRY_CEILING},
     metrics::Metrics,
+    watched::{Namespaces, Watched},
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -49,6 +49,7 @@ pub const IGNORE_LABEL: &str = "holdfast.dev/ignore";
 struct Ctx {
     own_namespace: String,
     client: Client,
+    namespaces: Namespaces,
     resource: ApiResource,
     kind: PinnedKind,
     pinner: Arc<Pinner>,
@@ -58,30 +59,35 @@ struct Ctx {
     metrics: Arc<Metrics>,
 }
 
-/// Runs a controller for each pinned kind whose API is installed, until `cancel`. Every object
-/// is reconciled again after each refresh round (`rounds` changes).
+/// Runs a controller for each kind `watched` follows, driven by its watch, until `cancel`.
+/// Every object is reconciled again after each refresh round (`rounds` changes).
 pub async fn run(
     client: Client,
     own_namespace: String,
     pinner: Arc<Pinner>,
+    watched: Arc<Watched>,
     rounds: watch::Receiver<u64>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
     let mut controllers = Vec::new();
-    for (kind, resource) in installed_kinds(&client).await {
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    for (index, followed) in watched.kinds().iter().enumerate() {
+        let Some(trigger) = watched.take_trigger(index) else {
+            continue;
+        };
+        let resource = followed.resource.clone();
         let ctx = Arc::new(Ctx {
             own_namespace: own_namespace.clone(),
             client: client.clone(),
+            namespaces: watched.namespaces().clone(),
             resource: resource.clone(),
-            kind,
+            kind: followed.kind,
             pinner: pinner.clone(),
             retries: Backoff::new(FIRST_RETRY, RETRY_CEILING),
             recorder: Recorder::new(client.clone(), MANAGER.into()),
             metrics: metrics.clone(),
         });
-        let controller = Controller::new_with(api, watcher::Config::default(), resource)
+        let controller = Controller::for_shared_stream_with(trigger, followed.store.clone(), resource)
             .reconcile_all_on(round_ends(rounds.clone()))
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
             .run(reconcile, error_policy, ctx)
@@ -116,17 +122,23 @@ fn round_ends(rounds: watch::Receiver<u64>) -> impl Stream<Item = ()> + Send {
 
 impl Ctx {
     /// The labels of the namespace of an object to pin (they select the mirror); `None` for the
-    /// namespaces the webhooks never see: kube-system, holdfast's own, and opted-out ones.
+    /// namespaces the webhooks never see: kube-system, holdfast's own, and opted-out ones. Read
+    /// from the namespaces' watch; asked of the API server only for a namespace it has not
+    /// shown yet (one created a moment ago).
     async fn pinned_namespace(&self, namespace: &str) -> Result<Option<BTreeMap<String, String>>, Error> {
         if namespace == "kube-system" || namespace == self.own_namespace {
             return Ok(None);
         }
-        let meta = Api::<Namespace>::all(self.client.clone())
-            .get_metadata(namespace)
-            .await?;
-        let labels = meta.labels();
+        let labels = match self.namespaces.labels(namespace) {
+            Some(labels) => labels,
+            None => Api::<Namespace>::all(self.client.clone())
+                .get_metadata(namespace)
+                .await?
+                .labels()
+                .clone(),
+        };
         let opted_out = labels.get(IGNORE_LABEL).is_some_and(|v| v == "true");
-        Ok((!opted_out).then(|| labels.clone()))
+        Ok((!opted_out).then_some(labels))
     }
 }
 
@@ -351,8 +363,9 @@ mod tests {
             Digest::sha256_of(b"team/app 1.0.0")
         }
 
-        /// A context for Apps whose cache holds a fresh entry for [`TAGGED`].
-        fn context() -> (Arc<Ctx>, Arc<DigestCache>, ApiServer) {
+        /// A context for Apps whose cache holds a fresh entry for [`TAGGED`], the namespaces'
+        /// watch having shown `namespaces`.
+        fn context(namespaces: Namespaces) -> (Arc<Ctx>, Arc<DigestCache>, ApiServer) {
             let (client, server) = fixtures::mock();
             let cache = Arc::new(DigestCache::new(
                 Arc::new(Unreachable),
@@ -373,6 +386,7 @@ mod tests {
             let ctx = Ctx {
                 own_namespace: "holdfast-system".into(),
                 client: client.clone(),
+                namespaces,
                 resource: ApiResource::from_gvk_with_plural(&PinnedKind::App.gvk(), "apps"),
                 kind: PinnedKind::App,
                 pinner: Arc::new(Pinner::new(cache.clone(), None)),
@@ -410,7 +424,12 @@ mod tests {
             Arc::new(serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{e}")))
         }
 
-        /// The Namespace lookup every reconcile of an object to pin starts with.
+        /// The test namespace as the namespaces' watch shows it.
+        fn watched_namespace(labels: &[(&str, &str)]) -> Namespaces {
+            Namespaces::of(&[(NAMESPACE, labels)])
+        }
+
+        /// The Namespace lookup of a reconcile in a namespace the watch has not shown yet.
         async fn namespace_is_read(server: &mut ApiServer) {
             let (_, answer) = server
                 .expect(Method::GET, &format!("/api/v1/namespaces/{NAMESPACE}"))
@@ -433,13 +452,12 @@ mod tests {
         /// then the `Pinned` Event; the registry is not asked.
         #[tokio::test]
         async fn a_cached_tag_is_pinned_with_a_guarded_json_patch_as_holdfast_controller() {
-            let (ctx, cache, mut server) = context();
+            let (ctx, cache, mut server) = context(watched_namespace(&[]));
             let stored = app(json!({}));
             let pinned = format!("registry.example/team/app@{}", digest());
             let api = {
                 let (stored, pinned) = (stored.clone(), pinned.clone());
                 tokio::spawn(async move {
-                    namespace_is_read(&mut server).await;
                     let (patch, answer) = server.expect(Method::PATCH, &patch_path()).await;
                     let original =
                         json!({"/spec/fetch/0/image/url": {"ref": TAGGED, "digest": digest().as_str()}});
@@ -493,7 +511,7 @@ mod tests {
         /// An object being deleted is not touched: not even its namespace is read.
         #[tokio::test]
         async fn an_object_being_deleted_sends_nothing() {
-            let (ctx, _, server) = context();
+            let (ctx, _, server) = context(Namespaces::of(&[]));
             let leaving = app(json!({
                 "deletionTimestamp": "2026-01-01T00:00:00Z",
                 "finalizers": ["kapp.k14s.io/delete"],
@@ -506,11 +524,25 @@ mod tests {
             server.done().await;
         }
 
+        /// An object in a namespace labelled `holdfast.dev/ignore=true` (by the namespaces'
+        /// watch) is left alone: no request at all.
+        #[tokio::test]
+        async fn an_object_in_an_opted_out_namespace_sends_nothing() {
+            let (ctx, _, server) = context(watched_namespace(&[(IGNORE_LABEL, "true")]));
+            let reconciled = reconcile(object(&app(json!({}))), ctx).await;
+            assert_eq!(
+                reconciled.unwrap_or_else(|e| panic!("reconcile failed: {e}")),
+                Action::await_change()
+            );
+            server.done().await;
+        }
+
         /// The resourceVersion guard failed (a bare 422, no causes: the object changed since
         /// the watch showed it): a quiet requeue after the first retry delay, no error, no Event.
+        /// The namespace is one the watch has not shown yet: it is read first.
         #[tokio::test]
         async fn a_failed_guard_is_requeued_without_an_error() {
-            let (ctx, _, mut server) = context();
+            let (ctx, _, mut server) = context(Namespaces::of(&[]));
             let stored = app(json!({}));
             let api = tokio::spawn(async move {
                 namespace_is_read(&mut server).await;

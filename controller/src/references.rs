@@ -16,25 +16,18 @@
 //! pinned to a copy; a site with a `secretRef` pinned upstream references its namespace's
 //! private copy (with `--mirror-pull-secret`) as well as the public one.
 
-use std::{
-    collections::{HashMap, HashSet},
-    fmt::Debug,
-    hash::{DefaultHasher, Hash, Hasher},
-};
+use std::{collections::HashSet, sync::Arc};
 
-use futures::StreamExt;
 use holdfast_pins::{MirrorPins, PinnedKind, fetch_sites};
 use holdfast_registry::{Reference, cache::Scope};
-use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::serde::de::DeserializeOwned;
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, ListParams, PartialObjectMeta},
-    runtime::{WatchStreamExt, reflector, reflector::ObjectRef, watcher},
+    api::{DynamicObject, ListParams},
 };
 use serde_json::Value;
 use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
+
+use crate::watched::Watched;
 
 /// Adds the mirror copies `object`'s fetch references name to `into` (see the module docs);
 /// `selected`: whether the mirror selects the object's namespace.
@@ -78,89 +71,55 @@ pub fn referenced_by(
     }
 }
 
-type NamespaceStore = reflector::Store<PartialObjectMeta<DynamicObject>>;
-
-/// The pinned objects, followed through a reflector per installed kind, and the namespaces'
-/// labels (metadata only) when the mirror selects namespaces.
+/// The pinned objects and the namespaces' labels, read from the term's one watch of each
+/// ([`Watched`]).
 pub struct References {
     client: Client,
     mirror: MirrorPins,
-    stores: Vec<(PinnedKind, ApiResource, reflector::Store<DynamicObject>)>,
-    namespaces: Option<(ApiResource, NamespaceStore)>,
-    changes: watch::Receiver<u64>,
+    watched: Arc<Watched>,
 }
 
 impl References {
-    /// Follows every kind of `kinds` (and the namespaces, when `mirror` selects some) until
-    /// `cancel`.
-    pub fn follow(
-        client: Client,
-        mirror: MirrorPins,
-        kinds: Vec<(PinnedKind, ApiResource)>,
-        cancel: CancellationToken,
-    ) -> Self {
-        let (changed, changes) = watch::channel(0u64);
-        let namespaces = (!mirror.namespaces.selects_all()).then(|| {
-            let resource = ApiResource::erase::<Namespace>(&());
-            // An Api of PartialObjectMeta makes metadata-only list/watch requests.
-            let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), &resource);
-            let store = reflect(api, &resource, labels_fingerprint, &changed, &cancel);
-            (resource, store)
-        });
-        let stores = kinds
-            .into_iter()
-            .map(|(kind, resource)| {
-                let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-                let store = reflect(api, &resource, spec_fingerprint, &changed, &cancel);
-                (kind, resource, store)
-            })
-            .collect();
+    pub fn new(client: Client, mirror: MirrorPins, watched: Arc<Watched>) -> Self {
         Self {
             client,
             mirror,
-            stores,
-            namespaces,
-            changes,
+            watched,
         }
     }
 
     /// Whether the mirror selects the namespace of `object` (by its labels as last seen).
     fn selected(&self, object: &DynamicObject) -> bool {
-        let Some((resource, store)) = &self.namespaces else {
+        if self.mirror.namespaces.selects_all() {
             return true;
-        };
+        }
         let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
-        let labels = store
-            .get(&ObjectRef::new_with(namespace, resource.clone()))
-            .and_then(|found| found.metadata.labels.clone())
-            .unwrap_or_default();
+        let labels = self.watched.namespaces().labels(namespace).unwrap_or_default();
         self.mirror.selects(&labels)
+    }
+
+    /// Adds the copies `object` references to `into`.
+    fn add(&self, kind: PinnedKind, object: &DynamicObject, into: &mut HashSet<String>) {
+        referenced_by(kind, &as_value(object), &self.mirror, self.selected(object), into);
     }
 
     /// Resolves once every kind has been listed in full (before that, nothing is known to be
     /// unreferenced).
     pub async fn ready(&self) {
-        for (_, _, store) in &self.stores {
-            // The writer lives as long as its watch; a dropped one (shutdown) is no wait either.
-            let _ = store.wait_until_ready().await;
-        }
-        if let Some((_, store)) = &self.namespaces {
-            let _ = store.wait_until_ready().await;
-        }
+        self.watched.ready().await;
     }
 
-    /// Changes whenever what the objects reference may have changed (see [`significant`]).
+    /// Changes whenever what the objects reference may have changed.
     pub fn changes(&self) -> watch::Receiver<u64> {
-        self.changes.clone()
+        self.watched.changes()
     }
 
     /// The mirror copies the followed objects reference.
     pub fn in_stores(&self) -> HashSet<String> {
         let mut referenced = HashSet::new();
-        for (kind, _, store) in &self.stores {
-            for object in store.state() {
-                let selected = self.selected(&object);
-                referenced_by(*kind, &as_value(&object), &self.mirror, selected, &mut referenced);
+        for watched in self.watched.kinds() {
+            for object in watched.store.state() {
+                self.add(watched.kind, &object, &mut referenced);
             }
         }
         referenced
@@ -171,105 +130,14 @@ impl References {
     /// counts whatever the namespace's labels).
     pub async fn listed(&self) -> Result<HashSet<String>, kube::Error> {
         let mut referenced = HashSet::new();
-        for (kind, resource, _) in &self.stores {
-            let api: Api<DynamicObject> = Api::all_with(self.client.clone(), resource);
+        for watched in self.watched.kinds() {
+            let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &watched.resource);
             for object in api.list(&ListParams::default()).await? {
-                let selected = self.selected(&object);
-                referenced_by(*kind, &as_value(&object), &self.mirror, selected, &mut referenced);
+                self.add(watched.kind, &object, &mut referenced);
             }
         }
         Ok(referenced)
     }
-}
-
-/// A store of `api`'s objects, kept by a watch until `cancel`; a [`significant`] event (by
-/// `fingerprint`) bumps `changed`.
-fn reflect<K>(
-    api: Api<K>,
-    resource: &ApiResource,
-    fingerprint: fn(&K) -> u64,
-    changed: &watch::Sender<u64>,
-    cancel: &CancellationToken,
-) -> reflector::Store<K>
-where
-    K: kube::Resource<DynamicType = ApiResource> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let writer = reflector::store::Writer::new(resource.clone());
-    let store = writer.as_reader();
-    let events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .take_until(cancel.clone().cancelled_owned());
-    let (changed, kind) = (changed.clone(), resource.kind.clone());
-    tokio::spawn(async move {
-        let mut events = std::pin::pin!(events);
-        let mut seen = HashMap::new();
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(event) => {
-                    if significant(&mut seen, &event, fingerprint) {
-                        changed.send_modify(|n| *n = n.wrapping_add(1));
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(%kind, %error, "watching for the mirror; retrying with backoff")
-                }
-            }
-        }
-    });
-    store
-}
-
-/// Whether `event` can change what the objects reference: an object added, deleted or with a
-/// new `fingerprint`, or a re-list complete. Not the status updates kapp-controller writes on
-/// every sync: each wake-up recomputes every object's references. `seen`: fingerprints by uid.
-fn significant<K: kube::Resource>(
-    seen: &mut HashMap<String, u64>,
-    event: &watcher::Event<K>,
-    fingerprint: fn(&K) -> u64,
-) -> bool {
-    let uid = |object: &K| object.meta().uid.clone().unwrap_or_default();
-    match event {
-        watcher::Event::Apply(object) => {
-            let print = fingerprint(object);
-            seen.insert(uid(object), print) != Some(print)
-        }
-        // A re-list replaces the store: remember afresh, and wake once when it is complete.
-        watcher::Event::Init => {
-            seen.clear();
-            false
-        }
-        watcher::Event::InitApply(object) => {
-            seen.insert(uid(object), fingerprint(object));
-            false
-        }
-        watcher::Event::InitDone => true,
-        watcher::Event::Delete(object) => {
-            seen.remove(&uid(object));
-            true
-        }
-    }
-}
-
-/// A pinned object's fetch references are in its spec. Hashed as text, not read off
-/// `metadata.generation`: Packages are served by kapp-controller's aggregated API, whose objects
-/// need not keep one.
-fn spec_fingerprint(object: &DynamicObject) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    object
-        .data
-        .get("spec")
-        .map(Value::to_string)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
-}
-
-/// What of a namespace decides the mirror's selection: its labels.
-fn labels_fingerprint(namespace: &PartialObjectMeta<DynamicObject>) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    namespace.metadata.labels.hash(&mut hasher);
-    hasher.finish()
 }
 
 /// An object as the pins crate reads it: metadata and spec in one document.
@@ -294,49 +162,6 @@ mod tests {
     fn app(urls: &[&str]) -> Value {
         let fetch: Vec<Value> = urls.iter().map(|u| json!({"image": {"url": u}})).collect();
         json!({"metadata": {"name": "a", "namespace": "n"}, "spec": {"fetch": fetch}})
-    }
-
-    fn object(uid: &str, tag: &str, status: &str) -> DynamicObject {
-        serde_json::from_value(json!({
-            "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
-            "metadata": {"name": uid, "namespace": "n", "uid": uid},
-            "spec": {"fetch": [{"image": {"url": format!("registry.corp.com/app:{tag}")}}]},
-            "status": {"friendlyDescription": status},
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn only_spec_changes_additions_deletions_and_relists_wake_the_mirror() {
-        let mut seen = HashMap::new();
-        let mut wakes =
-            |event: watcher::Event<DynamicObject>| significant(&mut seen, &event, spec_fingerprint);
-        assert!(!wakes(watcher::Event::Init));
-        assert!(!wakes(watcher::Event::InitApply(object("a", "1", "x"))));
-        assert!(wakes(watcher::Event::InitDone));
-        assert!(
-            !wakes(watcher::Event::Apply(object("a", "1", "syncing"))),
-            "status only"
-        );
-        assert!(
-            wakes(watcher::Event::Apply(object("a", "2", "syncing"))),
-            "spec changed"
-        );
-        assert!(wakes(watcher::Event::Apply(object("b", "1", ""))), "added");
-        assert!(wakes(watcher::Event::Delete(object("b", "1", ""))), "deleted");
-        assert!(wakes(watcher::Event::Apply(object("b", "1", ""))), "added again");
-    }
-
-    #[test]
-    fn a_namespaces_labels_are_its_fingerprint() {
-        let namespace = |labels: Value| -> PartialObjectMeta<DynamicObject> {
-            serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": "n", "uid": "u", "labels": labels}}))
-            .unwrap()
-        };
-        let a = namespace(json!({"holdfast.dev/mirror": "true"}));
-        assert_eq!(labels_fingerprint(&a), labels_fingerprint(&a.clone()));
-        assert_ne!(labels_fingerprint(&a), labels_fingerprint(&namespace(json!({}))));
     }
 
     #[test]

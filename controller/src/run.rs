@@ -22,6 +22,7 @@ use crate::{
     leader::{self, Election},
     metrics::Metrics,
     mirror::MirrorSettings,
+    watched::Watched,
 };
 
 #[derive(Debug, Clone)]
@@ -113,13 +114,16 @@ pub async fn run_observed(
         // Dropped with the work, however it ends (a lost Lease aborts it).
         let _cache_writes = cache_writes.drop_guard();
         let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
+        let kinds = crate::pinning::installed_kinds(&work_client).await;
+        let watched = Arc::new(Watched::start(&work_client, kinds.clone(), &leading));
         // A completed copy has every object reconciled, as a refresh round does.
         let copies = {
-            let (client, namespace, pinner, mirror) = (
+            let (client, namespace, pinner, mirror, watched) = (
                 work_client.clone(),
                 namespace.clone(),
                 pinner.clone(),
                 mirror.clone(),
+                watched.clone(),
             );
             let (resolver, reconcile, leading, metrics) = (
                 resolver_config.clone(),
@@ -130,7 +134,7 @@ pub async fn run_observed(
             async move {
                 if let Some(mirror) = mirror {
                     crate::mirror::run(
-                        client, namespace, pinner, mirror, resolver, reconcile, metrics, leading,
+                        client, namespace, pinner, watched, mirror, resolver, reconcile, metrics, leading,
                     )
                     .await;
                 }
@@ -144,7 +148,6 @@ pub async fn run_observed(
                 work_metrics.clone(),
             );
             async move {
-                let kinds = crate::pinning::installed_kinds(&client).await;
                 let mut refresher =
                     crate::refresher::Refresher::new(client, kinds, gc_grace).with_metrics(metrics);
                 crate::refresher::run(&mut refresher, &pinner, interval, rounds_tx, leading).await
@@ -154,6 +157,7 @@ pub async fn run_observed(
             work_client.clone(),
             namespace,
             pinner,
+            watched,
             rounds,
             work_metrics.clone(),
             leading.clone(),

@@ -5,7 +5,7 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Result;
-use holdfast_controller::{mirror::MirrorSettings, refresher::Refresher};
+use holdfast_controller::{mirror::MirrorSettings, refresher::Refresher, watched::Watched};
 use holdfast_pins::Pinner;
 use holdfast_registry::{
     Resolver, ResolverConfig,
@@ -124,12 +124,14 @@ impl LocalController {
         let pinner = Arc::new(pinner);
         let kinds = holdfast_controller::pinning::installed_kinds(&client).await;
         // The e2e suites collect nothing behind a test's back: an hour's grace, as deployed.
+        let watched = Arc::new(Watched::start(&client, kinds.clone(), &cancel));
         let refresher = Refresher::new(client.clone(), kinds, Duration::from_secs(3600)).into();
         let (rounds, rounds_rx) = watch::channel(0u64);
         let pinning = holdfast_controller::pinning::run(
             client.clone(),
             namespace.clone(),
             pinner.clone(),
+            watched.clone(),
             rounds_rx,
             Default::default(),
             cancel.clone(),
@@ -143,6 +145,7 @@ impl LocalController {
                         client,
                         namespace,
                         pinner,
+                        watched,
                         mirror,
                         resolver_config,
                         reconcile,

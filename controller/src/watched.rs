@@ -1,0 +1,355 @@
+//! One watch per pinned kind for a leader's term: a reflector whose store the pinning
+//! controller of the kind is driven by (kube's shared-stream controller: the store is the
+//! controller's, the watch's applied objects its triggers) and the mirror's reference index
+//! reads, and whose significant events (an object added, deleted or with a new spec, a re-list
+//! done) wake the mirror; plus the namespaces' labels, metadata only, which the pinners and the
+//! mirror's selection read instead of asking the API server. Objects are kept without
+//! `managedFields` and `status`: nothing here reads them, and kapp-controller's statuses carry
+//! deploy output.
+//!
+//! The triggers go through a channel of this module's, not kube's `ReflectHandle`: in kube 5 a
+//! `ReflectHandle` is a stream only for kinds with a static type, and the pinned kinds are
+//! discovered.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Debug,
+    hash::{DefaultHasher, Hash, Hasher},
+    sync::{Arc, Mutex},
+};
+
+use futures::StreamExt;
+use holdfast_pins::PinnedKind;
+use k8s_openapi::{api::core::v1::Namespace, serde::de::DeserializeOwned};
+use kube::{
+    Api, Client, Resource,
+    api::{ApiResource, DynamicObject, PartialObjectMeta},
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, ObjectRef, Store, store::Writer},
+        watcher,
+    },
+};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// Triggers a controller may lag behind before the watch waits for it.
+const BUFFER: usize = 1024;
+
+type Trigger = mpsc::Receiver<Arc<DynamicObject>>;
+
+/// A pinned kind's objects, as the term's one watch of it keeps them.
+pub struct WatchedKind {
+    pub kind: PinnedKind,
+    pub resource: ApiResource,
+    pub store: Store<DynamicObject>,
+}
+
+/// The namespaces' labels, as the watch of their metadata keeps them.
+#[derive(Clone)]
+pub struct Namespaces {
+    resource: ApiResource,
+    store: Store<PartialObjectMeta<DynamicObject>>,
+}
+
+impl Namespaces {
+    /// A namespace's labels as last seen; `None` while the watch has not seen it.
+    pub fn labels(&self, namespace: &str) -> Option<BTreeMap<String, String>> {
+        self.store
+            .get(&ObjectRef::new_with(namespace, self.resource.clone()))
+            .map(|found| found.metadata.labels.clone().unwrap_or_default())
+    }
+
+    /// A store holding `namespaces` (name, labels), for tests of the readers.
+    #[cfg(test)]
+    pub(crate) fn of(namespaces: &[(&str, &[(&str, &str)])]) -> Self {
+        let resource = ApiResource::erase::<Namespace>(&());
+        let mut writer = Writer::new(resource.clone());
+        for (name, labels) in namespaces {
+            let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+            let Ok(namespace) =
+                serde_json::from_value::<PartialObjectMeta<DynamicObject>>(serde_json::json!({
+                    "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels},
+                }))
+            else {
+                continue;
+            };
+            writer.apply_watcher_event(&watcher::Event::Apply(namespace));
+        }
+        Self {
+            resource,
+            store: writer.as_reader(),
+        }
+    }
+}
+
+pub struct Watched {
+    kinds: Vec<WatchedKind>,
+    /// Each kind's triggers, for its pinning controller (taken once).
+    triggers: Mutex<Vec<Option<Trigger>>>,
+    namespaces: Namespaces,
+    changes: watch::Receiver<u64>,
+}
+
+impl Watched {
+    /// Watches every kind of `kinds` and the namespaces until `cancel`.
+    pub fn start(client: &Client, kinds: Vec<(PinnedKind, ApiResource)>, cancel: &CancellationToken) -> Self {
+        let (changed, changes) = watch::channel(0u64);
+        let namespace_resource = ApiResource::erase::<Namespace>(&());
+        // An Api of PartialObjectMeta makes metadata-only list/watch requests.
+        let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), &namespace_resource);
+        let writer = Writer::new(namespace_resource.clone());
+        let store = writer.as_reader();
+        spawn_watch(api, writer, labels_fingerprint, &changed, None, cancel);
+        let mut triggers = Vec::new();
+        let kinds = kinds
+            .into_iter()
+            .map(|(kind, resource)| {
+                let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+                let writer = Writer::new(resource.clone());
+                let store = writer.as_reader();
+                let (trigger, triggered) = mpsc::channel(BUFFER);
+                triggers.push(Some(triggered));
+                spawn_watch(api, writer, spec_fingerprint, &changed, Some(trigger), cancel);
+                WatchedKind {
+                    kind,
+                    resource,
+                    store,
+                }
+            })
+            .collect();
+        Self {
+            kinds,
+            triggers: Mutex::new(triggers),
+            namespaces: Namespaces {
+                resource: namespace_resource,
+                store,
+            },
+            changes,
+        }
+    }
+
+    pub fn kinds(&self) -> &[WatchedKind] {
+        &self.kinds
+    }
+
+    /// The triggers of the `index`th kind's controller (each object the watch applied, and
+    /// every object after a re-list); `None` once taken. Every kind's must be taken and polled
+    /// (or dropped): the watch waits for a consumer more than [`BUFFER`] triggers behind.
+    pub fn take_trigger(
+        &self,
+        index: usize,
+    ) -> Option<impl futures::Stream<Item = Arc<DynamicObject>> + Send + 'static> {
+        let triggered = self
+            .triggers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(index)
+            .and_then(Option::take)?;
+        Some(futures::stream::unfold(triggered, |mut triggered| async move {
+            triggered.recv().await.map(|object| (object, triggered))
+        }))
+    }
+
+    pub fn namespaces(&self) -> &Namespaces {
+        &self.namespaces
+    }
+
+    /// Resolves once every kind and the namespaces have been listed in full.
+    pub async fn ready(&self) {
+        for kind in &self.kinds {
+            // The writer lives as long as its watch; a dropped one (shutdown) is no wait either.
+            let _ = kind.store.wait_until_ready().await;
+        }
+        let _ = self.namespaces.store.wait_until_ready().await;
+    }
+
+    /// Changes whenever what the objects reference may have changed (see [`significant`]).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
+    }
+}
+
+/// Keeps `writer`'s store by a watch of `api` until `cancel`, the objects without
+/// `managedFields` and `status`; a [`significant`] event (by `fingerprint`) bumps `changed`, and
+/// `trigger` gets every object applied (all of them when a re-list completes), as kube's shared
+/// stores dispatch them.
+fn spawn_watch<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    fingerprint: fn(&K) -> u64,
+    changed: &watch::Sender<u64>,
+    trigger: Option<mpsc::Sender<Arc<K>>>,
+    cancel: &CancellationToken,
+) where
+    K: Resource<DynamicType = ApiResource> + Clone + DeserializeOwned + Debug + Send + Sync + Slim + 'static,
+{
+    let kind = api.resource_url().to_owned();
+    let store = writer.as_reader();
+    let events = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(Slim::slim),
+    )
+    .take_until(cancel.clone().cancelled_owned());
+    let changed = changed.clone();
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        let mut seen = HashMap::new();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(event) => {
+                    if significant(&mut seen, &event, fingerprint) {
+                        changed.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                    if let Some(trigger) = &trigger {
+                        let triggered = match event {
+                            watcher::Event::Apply(object) => vec![Arc::new(object)],
+                            watcher::Event::InitDone => store.state(),
+                            _ => Vec::new(),
+                        };
+                        for object in triggered {
+                            // A closed channel: the controller has stopped, with the term.
+                            let _ = trigger.send(object).await;
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(%kind, %error, "watch failed; retrying with backoff"),
+            }
+        }
+    });
+}
+
+/// What a store keeps of an object: all but what nothing reads.
+pub trait Slim {
+    fn slim(&mut self);
+}
+
+impl Slim for DynamicObject {
+    fn slim(&mut self) {
+        self.metadata.managed_fields = None;
+        if let Some(data) = self.data.as_object_mut() {
+            data.remove("status");
+        }
+    }
+}
+
+impl Slim for PartialObjectMeta<DynamicObject> {
+    fn slim(&mut self) {
+        self.metadata.managed_fields = None;
+    }
+}
+
+/// Whether `event` can change what the objects reference: an object added, deleted or with a
+/// new `fingerprint`, or a re-list complete. Not the status updates kapp-controller writes on
+/// every sync: each wake-up recomputes every object's references. `seen`: fingerprints by uid.
+fn significant<K: kube::Resource>(
+    seen: &mut HashMap<String, u64>,
+    event: &watcher::Event<K>,
+    fingerprint: fn(&K) -> u64,
+) -> bool {
+    let uid = |object: &K| object.meta().uid.clone().unwrap_or_default();
+    match event {
+        watcher::Event::Apply(object) => {
+            let print = fingerprint(object);
+            seen.insert(uid(object), print) != Some(print)
+        }
+        // A re-list replaces the store: remember afresh, and wake once when it is complete.
+        watcher::Event::Init => {
+            seen.clear();
+            false
+        }
+        watcher::Event::InitApply(object) => {
+            seen.insert(uid(object), fingerprint(object));
+            false
+        }
+        watcher::Event::InitDone => true,
+        watcher::Event::Delete(object) => {
+            seen.remove(&uid(object));
+            true
+        }
+    }
+}
+
+/// A pinned object's fetch references are in its spec. Hashed as text, not read off
+/// `metadata.generation`: Packages are served by kapp-controller's aggregated API, whose objects
+/// need not keep one.
+fn spec_fingerprint(object: &DynamicObject) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    object
+        .data
+        .get("spec")
+        .map(Value::to_string)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// What of a namespace decides the mirror's selection: its labels.
+fn labels_fingerprint(namespace: &PartialObjectMeta<DynamicObject>) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    namespace.metadata.labels.hash(&mut hasher);
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn object(uid: &str, tag: &str, status: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
+            "metadata": {"name": uid, "namespace": "n", "uid": uid},
+            "spec": {"fetch": [{"image": {"url": format!("registry.corp.com/app:{tag}")}}]},
+            "status": {"friendlyDescription": status},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_spec_changes_additions_deletions_and_relists_wake_the_mirror() {
+        let mut seen = HashMap::new();
+        let mut wakes =
+            |event: watcher::Event<DynamicObject>| significant(&mut seen, &event, spec_fingerprint);
+        assert!(!wakes(watcher::Event::Init));
+        assert!(!wakes(watcher::Event::InitApply(object("a", "1", "x"))));
+        assert!(wakes(watcher::Event::InitDone));
+        assert!(
+            !wakes(watcher::Event::Apply(object("a", "1", "syncing"))),
+            "status only"
+        );
+        assert!(
+            wakes(watcher::Event::Apply(object("a", "2", "syncing"))),
+            "spec changed"
+        );
+        assert!(wakes(watcher::Event::Apply(object("b", "1", ""))), "added");
+        assert!(wakes(watcher::Event::Delete(object("b", "1", ""))), "deleted");
+        assert!(wakes(watcher::Event::Apply(object("b", "1", ""))), "added again");
+    }
+
+    #[test]
+    fn a_namespaces_labels_are_its_fingerprint() {
+        let namespace = |labels: Value| -> PartialObjectMeta<DynamicObject> {
+            serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": "n", "uid": "u", "labels": labels}}))
+            .unwrap()
+        };
+        let a = namespace(json!({"holdfast.dev/mirror": "true"}));
+        assert_eq!(labels_fingerprint(&a), labels_fingerprint(&a.clone()));
+        assert_ne!(labels_fingerprint(&a), labels_fingerprint(&namespace(json!({}))));
+    }
+
+    #[test]
+    fn stores_keep_neither_managed_fields_nor_status() {
+        let mut app = object("a", "1", "deploying");
+        app.metadata.managed_fields = Some(Vec::new());
+        app.slim();
+        assert_eq!(app.metadata.managed_fields, None);
+        assert_eq!(app.data.get("status"), None);
+        assert!(app.data.get("spec").is_some());
+    }
+}
