@@ -17,13 +17,16 @@ FROM rust:${RUST_VERSION}-alpine AS build
 # musl-dev: ring's C and assembly; ca-certificates: copied into the final image.
 RUN apk add --no-cache musl-dev ca-certificates
 WORKDIR /src
-# Every workspace member must be present for cargo to load the workspace (e2e is not built).
+# Every workspace member must be present for cargo to load the workspace (manifest-checks and
+# e2e are not built).
 COPY Cargo.toml Cargo.lock rustfmt.toml clippy.toml ./
 COPY registry registry
+COPY peers peers
 COPY pins pins
 COPY certs certs
 COPY webhook webhook
 COPY controller controller
+COPY manifest-checks manifest-checks
 COPY e2e e2e
 # On Alpine the host target is x86_64/aarch64-unknown-linux-musl, which links statically by
 # default; the loop refuses a binary that still needs a shared library.

@@ -8,6 +8,7 @@ pub mod control_plane;
 pub mod controller;
 pub mod emulators;
 pub mod images;
+pub mod mirror;
 pub mod netns;
 pub mod objects;
 pub mod peers;

@@ -1,22 +1,19 @@
-//! The mirror copier (holdfast-registry's `mirror`) between two real registries on loopback, an
-//! upstream and a mirror: an image and an imgpkg bundle are copied byte for byte, the bundle with
-//! the images of its ImagesLock relocated into its own repository; a copy cut off by a mirror
-//! outage completes afterwards without sending again what had arrived; and a 200 MiB bundle is
-//! copied by a process whose peak resident memory stays under 64 MiB. With the webhook and the
-//! controller: Apps admitted with a tagged image and a tagged imgpkg bundle are pinned upstream,
-//! the controller copies the content (the bundle relocated) and re-pins them to the mirror, and
-//! the real kapp-controller reconciles them, and new Apps (each with an empty vendir cache: the
-//! cache is per App) created while the upstream registry is stopped, without a single request
-//! to the upstream registry (the bundle found fully relocated: its templates get the mirror's
-//! image locations); Apps still pinned upstream fail while it is stopped. A bundle whose
-//! ImagesLock names an image upstream does not have is reported (a `MirrorCopyFailed` Event)
-//! and nothing of it is pinned to or left in the mirror.
+//! Mirroring with the webhook and the controller, on two real registries on loopback (an
+//! upstream and a mirror): Apps admitted with a tagged image and a tagged imgpkg bundle are pinned
+//! upstream, the controller copies the content (the bundle relocated) and re-pins them to the
+//! mirror, and the real kapp-controller reconciles them, and new Apps (each with an empty vendir
+//! cache: the cache is per App) created while the upstream registry is stopped, without a single
+//! request to the upstream registry (the bundle found fully relocated: its templates get the
+//! mirror's image locations); Apps still pinned upstream fail while it is stopped. A bundle whose
+//! ImagesLock names an image upstream does not have is reported (a `MirrorCopyFailed` Event),
+//! and nothing is pinned to the mirror, which holds no manifest of it. Copies no App names any more are deleted
+//! after the retention grace, a moved tag moves the Apps that follow it once, only the selected
+//! namespaces are pinned to the mirror, and a private image's copy serves its namespace only.
+//!
+//! The copier alone (byte-for-byte copies, resuming after an outage, memory):
+//! `tests/mirror_copier.rs`.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, bail, ensure};
 use futures::TryStreamExt;
@@ -26,7 +23,8 @@ use holdfast_e2e::{
     control_plane::SpareRegistry,
     controller::LocalController,
     e2e_main,
-    images::{self, IMGPKG_BUNDLE_LABEL, Image, OCI_LAYER_TAR},
+    images::{self, Image},
+    mirror::{PREFIX, mirrored, same_content},
     objects::api_for,
     peers::kapp_controller,
     wait,
@@ -34,10 +32,10 @@ use holdfast_e2e::{
 };
 use holdfast_pins::{MirrorPins, ORIGINAL_REFS_ANNOTATION, PinnedKind};
 use holdfast_registry::{
-    Credentials, Digest, Reference, Resolver, ResolverConfig,
+    Digest, Reference,
     cache::{CacheKey, Mirrored, Scope},
     cluster_store,
-    mirror::{Copier, CopierConfig, CopyEvent, MirrorLocation, host_component},
+    mirror::{MirrorLocation, host_component},
 };
 use kube::api::{DynamicObject, ListParams, PostParams};
 use kube::runtime::WatchStreamExt;
@@ -50,360 +48,9 @@ e2e_main!(serial:
     a_moved_tag_moves_follow_apps_once_and_its_old_copy_goes,
     only_selected_namespaces_are_pinned_to_the_mirror,
     a_private_image_is_mirrored_for_its_namespace_only,
-    copies_an_image_and_relocates_a_bundle_byte_for_byte,
-    an_interrupted_copy_resumes_without_resending_blobs,
-    a_200_mib_bundle_is_copied_in_under_64_mib_of_memory,
     a_bundle_with_a_missing_image_is_reported_and_not_mirrored,
     apps_are_repinned_to_the_mirror_and_sync_without_upstream,
 );
-
-const PREFIX: &str = "mirror";
-const MIB: u64 = 1024 * 1024;
-
-fn copier(upstream: &str, mirror: &str, concurrency: usize) -> Result<Copier> {
-    let resolver = Resolver::new(ResolverConfig {
-        insecure_registries: [upstream.to_owned(), mirror.to_owned()].into(),
-        ..ResolverConfig::default()
-    })?;
-    let mut config = CopierConfig::new(MirrorLocation::new(mirror, PREFIX)?);
-    config.blob_concurrency = concurrency;
-    Ok(Copier::new(resolver, config, Credentials::anonymous()))
-}
-
-/// The mirror repository of `repository` on `upstream`.
-fn mirrored(upstream: &str, repository: &str) -> String {
-    format!("{PREFIX}/{}/{repository}", host_component(upstream))
-}
-
-fn reference(registry: &str, repository: &str, digest: &str) -> Result<Reference> {
-    Ok(Reference::parse(&format!("{registry}/{repository}@{digest}"))?)
-}
-
-/// Every manifest and blob of `digest` in `from/from_repo` is in `to/to_repo`, byte for byte
-/// (and with the same manifest media types); returns how many manifests and blobs were compared.
-async fn same_content(
-    (from, from_repo): (&str, &str),
-    (to, to_repo): (&str, &str),
-    digest: &str,
-) -> Result<(usize, usize)> {
-    let (manifests, blobs) = images::manifest_tree(from, from_repo, digest).await?;
-    for (kind, digests) in [("manifests", &manifests), ("blobs", &blobs)] {
-        for digest in digests {
-            let upstream = images::fetch_raw(from, from_repo, kind, digest).await?;
-            let copy = images::fetch_raw(to, to_repo, kind, digest)
-                .await
-                .with_context(|| format!("{kind} {digest} is not in {to}/{to_repo}"))?;
-            ensure!(
-                images::sha256_digest(&copy.1) == *digest,
-                "{to}/{to_repo} serves {kind} {digest} with other content"
-            );
-            ensure!(copy.1 == upstream.1, "{kind} {digest} differs from upstream");
-            if kind == "manifests" {
-                ensure!(
-                    copy.0 == upstream.0,
-                    "manifest {digest}: media type {:?} in the mirror, {:?} upstream",
-                    copy.0,
-                    upstream.0
-                );
-            }
-        }
-    }
-    Ok((manifests.len(), blobs.len()))
-}
-
-async fn copies_an_image_and_relocates_a_bundle_byte_for_byte(env: Arc<Env>) -> Result<()> {
-    let upstream = env.spare_registry().await?;
-    let mirror = env.spare_registry().await?;
-    let (up, m) = (upstream.addr.as_str(), mirror.addr.as_str());
-
-    let web = Image::with_files(&[("config/web.yml", b"kind: web\n")])?;
-    let web_digest = images::push(up, "apps/web", "1.0", &web).await?;
-    // The bundle's images live in other repositories: one image, one two-platform index.
-    let one = Image::with_files(&[("one.yml", b"one: 1\n")])?;
-    let one_digest = images::push(up, "images/one", "1", &one).await?;
-    let amd64 = Image::with_files(&[("two.yml", b"arch: amd64\n")])?;
-    let arm64 = Image::with_files(&[("two.yml", b"arch: arm64\n")])?;
-    let two_digest =
-        images::push_index(up, "images/two", "1", &[("amd64", &amd64), ("arm64", &arm64)]).await?;
-    let locked = [
-        format!("{up}/images/one@{one_digest}"),
-        format!("{up}/images/two@{two_digest}"),
-    ];
-    let bundle = Image::bundle(&[("config/app.yml", b"app: 1\n")], &locked)?;
-    let bundle_digest = images::push(up, "bundles/app", "1.0", &bundle).await?;
-
-    let copier = copier(up, m, 2)?;
-    let none = Credentials::anonymous();
-
-    // The tagged image, by the digest its tag points at.
-    let report = copier
-        .copy(&reference(up, "apps/web", &web_digest)?, &none)
-        .await?;
-    let web_repo = mirrored(up, "apps/web");
-    ensure!(
-        report.target == format!("{m}/{web_repo}@{web_digest}"),
-        "{report:?}"
-    );
-    ensure!(
-        (
-            report.manifests_copied,
-            report.blobs_copied,
-            report.blobs_present,
-            report.bundle_images
-        ) == (1, 2, 0, 0),
-        "{report:?}"
-    );
-    ensure!(
-        report.bytes_copied == (web.config.bytes.len() + web.layer.bytes.len()) as u64,
-        "{report:?}"
-    );
-    let compared = same_content((up, "apps/web"), (m, &web_repo), &web_digest).await?;
-    ensure!(compared == (1, 2), "compared {compared:?}");
-
-    // The bundle: it and both locked images (the index with both platforms) in ONE repository.
-    let report = copier
-        .copy(&reference(up, "bundles/app", &bundle_digest)?, &none)
-        .await?;
-    let bundle_repo = mirrored(up, "bundles/app");
-    ensure!(
-        report.target == format!("{m}/{bundle_repo}@{bundle_digest}"),
-        "{report:?}"
-    );
-    ensure!(
-        (report.manifests_copied, report.blobs_copied, report.bundle_images) == (5, 8, 2),
-        "bundle + image + index + 2 platform manifests, 4 configs and 4 layers: {report:?}"
-    );
-    same_content((up, "bundles/app"), (m, &bundle_repo), &bundle_digest).await?;
-    ensure!(same_content((up, "images/one"), (m, &bundle_repo), &one_digest).await? == (1, 2));
-    ensure!(same_content((up, "images/two"), (m, &bundle_repo), &two_digest).await? == (3, 4));
-    for (repository, digest) in [("images/one", &one_digest), ("images/two", &two_digest)] {
-        ensure!(
-            images::head_digest(m, &mirrored(up, repository), digest)
-                .await?
-                .is_none(),
-            "{repository} was copied to its own repository, not (only) into the bundle's"
-        );
-    }
-
-    // Again: the bundle's manifest is there, so nothing is read or sent.
-    let puts_before = mirror.requests_matching("\"PUT ");
-    let report = copier
-        .copy(&reference(up, "bundles/app", &bundle_digest)?, &none)
-        .await?;
-    ensure!(
-        (
-            report.manifests_present,
-            report.manifests_copied,
-            report.blobs_copied
-        ) == (1, 0, 0),
-        "{report:?}"
-    );
-    ensure!(
-        mirror.requests_matching("\"PUT ") == puts_before,
-        "a second copy wrote to the mirror"
-    );
-
-    // The same image in another upstream repository: its blobs are mounted from the first copy.
-    images::push(up, "apps/web-copy", "1.0", &web).await?;
-    let report = copier
-        .copy(&reference(up, "apps/web-copy", &web_digest)?, &none)
-        .await?;
-    ensure!(
-        (report.blobs_mounted, report.blobs_copied, report.manifests_copied) == (2, 0, 1),
-        "{report:?}"
-    );
-    let copy_repo = mirrored(up, "apps/web-copy");
-    let mounts = mirror.requests_matching(&format!("\"POST /v2/{copy_repo}/blobs/uploads/?mount="));
-    ensure!(
-        mounts == 2,
-        "{mounts} mount requests in the mirror's access log, expected 2"
-    );
-    same_content((up, "apps/web-copy"), (m, &copy_repo), &web_digest).await?;
-    Ok(())
-}
-
-/// How many times the registry completed an upload (`PUT …&digest=… 201`) of each blob.
-fn completed_uploads(registry: &SpareRegistry, blobs: &[String]) -> BTreeMap<String, usize> {
-    blobs
-        .iter()
-        .map(|digest| {
-            let hex = digest.trim_start_matches("sha256:");
-            let pattern = format!("digest=sha256%3A{hex} HTTP/1.1\" 201 ");
-            (digest.clone(), registry.requests_matching(&pattern))
-        })
-        .collect()
-}
-
-fn arrived(uploads: &BTreeMap<String, usize>) -> usize {
-    uploads.values().filter(|n| **n > 0).count()
-}
-
-async fn an_interrupted_copy_resumes_without_resending_blobs(env: Arc<Env>) -> Result<()> {
-    const LAYERS: usize = 8;
-    let upstream = env.spare_registry().await?;
-    let mut mirror = env.spare_registry().await?;
-    let up = upstream.addr.clone();
-    let dir = tempfile::tempdir()?;
-    let mut layers = Vec::new();
-    for i in 0..LAYERS {
-        let path = dir.path().join(format!("layer-{i}.tar"));
-        images::write_random_tar(&path, 12 * MIB, &[])?;
-        layers.push(images::push_blob_file(&up, "apps/big", &path, OCI_LAYER_TAR).await?);
-        std::fs::remove_file(&path)?;
-    }
-    let digest = images::push_image_of_layers(&up, "apps/big", "1.0", &layers, BTreeMap::new()).await?;
-    let blobs = LAYERS + 1;
-    let repo = mirrored(&up, "apps/big");
-    let source = reference(&up, "apps/big", &digest)?;
-
-    // One blob at a time; the mirror goes down once the config and three layers have arrived.
-    let (events, mut progress) = tokio::sync::mpsc::unbounded_channel();
-    let copier = Arc::new(copier(&up, &mirror.addr, 1)?.with_events(events));
-    let mut copy = tokio::spawn({
-        let (copier, source) = (copier.clone(), source.clone());
-        async move { copier.copy(&source, &Credentials::anonymous()).await }
-    });
-    let mut copied = 0;
-    while copied < 4 {
-        tokio::select! {
-            event = progress.recv() => {
-                let event = event.context("the copier dropped its event channel")?;
-                copied += usize::from(matches!(event, CopyEvent::BlobCopied { .. }));
-            }
-            ended = &mut copy => bail!("the copy ended after {copied} blobs, before the outage: {ended:?}"),
-            () = tokio::time::sleep(Duration::from_secs(60)) => bail!("no copy progress within 60 s"),
-        }
-    }
-    mirror.stop();
-    let interrupted = copy.await?;
-    let Err(error) = interrupted else {
-        bail!("the copy finished before the mirror stopped: {interrupted:?}");
-    };
-    ensure!(
-        error.is_transient(),
-        "an outage should be a transient error: {error}"
-    );
-    let (_, all_blobs) = images::manifest_tree(&up, "apps/big", &digest).await?;
-    ensure!(all_blobs.len() == blobs, "{all_blobs:?}");
-    // The access log starts anew when the registry restarts: count each run on its own.
-    let before_outage = completed_uploads(&mirror, &all_blobs);
-    let first = arrived(&before_outage);
-    ensure!(
-        (4..blobs).contains(&first),
-        "{first} of {blobs} blobs arrived before the outage"
-    );
-
-    mirror.start().await?;
-    ensure!(
-        images::head_digest(&mirror.addr, &repo, &digest).await?.is_none(),
-        "the mirror has the manifest of a half-copied image"
-    );
-    let report = copier.copy(&source, &Credentials::anonymous()).await?;
-    ensure!(
-        report.blobs_present == first && report.blobs_copied == blobs - first,
-        "resumed with {} present and {} copied, {first} had arrived before: {report:?}",
-        report.blobs_present,
-        report.blobs_copied,
-    );
-    ensure!(report.manifests_copied == 1, "{report:?}");
-    let after_outage = completed_uploads(&mirror, &all_blobs);
-    let uploads: BTreeMap<&String, (usize, usize)> = all_blobs
-        .iter()
-        .map(|d| (d, (before_outage[d], after_outage[d])))
-        .collect();
-    ensure!(
-        uploads.values().all(|(before, after)| before + after == 1),
-        "uploads of each blob (before the outage, after it) must add up to exactly one: {uploads:?}"
-    );
-    same_content((&up, "apps/big"), (&mirror.addr, &repo), &digest).await?;
-    Ok(())
-}
-
-fn fields(line: &str) -> BTreeMap<&str, &str> {
-    line.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .collect()
-}
-
-async fn a_200_mib_bundle_is_copied_in_under_64_mib_of_memory(env: Arc<Env>) -> Result<()> {
-    const SIZE: u64 = 200 * MIB;
-    let dir = tempfile::tempdir()?;
-    // The layer, then a copy in each registry.
-    let free = images::free_disk_bytes(dir.path())?;
-    ensure!(
-        free > 4 * SIZE,
-        "only {} MiB free for a {} MiB test",
-        free / MIB,
-        SIZE / MIB
-    );
-    let upstream = env.spare_registry().await?;
-    let mirror = env.spare_registry().await?;
-    let (up, m) = (upstream.addr.as_str(), mirror.addr.as_str());
-
-    let small = Image::with_files(&[("small.yml", b"small: true\n")])?;
-    let small_digest = images::push(up, "images/small", "1", &small).await?;
-    let lock = images::images_lock_yaml(&[format!("{up}/images/small@{small_digest}")]);
-    // The ImagesLock comes after the 200 MiB in the tar: the copier must scan the whole layer.
-    let path = dir.path().join("bundle-layer.tar");
-    images::write_random_tar(&path, SIZE, &[(".imgpkg/images.yml", lock.as_bytes())])?;
-    let layer = images::push_blob_file(up, "bundles/big", &path, OCI_LAYER_TAR).await?;
-    drop(dir);
-    let labels = [(IMGPKG_BUNDLE_LABEL.to_owned(), "true".to_owned())].into();
-    let digest =
-        images::push_image_of_layers(up, "bundles/big", "1.0", std::slice::from_ref(&layer), labels).await?;
-
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_holdfast-mirror-copy"))
-        .args([&format!("{up}/bundles/big@{digest}"), m, PREFIX])
-        .args(["--insecure", up, "--insecure", m])
-        .kill_on_drop(true)
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "holdfast-mirror-copy failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report = fields(stdout.trim());
-    let number = |key: &str| -> Result<u64> {
-        report
-            .get(key)
-            .and_then(|v| v.parse().ok())
-            .with_context(|| format!("no {key} in {stdout:?}"))
-    };
-    let peak_kib = number("vmhwm_kib")?;
-    eprintln!(
-        "  200 MiB bundle copied: peak RSS {:.1} MiB; {}",
-        peak_kib as f64 / 1024.0,
-        stdout.trim()
-    );
-    ensure!(number("bytes_copied")? >= SIZE, "{stdout}");
-    ensure!(
-        (number("bundle_images")?, number("manifests_copied")?) == (1, 2),
-        "{stdout}"
-    );
-    ensure!(peak_kib < 64 * 1024, "peak RSS {peak_kib} KiB, limit 64 MiB");
-    let repo = mirrored(up, "bundles/big");
-    ensure!(same_content((up, "images/small"), (m, &repo), &small_digest).await? == (1, 2));
-    let (manifests, blobs) = images::manifest_tree(m, &repo, &digest).await?;
-    ensure!(manifests == [digest.clone()], "{manifests:?}");
-    ensure!(
-        blobs.contains(&layer.digest),
-        "the 200 MiB layer is not in the mirrored manifest"
-    );
-    let present: BTreeSet<String> = [layer.digest.clone()].into();
-    for blob in &present {
-        let url = format!("http://{m}/v2/{repo}/blobs/{blob}");
-        let head = reqwest::Client::new().head(&url).send().await?;
-        ensure!(head.status().is_success(), "HEAD {url}: {}", head.status());
-        let length = head
-            .headers()
-            .get(reqwest::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        ensure!(length == Some(layer.size), "{url}: {length:?} bytes");
-    }
-    Ok(())
-}
 
 /// The reference of an App's first fetch entry: `image.url` or `imgpkgBundle.image`.
 fn url_of(app: Option<&DynamicObject>) -> Option<String> {

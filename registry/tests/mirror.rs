@@ -5,7 +5,7 @@
 //! nor may any manifest be pushed. Deleting a copy is checked against a fake mirror for the
 //! answers a real one gives only when misconfigured (405: deletes disabled), and what a copy holds
 //! (an index's manifests, a bundle's locked images) is read back from a fake mirror. The happy paths run
-//! against real registries in `e2e/tests/mirror.rs`.
+//! against real registries in `e2e/tests/mirror_copier.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::{

@@ -1,0 +1,32 @@
+//! The checks of what SECURITY.md promises. Each returns what is wrong, empty when all is well,
+//! so one run reports every broken promise, and a test can mutate a copy and look for the problem
+//! it should cause.
+
+mod availability;
+mod containers;
+mod network;
+mod roles;
+mod served;
+mod webhooks;
+
+use serde_yaml::Value;
+
+pub use self::{
+    availability::check_availability, containers::check_containers, network::check_network,
+    roles::check_no_wildcards, served::check_served, webhooks::check_webhooks,
+};
+use crate::fence::check_fence;
+
+/// Everything SECURITY.md promises of any rendering of the manifests.
+pub fn check_all(objects: &[Value]) -> Vec<String> {
+    [
+        check_no_wildcards(objects),
+        check_webhooks(objects),
+        check_served(objects),
+        check_containers(objects),
+        check_availability(objects),
+        check_network(objects),
+        check_fence(objects),
+    ]
+    .concat()
+}

@@ -1,0 +1,153 @@
+//! The controller's fence (`manifests/base/controller/fence.yaml`; issue 15, item 5): a
+//! ValidatingAdmissionPolicy on the controller's ServiceAccount, whose rows must be the fast
+//! finalizer's table for the controller's flags, so that the token can do no more than the code.
+
+use std::collections::BTreeSet;
+
+use serde_yaml::Value;
+
+use crate::yaml::{at, find, id, items, of_kind, strings, text};
+
+/// The fence's name (its policy and its binding).
+pub const FENCE: &str = "holdfast-controller-fence";
+
+/// What the fence can see of one row of the fast finalizer's table, as the policy's `deletable`
+/// variable writes it: the resource (`resource.group`), the label that finds it, and the kind
+/// (`Kind.group`) an ownerReference must name — the controller reference if `controller` — or
+/// `''` when its namespace must be being deleted. Whether that owner is being deleted, and has
+/// that uid, is not in the request: the controller checks it (`deletable::permits`).
+pub fn fence_row(row: &holdfast_controller::deletable::Deletable) -> String {
+    use holdfast_controller::deletable::Condition;
+    let resource = match row.group {
+        "" => row.resource.to_owned(),
+        group => format!("{}.{group}", row.resource),
+    };
+    let (owner, controller) = match row.condition {
+        Condition::OwnerTerminating {
+            group,
+            kind,
+            controller,
+            ..
+        } => (format!("{kind}.{group}"), controller),
+        Condition::NamespaceTerminating => (String::new(), false),
+    };
+    format!(
+        "{{'resource': '{resource}', 'label': '{}', 'owner': '{owner}', 'controller': '{controller}'}}",
+        row.label.unwrap_or_default()
+    )
+}
+
+/// The rows of the fence for a controller started with `args`: every row of `DELETABLE` that
+/// is always on or whose opt-in flag the args set.
+pub fn fence_rows_for(args: &[String]) -> Vec<String> {
+    holdfast_controller::deletable::DELETABLE
+        .iter()
+        .filter(|d| d.opt_in.is_none_or(|flag| args.contains(&format!("{flag}=true"))))
+        .map(fence_row)
+        .collect()
+}
+
+/// The policy's variable `name`, as written.
+pub fn fence_variable<'a>(policy: &'a Value, name: &str) -> &'a str {
+    items(policy, "spec.variables")
+        .into_iter()
+        .find(|v| text(v, "name") == name)
+        .map(|v| text(v, "expression"))
+        .unwrap_or_default()
+}
+
+/// The rows of the policy's `deletable` variable: one per line, as the file lays them out.
+pub fn fence_rows(policy: &Value) -> Vec<String> {
+    fence_variable(policy, "deletable")
+        .lines()
+        .map(|l| l.trim().trim_end_matches(',').to_owned())
+        .filter(|l| l.starts_with('{'))
+        .collect()
+}
+
+/// The fence is installed, fails closed, denies, binds to holdfast-controller's ServiceAccount
+/// (as the controller Deployment runs it, in its namespace), holds the table's rows for the
+/// controller's flags, and answers every refusal with 403 Forbidden: a 422 without causes is what
+/// the controller takes for a failed resourceVersion guard and retries quietly
+/// (`controller/src/pinning.rs`, `guard_failed`).
+pub fn check_fence(objects: &[Value]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let (Ok(policy), Ok(controller)) = (
+        find(objects, "ValidatingAdmissionPolicy", FENCE),
+        find(objects, "Deployment", "holdfast-controller"),
+    ) else {
+        return vec![format!("no ValidatingAdmissionPolicy {FENCE} (or no controller)")];
+    };
+    if text(policy, "spec.failurePolicy") != "Fail" {
+        problems.push(format!("{}: failurePolicy is not Fail", id(policy)));
+    }
+    let account = format!(
+        "system:serviceaccount:{}:{}",
+        text(controller, "metadata.namespace"),
+        text(controller, "spec.template.spec.serviceAccountName")
+    );
+    let conditions = items(policy, "spec.matchConditions");
+    if conditions.len() != 1
+        || text(conditions[0], "expression") != format!("request.userInfo.username == '{account}'")
+    {
+        problems.push(format!("{}: does not match {account} alone", id(policy)));
+    }
+    let rules: BTreeSet<(Vec<String>, Vec<String>, Vec<String>)> =
+        items(policy, "spec.matchConstraints.resourceRules")
+            .into_iter()
+            .map(|r| {
+                (
+                    strings(r.get("operations")),
+                    strings(r.get("apiGroups")),
+                    strings(r.get("resources")),
+                )
+            })
+            .collect();
+    // Every DELETE, and the UPDATEs of the pinned kinds kube-apiserver admits itself: Packages
+    // go to kapp-controller's aggregated API server, which no policy of kube-apiserver sees.
+    let mut expected = BTreeSet::from([(vec!["DELETE".into()], vec!["*".into()], vec!["*".into()])]);
+    for kind in holdfast_pins::PinnedKind::ALL {
+        if kind != holdfast_pins::PinnedKind::Package {
+            expected.insert((
+                vec!["UPDATE".into()],
+                vec![kind.group().into()],
+                vec![kind.resource().into()],
+            ));
+        }
+    }
+    if rules != expected {
+        problems.push(format!("{}: matches {rules:?}, not {expected:?}", id(policy)));
+    }
+    let args = strings(at(controller, "spec.template.spec.containers.0.args"));
+    let (rows, wanted) = (fence_rows(policy), fence_rows_for(&args));
+    if rows != wanted {
+        problems.push(format!(
+            "{}: the deletable rows are not controller/src/deletable.rs's DELETABLE for the controller's flags; they should read:\n{}",
+            id(policy),
+            wanted.join(",\n")
+        ));
+    }
+    for (i, validation) in items(policy, "spec.validations").iter().enumerate() {
+        if text(validation, "reason") != "Forbidden" {
+            problems.push(format!(
+                "{}: validations[{i}] answers without reason Forbidden",
+                id(policy)
+            ));
+        }
+    }
+    let bindings: Vec<&Value> = of_kind(objects, "ValidatingAdmissionPolicyBinding")
+        .into_iter()
+        .filter(|b| text(b, "spec.policyName") == FENCE)
+        .collect();
+    let enforced = bindings.iter().any(|b| {
+        strings(b.get("spec").and_then(|s| s.get("validationActions"))) == ["Deny"]
+            && at(b, "spec.matchResources").is_none()
+            && at(b, "spec.paramRef").is_none()
+    });
+    if !enforced {
+        problems.push(format!(
+            "no binding of {FENCE} with validationActions [Deny] on every object"
+        ));
+    }
+    problems
+}
