@@ -226,6 +226,7 @@ pub async fn run(
         let references = references.clone();
         tokio::spawn(async move {
             references.ready().await;
+            tracing::debug!("mirror: every pinned kind listed; retention's clocks run");
             let _ = listed_tx.send(true);
         });
     }

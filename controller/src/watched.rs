@@ -86,6 +86,10 @@ impl Namespaces {
 
 pub struct Watched {
     kinds: Vec<WatchedKind>,
+    /// Turns true once the watch's first list is complete, one per kind and the namespaces'.
+    /// Not `Store::wait_until_ready`: a store wakes only one of its concurrent waiters, and the
+    /// pinning controllers wait on the same stores.
+    listed: Vec<watch::Receiver<bool>>,
     /// Each kind's triggers, for its pinning controller (taken once).
     triggers: Mutex<Vec<Option<Trigger>>>,
     namespaces: Namespaces,
@@ -101,7 +105,14 @@ impl Watched {
         let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), &namespace_resource);
         let writer = Writer::new(namespace_resource.clone());
         let store = writer.as_reader();
-        spawn_watch(api, writer, labels_fingerprint, &changed, None, cancel);
+        let mut listed = vec![spawn_watch(
+            api,
+            writer,
+            labels_fingerprint,
+            &changed,
+            None,
+            cancel,
+        )];
         let mut triggers = Vec::new();
         let kinds = kinds
             .into_iter()
@@ -111,7 +122,14 @@ impl Watched {
                 let store = writer.as_reader();
                 let (trigger, triggered) = mpsc::channel(BUFFER);
                 triggers.push(Some(triggered));
-                spawn_watch(api, writer, spec_fingerprint, &changed, Some(trigger), cancel);
+                listed.push(spawn_watch(
+                    api,
+                    writer,
+                    spec_fingerprint,
+                    &changed,
+                    Some(trigger),
+                    cancel,
+                ));
                 WatchedKind {
                     kind,
                     resource,
@@ -121,6 +139,7 @@ impl Watched {
             .collect();
         Self {
             kinds,
+            listed,
             triggers: Mutex::new(triggers),
             namespaces: Namespaces {
                 resource: namespace_resource,
@@ -158,11 +177,10 @@ impl Watched {
 
     /// Resolves once every kind and the namespaces have been listed in full.
     pub async fn ready(&self) {
-        for kind in &self.kinds {
-            // The writer lives as long as its watch; a dropped one (shutdown) is no wait either.
-            let _ = kind.store.wait_until_ready().await;
+        for listed in &self.listed {
+            // A watch that ended (shutdown) is no wait either.
+            let _ = listed.clone().wait_for(|listed| *listed).await;
         }
-        let _ = self.namespaces.store.wait_until_ready().await;
     }
 
     /// Changes whenever what the objects reference may have changed (see [`significant`]).
@@ -174,7 +192,7 @@ impl Watched {
 /// Keeps `writer`'s store by a watch of `api` until `cancel`, the objects without
 /// `managedFields` and `status`; a [`significant`] event (by `fingerprint`) bumps `changed`, and
 /// `trigger` gets every object applied (all of them when a re-list completes), as kube's shared
-/// stores dispatch them.
+/// stores dispatch them. The receiver turns true once the first list is complete.
 fn spawn_watch<K>(
     api: Api<K>,
     writer: Writer<K>,
@@ -182,7 +200,8 @@ fn spawn_watch<K>(
     changed: &watch::Sender<u64>,
     trigger: Option<mpsc::Sender<Arc<K>>>,
     cancel: &CancellationToken,
-) where
+) -> watch::Receiver<bool>
+where
     K: Resource<DynamicType = ApiResource> + Clone + DeserializeOwned + Debug + Send + Sync + Slim + 'static,
 {
     let kind = api.resource_url().to_owned();
@@ -195,12 +214,16 @@ fn spawn_watch<K>(
     )
     .take_until(cancel.clone().cancelled_owned());
     let changed = changed.clone();
+    let (listed_tx, listed) = watch::channel(false);
     tokio::spawn(async move {
         let mut events = std::pin::pin!(events);
         let mut seen = HashMap::new();
         while let Some(event) = events.next().await {
             match event {
                 Ok(event) => {
+                    if matches!(event, watcher::Event::InitDone) {
+                        listed_tx.send_replace(true);
+                    }
                     if significant(&mut seen, &event, fingerprint) {
                         changed.send_modify(|n| *n = n.wrapping_add(1));
                     }
@@ -220,6 +243,7 @@ fn spawn_watch<K>(
             }
         }
     });
+    listed
 }
 
 /// What a store keeps of an object: all but what nothing reads.
