@@ -87,7 +87,8 @@ async fn a_hand_made_entry_naming_another_namespaces_secret_sends_nothing(env: A
         error: None,
         secret_uid: None,
     };
-    let object: DynamicObject = serde_json::from_value(cluster_store::to_object(&entry))?;
+    let object: DynamicObject =
+        serde_json::from_value(serde_json::to_value(cluster_store::to_object(&entry))?)?;
     let entries = cluster_store::api(client.clone(), &controller.namespace);
     entries.create(&PostParams::default(), &object).await?;
     holdfast_e2e::wait::until(

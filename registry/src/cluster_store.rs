@@ -1,6 +1,7 @@
-//! The digest cache persisted in the cluster: each entry is a `DigestCacheEntry` object in
-//! holdfast's namespace (CRD in `manifests/crds/`), written by server-side apply in the background
-//! and read back through a watch into every replica's [`DigestCache`].
+//! The digest cache persisted in the cluster: each entry is a [`DigestCacheEntry`] object in
+//! holdfast's namespace (typed in [`crd`], which generates the CRD in `manifests/crds/`), written
+//! by server-side apply in the background and read back through a watch into every replica's
+//! [`DigestCache`].
 //!
 //! The mirror record of an entry (`spec.mirror`, `spec.mirroredAt`) is written by a field manager
 //! of its own, [`MIRROR_FIELD_MANAGER`]: the entry's own applies (every refresh) leave it alone,
@@ -13,26 +14,24 @@
 //! ([`MirrorFields`]), and replicas load them whole: writes to one object merge and a re-list
 //! skips states, so a copy the object no longer records is gone whatever `mirrorDeleted` names.
 
-use std::{collections::HashMap, sync::Arc, time::SystemTime};
+use std::{collections::HashMap, sync::Arc};
 
 use futures::StreamExt;
 use kube::{
-    Api, Client,
-    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams},
+    Api, Client, CustomResourceExt,
+    api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams},
     runtime::{WatchStreamExt, watcher},
 };
-use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
-use time::{OffsetDateTime, format_description::well_known::Rfc3339};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    Digest,
-    cache::{
-        CacheEntry, CacheKey, DigestCache, EntrySink, MirrorDeletion, MirrorFields, Mirrored, Scope,
-        Superseded,
-    },
+pub mod crd;
+
+pub use crd::{DigestCacheEntry, DigestCacheEntrySpec, MirrorApply, MirrorRecord};
+
+use crate::cache::{
+    CacheEntry, CacheKey, DigestCache, EntrySink, MirrorDeletion, MirrorFields, Mirrored, Superseded,
 };
 
 pub const FIELD_MANAGER: &str = "holdfast";
@@ -40,10 +39,7 @@ pub const FIELD_MANAGER: &str = "holdfast";
 pub const MIRROR_FIELD_MANAGER: &str = "holdfast-mirror";
 
 pub fn resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("holdfast.dev", "v1alpha1", "DigestCacheEntry"),
-        "digestcacheentries",
-    )
+    DigestCacheEntry::api_resource()
 }
 
 /// The object name for a key: stable, and short enough for any reference.
@@ -52,149 +48,49 @@ pub fn object_name(key: &CacheKey) -> String {
     format!("d-{}", &hex::encode(Sha256::digest(bytes))[..40])
 }
 
-fn rfc3339(at: SystemTime) -> String {
-    OffsetDateTime::from(at).format(&Rfc3339).unwrap_or_default()
-}
-
-fn parse_time(value: &Value) -> Option<SystemTime> {
-    OffsetDateTime::parse(value.as_str()?, &Rfc3339)
-        .ok()
-        .map(SystemTime::from)
-}
-
-fn scope_text(scope: &Scope) -> String {
-    scope.to_string()
-}
-
-fn parse_scope(text: &str) -> Option<Scope> {
-    if text == "anonymous" {
-        return Some(Scope::Anonymous);
-    }
-    let (namespace, name) = text.strip_prefix("secret:")?.split_once('/')?;
-    Some(Scope::Secret {
-        namespace: namespace.into(),
-        name: name.into(),
-    })
-}
-
-/// The object holding `entry`.
-pub fn to_object(entry: &CacheEntry) -> Value {
-    let mut spec = json!({
-        "reference": entry.key.reference,
-        "scope": scope_text(&entry.key.scope),
-        "digest": entry.digest.as_str(),
-        "resolvedAt": rfc3339(entry.resolved_at),
-        "checkedAt": rfc3339(entry.checked_at),
-        "state": if entry.error.is_some() { "Stale" } else { "Fresh" },
-    });
-    for (field, value) in [
-        ("selection", &entry.key.selection),
-        ("tag", &entry.tag),
-        ("error", &entry.error),
-        ("secretUID", &entry.secret_uid),
-    ] {
-        if let Some(value) = value {
-            spec[field] = json!(value);
-        }
-    }
-    json!({
-        "apiVersion": "holdfast.dev/v1alpha1",
-        "kind": "DigestCacheEntry",
-        "metadata": {"name": object_name(&entry.key)},
-        "spec": spec,
-    })
+/// The object holding `entry`: what [`FIELD_MANAGER`] applies, without the mirror fields.
+pub fn to_object(entry: &CacheEntry) -> DigestCacheEntry {
+    DigestCacheEntry::new(&object_name(&entry.key), entry.into())
 }
 
 /// The apply configuration that records `fields` on the object of `key`: only the fields
 /// [`MIRROR_FIELD_MANAGER`] owns, all of them (those left out are removed).
-pub fn mirror_patch(key: &CacheKey, fields: &MirrorFields) -> Value {
-    let mut spec = json!({});
-    if let Some(current) = &fields.current {
-        spec["mirror"] = json!(current.location);
-        spec["mirroredAt"] = json!(rfc3339(current.at));
-    }
-    if !fields.superseded.is_empty() {
-        let superseded: Vec<Value> = fields
-            .superseded
-            .iter()
-            .map(|s| json!({"location": s.location, "since": rfc3339(s.since)}))
-            .collect();
-        spec["mirrorSuperseded"] = json!(superseded);
-    }
-    if let Some(deleted) = &fields.deleted {
-        spec["mirrorDeleted"] = json!(deleted.location);
-        spec["mirrorDeletedAt"] = json!(rfc3339(deleted.at));
-    }
-    json!({
-        "apiVersion": "holdfast.dev/v1alpha1",
-        "kind": "DigestCacheEntry",
-        "metadata": {"name": object_name(key)},
-        "spec": spec,
-    })
+pub fn mirror_patch(key: &CacheKey, fields: &MirrorFields) -> MirrorApply {
+    MirrorApply::new(object_name(key), fields.into())
+}
+
+/// `object` as the typed entry; an error for an object holdfast did not write (a field
+/// missing, a digest or time that does not parse).
+pub fn parse(object: &DynamicObject) -> Result<DigestCacheEntry, serde_json::Error> {
+    serde_json::to_value(object).and_then(serde_json::from_value)
 }
 
 /// The superseded copies an object records.
 pub fn superseded_from_object(object: &DynamicObject) -> Vec<Superseded> {
-    let listed = object
-        .data
-        .pointer("/spec/mirrorSuperseded")
-        .and_then(Value::as_array);
-    listed
-        .into_iter()
-        .flatten()
-        .filter_map(|copy| {
-            Some(Superseded {
-                location: copy.get("location")?.as_str()?.to_owned(),
-                since: parse_time(copy.get("since")?)?,
-            })
-        })
-        .collect()
+    mirror_fields_from_object(object).superseded
 }
 
 /// The mirror deletion an object records, if any.
 pub fn mirror_deleted_from_object(object: &DynamicObject) -> Option<MirrorDeletion> {
-    let spec = object.data.get("spec")?;
-    Some(MirrorDeletion {
-        location: spec.get("mirrorDeleted")?.as_str()?.to_owned(),
-        at: parse_time(spec.get("mirrorDeletedAt")?)?,
-    })
+    mirror_fields_from_object(object).deleted
 }
 
 /// The mirror record an object holds, if any.
 pub fn mirrored_from_object(object: &DynamicObject) -> Option<Mirrored> {
-    let spec = object.data.get("spec")?;
-    Some(Mirrored {
-        location: spec.get("mirror")?.as_str()?.to_owned(),
-        at: parse_time(spec.get("mirroredAt")?)?,
-    })
+    mirror_fields_from_object(object).current
 }
 
-/// Every mirror field an object holds (what [`MIRROR_FIELD_MANAGER`] last applied).
+/// Every mirror field an object holds (what [`MIRROR_FIELD_MANAGER`] last applied); none for
+/// an object holdfast did not write.
 pub fn mirror_fields_from_object(object: &DynamicObject) -> MirrorFields {
-    MirrorFields {
-        current: mirrored_from_object(object),
-        superseded: superseded_from_object(object),
-        deleted: mirror_deleted_from_object(object),
-    }
+    parse(object)
+        .map(|typed| MirrorFields::from(&typed.spec.mirror))
+        .unwrap_or_default()
 }
 
 /// The entry an object holds; `None` for an object holdfast did not write.
 pub fn from_object(object: &DynamicObject) -> Option<CacheEntry> {
-    let spec = object.data.get("spec")?;
-    let text = |field: &str| spec.get(field).and_then(Value::as_str).map(str::to_owned);
-    Some(CacheEntry {
-        key: CacheKey {
-            reference: text("reference")?,
-            selection: text("selection"),
-            scope: parse_scope(spec.get("scope")?.as_str()?)?,
-        },
-        digest: Digest::parse(spec.get("digest")?.as_str()?).ok()?,
-        tag: text("tag"),
-        resolved_at: parse_time(spec.get("resolvedAt")?)?,
-        checked_at: parse_time(spec.get("checkedAt")?)?,
-        error: text("error"),
-        secret_uid: text("secretUID"),
-    })
+    parse(object).ok().map(|typed| CacheEntry::from(&typed.spec))
 }
 
 /// Persists entries in the background: `persist` never waits for the API server, and a burst of
@@ -249,7 +145,7 @@ impl ClusterSink {
                 let writes = async {
                     for entry in entries.into_values() {
                         let name = object_name(&entry.key);
-                        if let Err(error) = api.patch(&name, &params, &Patch::Apply(to_object(&entry))).await
+                        if let Err(error) = api.patch(&name, &params, &Patch::Apply(&to_object(&entry))).await
                         {
                             tracing::warn!(%error, reference = %entry.key.reference, "could not persist a digest cache entry");
                         }
@@ -257,7 +153,7 @@ impl ClusterSink {
                     for (key, fields) in records {
                         let name = object_name(&key);
                         let patch = mirror_patch(&key, &fields);
-                        if let Err(error) = api.patch(&name, &mirror_params, &Patch::Apply(patch)).await {
+                        if let Err(error) = api.patch(&name, &mirror_params, &Patch::Apply(&patch)).await {
                             let location = fields.current.as_ref().map(|c| c.location.as_str());
                             tracing::warn!(%error, reference = %key.reference, ?location, "could not persist a mirror record");
                         }
@@ -328,30 +224,48 @@ pub fn follow(
 }
 
 /// Loads what `object` holds into `cache`: its entry, and its mirror records whole (what the
-/// object no longer records is gone, see [`DigestCache::load_mirror`]).
+/// object no longer records is gone, see [`DigestCache::load_mirror`]). An object holdfast did
+/// not write is left out, with a warning: it must not stop the others from loading.
 fn load(cache: &DigestCache, object: &DynamicObject) {
-    if let Some(entry) = from_object(object) {
-        let key = entry.key.clone();
-        cache.insert(entry);
-        cache.load_mirror(key, mirror_fields_from_object(object));
+    match parse(object) {
+        Ok(typed) => {
+            let entry = CacheEntry::from(&typed.spec);
+            let key = entry.key.clone();
+            cache.insert(entry);
+            cache.load_mirror(key, MirrorFields::from(&typed.spec.mirror));
+        }
+        Err(error) => {
+            let name = object.metadata.name.as_deref().unwrap_or_default();
+            tracing::warn!(%error, name, "ignoring a digest cache entry holdfast cannot read");
+        }
     }
 }
 
-/// The namespaced API for the entries (holdfast's namespace).
+/// The namespaced API for the entries (holdfast's namespace). Untyped on purpose: a list or watch
+/// of `Api<DigestCacheEntry>` fails whole on one object that does not parse (kube's watcher then
+/// re-lists with backoff, never synced), so [`follow`] parses each object on its own ([`parse`]).
 pub fn api(client: Client, namespace: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client, namespace, &resource())
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, SystemTime};
+
+    use serde_json::{Value, json};
 
     use super::*;
+    use crate::{Digest, cache::Scope};
 
-    #[test]
-    fn entries_round_trip_through_objects() {
-        let now = SystemTime::now();
-        let entry = CacheEntry {
+    /// What the API server gets for `object`.
+    fn json_of(object: impl serde::Serialize) -> Value {
+        serde_json::to_value(object).unwrap()
+    }
+
+    /// An entry with every field set: a selection picked its tag, with a Secret, and the last
+    /// check failed.
+    fn full_entry(resolved_at: SystemTime, checked_at: SystemTime) -> CacheEntry {
+        CacheEntry {
             key: CacheKey {
                 reference: "registry.example/team/app".into(),
                 selection: Some(r#"{"semver":{"constraints":">=1.0.0"}}"#.into()),
@@ -362,12 +276,18 @@ mod tests {
             },
             digest: Digest::sha256_of(b"x"),
             tag: Some("1.2.0".into()),
-            resolved_at: now - Duration::from_secs(30),
-            checked_at: now,
+            resolved_at,
+            checked_at,
             error: Some("timeout".into()),
             secret_uid: Some("0b5f-uid".into()),
-        };
-        let object: DynamicObject = serde_json::from_value(to_object(&entry)).unwrap();
+        }
+    }
+
+    #[test]
+    fn entries_round_trip_through_objects() {
+        let now = SystemTime::now();
+        let entry = full_entry(now - Duration::from_secs(30), now);
+        let object: DynamicObject = serde_json::from_value(json_of(to_object(&entry))).unwrap();
         let back = from_object(&object).unwrap();
         assert_eq!(back.key, entry.key);
         assert_eq!(
@@ -403,7 +323,7 @@ mod tests {
             current: Some(mirrored.clone()),
             ..MirrorFields::default()
         };
-        let patch = mirror_patch(&key, &copied);
+        let patch = json_of(mirror_patch(&key, &copied));
         // Only the record's fields: the entry's own applies keep owning the rest.
         let mut fields: Vec<&String> = patch["spec"].as_object().unwrap().keys().collect();
         fields.sort();
@@ -412,7 +332,7 @@ mod tests {
 
         // Applied on the entry's object (the manager's fields beside the entry's): read back.
         let applied = |patch: &Value| {
-            let mut object = to_object(&entry);
+            let mut object = json_of(to_object(&entry));
             for (field, value) in patch["spec"].as_object().unwrap() {
                 object["spec"][field] = value.clone();
             }
@@ -436,14 +356,14 @@ mod tests {
             location: mirrored.location.clone(),
             since: moved.at,
         };
-        let object = applied(&mirror_patch(
+        let object = applied(&json_of(mirror_patch(
             &key,
             &MirrorFields {
                 current: Some(moved.clone()),
                 superseded: vec![superseded.clone()],
                 deleted: None,
             },
-        ));
+        )));
         assert_eq!(mirrored_from_object(&object), Some(moved.clone()));
         assert_eq!(superseded_from_object(&object), [superseded]);
 
@@ -453,14 +373,14 @@ mod tests {
             location: mirrored.location,
             at: now + Duration::from_secs(2),
         };
-        let patch = mirror_patch(
+        let patch = json_of(mirror_patch(
             &key,
             &MirrorFields {
                 current: Some(moved.clone()),
                 superseded: Vec::new(),
                 deleted: Some(deleted.clone()),
             },
-        );
+        ));
         let mut fields: Vec<&String> = patch["spec"].as_object().unwrap().keys().collect();
         fields.sort();
         assert_eq!(
@@ -477,7 +397,7 @@ mod tests {
             deleted: Some(deleted),
             ..MirrorFields::default()
         };
-        assert!(mirrored_from_object(&applied(&mirror_patch(&key, &only_deleted))).is_none());
+        assert!(mirrored_from_object(&applied(&json_of(mirror_patch(&key, &only_deleted)))).is_none());
     }
 
     /// Loading asks no registry.
@@ -514,8 +434,8 @@ mod tests {
         };
         // The entry's object with the mirror manager's fields `fields` (those it holds now).
         let object = |fields: &MirrorFields| {
-            let mut object = to_object(&entry);
-            for (field, value) in mirror_patch(&key, fields)["spec"].as_object().unwrap() {
+            let mut object = json_of(to_object(&entry));
+            for (field, value) in json_of(mirror_patch(&key, fields))["spec"].as_object().unwrap() {
                 object["spec"][field] = value.clone();
             }
             serde_json::from_value::<DynamicObject>(object).unwrap()
@@ -561,5 +481,108 @@ mod tests {
         let object: DynamicObject =
             serde_json::from_value(json!({"apiVersion": "holdfast.dev/v1alpha1", "kind": "DigestCacheEntry", "metadata": {"name": "x"}, "spec": {"reference": "r"}})).unwrap();
         assert!(from_object(&object).is_none());
+    }
+
+    /// The objects are those holdfast wrote before they were typed (existing clusters hold them,
+    /// other replicas read them): same fields, unset ones left out, each manager's fields alone.
+    #[test]
+    fn objects_are_written_as_before() {
+        let at = |secs, nanos| SystemTime::UNIX_EPOCH + Duration::new(secs, nanos);
+        let full = full_entry(at(1_700_000_000, 0), at(1_700_000_030, 250_000_000));
+        let digest = full.digest.clone();
+        let name = object_name(&full.key);
+        assert_eq!(
+            json_of(to_object(&full)),
+            json!({
+                "apiVersion": "holdfast.dev/v1alpha1",
+                "kind": "DigestCacheEntry",
+                "metadata": {"name": name},
+                "spec": {
+                    "reference": "registry.example/team/app",
+                    "selection": r#"{"semver":{"constraints":">=1.0.0"}}"#,
+                    "scope": "secret:apps/creds",
+                    "secretUID": "0b5f-uid",
+                    "digest": digest.as_str(),
+                    "tag": "1.2.0",
+                    "resolvedAt": "2023-11-14T22:13:20Z",
+                    "checkedAt": "2023-11-14T22:13:50.25Z",
+                    "state": "Stale",
+                    "error": "timeout",
+                },
+            })
+        );
+        let fresh = tag_entry(b"x", at(1_700_000_000, 0));
+        assert_eq!(
+            json_of(to_object(&fresh))["spec"],
+            json!({
+                "reference": "registry.example/team/app:1.0",
+                "scope": "anonymous",
+                "digest": digest.as_str(),
+                "resolvedAt": "2023-11-14T22:13:20Z",
+                "checkedAt": "2023-11-14T22:13:20Z",
+                "state": "Fresh",
+            })
+        );
+
+        let copy = |version: &str| format!("cache.example/m/registry.example/team/app-{version}");
+        let fields = MirrorFields {
+            current: Some(Mirrored {
+                location: copy("v3"),
+                at: at(1_700_000_300, 0),
+            }),
+            superseded: vec![Superseded {
+                location: copy("v2"),
+                since: at(1_700_000_300, 0),
+            }],
+            deleted: Some(MirrorDeletion {
+                location: copy("v1"),
+                at: at(1_700_000_200, 0),
+            }),
+        };
+        assert_eq!(
+            json_of(mirror_patch(&full.key, &fields)),
+            json!({
+                "apiVersion": "holdfast.dev/v1alpha1",
+                "kind": "DigestCacheEntry",
+                "metadata": {"name": name},
+                "spec": {
+                    "mirror": copy("v3"),
+                    "mirroredAt": "2023-11-14T22:18:20Z",
+                    "mirrorSuperseded": [{"location": copy("v2"), "since": "2023-11-14T22:18:20Z"}],
+                    "mirrorDeleted": copy("v1"),
+                    "mirrorDeletedAt": "2023-11-14T22:16:40Z",
+                },
+            })
+        );
+        assert_eq!(
+            json_of(mirror_patch(&full.key, &MirrorFields::default()))["spec"],
+            json!({})
+        );
+    }
+
+    /// An object that does not parse (a bad digest, scope or time) is skipped, and the others
+    /// still load.
+    #[test]
+    fn objects_that_do_not_parse_are_skipped() {
+        let now = SystemTime::now();
+        let entry = tag_entry(b"x", now);
+        let broken = |field: &str, value: Value| {
+            let mut object = json_of(to_object(&entry));
+            object["spec"][field] = value;
+            serde_json::from_value::<DynamicObject>(object).unwrap()
+        };
+        let replica = DigestCache::new(Arc::new(NoRegistry), Default::default(), None);
+        for object in [
+            broken("digest", json!("sha256:nope")),
+            broken("scope", json!("someone")),
+            broken("checkedAt", json!("yesterday")),
+            broken("mirroredAt", json!(3)),
+        ] {
+            assert!(from_object(&object).is_none(), "{:?}", object.data);
+            load(&replica, &object);
+        }
+        assert!(replica.entries().is_empty());
+        load(&replica, &broken("tag", json!("1.0")));
+        assert_eq!(replica.entries().len(), 1);
     }
 }
