@@ -249,9 +249,13 @@ fn watch_metadata(client: Client, resource: ApiResource, cancel: CancellationTok
     let writer = reflector::store::Writer::new(resource.clone());
     let store = writer.as_reader();
     let kind = resource.kind.clone();
-    let stream = reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects();
+    // managedFields: no rule reads them, and on a large cluster they are most of the metadata.
+    let stream = reflector(
+        writer,
+        watcher(api, watcher::Config::default()).modify(|meta| meta.metadata.managed_fields = None),
+    )
+    .default_backoff()
+    .touched_objects();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream.take_until(cancel.cancelled_owned()));
         while let Some(event) = stream.next().await {
