@@ -182,6 +182,8 @@ impl MirrorState {
     ) -> Option<Instant> {
         let running = |target: &str| self.running.contains(target) || starting(target);
         let deleting = |location: &str| self.deleting.contains(location) || deletion_starting(location);
+        // A retry that is due but not started waits for something else (a free slot, its
+        // deletion, being wanted again): its past time would wake the loop at once, forever.
         let next_retry = self
             .retry_at
             .iter()
@@ -192,6 +194,7 @@ impl MirrorState {
                     .filter(|(location, _)| !deleting(location)),
             )
             .map(|(_, at)| *at)
+            .filter(|at| *at > now)
             .min();
         let full = self.deleting.len() + deletions_starting >= self.limit;
         let next_due = self
@@ -436,6 +439,34 @@ mod tests {
             state.deletion_finished(&copy("a"), &failed(), now),
             Some(2 * FIRST_RETRY)
         );
+    }
+
+    #[test]
+    fn a_retry_that_is_due_but_not_started_sets_no_deadline() {
+        let (now, t0) = (Instant::now(), SystemTime::UNIX_EPOCH);
+        let wanted = Snapshot {
+            wanted: vec![job("a")],
+            ..Snapshot::default()
+        };
+        let mut state = MirrorState::new(&settings(2, GRACE));
+        state.copy_started(&copy("a"));
+        let error = CopyError::Credentials("down".into());
+        state.copy_finished(&copy("a"), Err(error), now);
+        // No object references it any more: nothing to copy, and its past retry no deadline.
+        let later = now + FIRST_RETRY;
+        assert_eq!(state.plan(later, t0, &Snapshot::default()), Plan::default());
+        // Wanted again: copied at once.
+        assert_eq!(state.plan(later, t0, &wanted).copies, [job("a")]);
+        // A failed deletion of a copy referenced again meanwhile: the same.
+        let mut state = timed(&settings(2, GRACE), t0, &unreferenced(&["b"]));
+        state.deletion_started(&copy("b"));
+        state.deletion_finished(&copy("b"), &failed(), now);
+        let referenced = Snapshot {
+            referenced: [copy("b")].into(),
+            ..unreferenced(&["b"])
+        };
+        state.observe(t0 + GRACE, &referenced);
+        assert_eq!(state.plan(later, t0 + GRACE, &referenced), Plan::default());
     }
 
     #[test]
