@@ -10,7 +10,7 @@
 //!   (`crate::references`: pinned to it, or to the same digest upstream), so that what
 //!   retention deletes is not copied again, or whose tag moved away from a copy an object
 //!   references (`follow` pins wait on the old copy for the new one:
-//!   `holdfast_pins::repin::stays_on_mirror`). One copy per mirror location, however many keys
+//!   `holdfast_pins::mirror_scope::stays_on_mirror`). One copy per mirror location, however many keys
 //!   (tags, selections) answer with that digest.
 //! - **When**: event-driven: whenever the cache changes (a new entry from the webhook, a moved
 //!   tag from the refresher, a record from another replica) or a pinned object changes, and
@@ -50,7 +50,7 @@ use std::{
 
 use holdfast_pins::{
     MirrorPins, NamespaceSelector,
-    repin::{Copying, selects},
+    mirror_scope::{Copying, selects},
 };
 use holdfast_registry::{
     Reference, ResolverConfig,

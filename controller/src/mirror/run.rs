@@ -9,7 +9,7 @@ use std::{
 
 use holdfast_pins::{
     Pinner,
-    repin::Copying,
+    mirror_scope::Copying,
     resolve::{SecretSource, load_credentials},
 };
 use holdfast_registry::{
