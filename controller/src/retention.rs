@@ -74,21 +74,46 @@ impl Retention {
         grace: Duration,
         deleting: impl Fn(&str) -> bool,
     ) -> Vec<Expired> {
-        let mut candidates: BTreeMap<&str, Vec<CacheKey>> = BTreeMap::new();
-        for (key, location) in records {
-            let ours = Reference::parse(location)
-                .is_ok_and(|parsed| parsed.digest().is_some() && mirror.contains(&parsed));
-            if ours && !referenced.contains(location) {
-                candidates.entry(location.as_str()).or_default().push(key.clone());
-            }
-        }
+        self.observe(records, mirror, referenced, now, deleting);
+        self.due(records, mirror, referenced, now, grace)
+    }
+
+    /// The bookkeeping half of [`Retention::expired`]: starts the clocks of the copies of
+    /// `mirror` among `records` that nothing in `referenced` names, and drops the others' (but
+    /// those `deleting` names).
+    pub fn observe(
+        &mut self,
+        records: &[(CacheKey, String)],
+        mirror: &MirrorLocation,
+        referenced: &HashSet<String>,
+        now: SystemTime,
+        deleting: impl Fn(&str) -> bool,
+    ) {
+        let candidates = candidates(records, mirror, referenced);
         self.unreferenced_since
             .retain(|location, _| candidates.contains_key(location.as_str()) || deleting(location));
-        candidates
+        for location in candidates.keys() {
+            self.unreferenced_since
+                .entry((*location).to_owned())
+                .or_insert(now);
+        }
+    }
+
+    /// The pure half of [`Retention::expired`]: the unreferenced copies of `mirror` among
+    /// `records` whose clock ([`Retention::observe`]) has run for `grace` at `now`.
+    pub fn due(
+        &self,
+        records: &[(CacheKey, String)],
+        mirror: &MirrorLocation,
+        referenced: &HashSet<String>,
+        now: SystemTime,
+        grace: Duration,
+    ) -> Vec<Expired> {
+        candidates(records, mirror, referenced)
             .into_iter()
             .filter_map(|(location, mut keys)| {
-                let since = *self.unreferenced_since.entry(location.to_owned()).or_insert(now);
-                if now.duration_since(since).unwrap_or_default() < grace {
+                let since = self.unreferenced_since.get(location)?;
+                if now.duration_since(*since).unwrap_or_default() < grace {
                     return None;
                 }
                 keys.sort();
@@ -116,6 +141,24 @@ impl Retention {
     pub fn forget(&mut self, location: &str) {
         self.unreferenced_since.remove(location);
     }
+}
+
+/// The copies of `mirror` among `records` that nothing in `referenced` names, with the keys
+/// that record each.
+fn candidates<'a>(
+    records: &'a [(CacheKey, String)],
+    mirror: &MirrorLocation,
+    referenced: &HashSet<String>,
+) -> BTreeMap<&'a str, Vec<CacheKey>> {
+    let mut candidates: BTreeMap<&str, Vec<CacheKey>> = BTreeMap::new();
+    for (key, location) in records {
+        let ours = Reference::parse(location)
+            .is_ok_and(|parsed| parsed.digest().is_some() && mirror.contains(&parsed));
+        if ours && !referenced.contains(location) {
+            candidates.entry(location.as_str()).or_default().push(key.clone());
+        }
+    }
+    candidates
 }
 
 /// What [`delete`] did.

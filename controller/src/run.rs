@@ -133,9 +133,17 @@ pub async fn run_observed(
             );
             async move {
                 if let Some(mirror) = mirror {
-                    crate::mirror::run(
-                        client, namespace, pinner, watched, mirror, resolver, reconcile, metrics, leading,
-                    )
+                    crate::mirror::Mirror {
+                        client,
+                        namespace,
+                        pinner,
+                        watched,
+                        settings: mirror,
+                        resolver,
+                        reconcile,
+                        metrics,
+                    }
+                    .run(leading)
                     .await;
                 }
             }

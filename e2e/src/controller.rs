@@ -141,17 +141,17 @@ impl LocalController {
                 (namespace.clone(), rounds.clone(), cancel.clone(), pinner.clone());
             async move {
                 if let Some(mirror) = mirror {
-                    holdfast_controller::mirror::run(
+                    holdfast_controller::mirror::Mirror {
                         client,
                         namespace,
                         pinner,
                         watched,
-                        mirror,
-                        resolver_config,
+                        settings: mirror,
+                        resolver: resolver_config,
                         reconcile,
-                        Default::default(),
-                        cancel,
-                    )
+                        metrics: Default::default(),
+                    }
+                    .run(cancel)
                     .await;
                 }
             }

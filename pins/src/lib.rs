@@ -115,7 +115,7 @@ mod tests;
 use holdfast_registry::{Reference, ReferenceError, VersionSelection};
 use serde_json::Value;
 
-pub use mirror_scope::{MirrorPins, NamespaceSelector};
+pub use mirror_scope::{Copying, MirrorPins, NamespaceSelector};
 pub use original_refs::{ORIGINAL_REFS_ANNOTATION, OriginalRef, OriginalRefs, OriginalRefsError};
 pub use patch::{PinOutcome, Resolution, pin_patch};
 pub use policy::{PIN_KEY, PinPolicy, UnknownPinPolicy};

@@ -18,8 +18,9 @@ use kube::{Api, Client};
 use serde_json::Value;
 
 use crate::{
-    MirrorPins, Need, ObjectPlan, PinOutcome, PinnedKind, Resolution, Step, pin_patch,
-    repin::{Copying, stays_on_mirror},
+    MirrorPins, Need, ObjectPlan, PinOutcome, PinnedKind, Resolution, Step,
+    mirror_scope::{Copying, stays_on_mirror},
+    pin_patch,
 };
 
 /// What [`Pinner::reconcile`] found: the guarded JSON patch for the stored object, and why any
