@@ -25,7 +25,7 @@ use super::{
     CopyJob, MirrorSettings,
     announcer::Announcer,
     copier_resolver_config,
-    state::{Copied, MirrorState, Snapshot},
+    state::{Copied, MirrorState, Plan, Snapshot},
     wanted,
 };
 use crate::{
@@ -109,83 +109,35 @@ impl Mirror {
             reconcile,
             grace: settings.retention,
         };
-        let mut copier: Option<(Credentials, Arc<Copier>)> = None;
         let mut changes = cache.changes();
         let mut objects = references.changes();
         let mut state = MirrorState::new(&settings);
-        let mut copies: JoinSet<(CopyJob, Result<CopyReport, CopyError>)> = JoinSet::new();
-        let mut deletions: JoinSet<(Expired, Outcome)> = JoinSet::new();
+        let mut work = Work {
+            client,
+            namespace,
+            settings,
+            resolver,
+            config,
+            copier: None,
+            cache,
+            copying,
+            references,
+            copies: JoinSet::new(),
+            deletions: JoinSet::new(),
+        };
         loop {
             let (now, wall) = (Instant::now(), SystemTime::now());
             if *listed.borrow() {
                 state.all_listed();
             }
-            let referenced = references.in_stores();
-            let needed = wanted(
-                &cache.entries(),
-                |key| cache.mirrored(key),
-                &referenced,
-                &settings,
-            );
-            copying.retain_given_up(|target| needed.iter().any(|job| job.target == target));
-            let snapshot = Snapshot {
-                given_up: needed
-                    .iter()
-                    .filter(|job| copying.given_up(&job.target))
-                    .map(|job| job.target.clone())
-                    .collect(),
-                wanted: needed,
-                records: cache.recorded_copies(),
-                referenced,
-            };
+            let snapshot = work.snapshot();
             state.observe(wall, &snapshot);
             let plan = state.plan(now, wall, &snapshot);
-            let mut wake = plan.wake_at;
-            if !plan.copies.is_empty() || !plan.deletions.is_empty() {
-                match current_copier(&client, &namespace, &settings, &resolver, &config, &mut copier).await {
-                    Ok(current) => {
-                        for job in plan.copies {
-                            state.copy_started(&job.target);
-                            let copier = copier_into(&current, &job.mirror, &resolver, &config, &copier);
-                            let secrets: Arc<dyn SecretSource> = Arc::new(client.clone());
-                            copies.spawn(async move {
-                                tracing::debug!(source = %job.source, target = %job.target, scope = %job.scope, "mirror: copying");
-                                // A tenant's Secret is read only to read the source, only here.
-                                let result = match source_credentials(secrets, &job).await {
-                                    Ok(credentials) => copier.copy(&job.source, &credentials).await,
-                                    Err(error) => Err(CopyError::Credentials(error)),
-                                };
-                                (job, result)
-                            });
-                        }
-                        for expired in plan.deletions {
-                            tracing::info!(location = %expired.location, grace = ?settings.retention, "mirror: no object references this copy; deleting it");
-                            state.deletion_started(&expired.location);
-                            let (copier, cache, references) =
-                                (current.clone(), cache.clone(), references.clone());
-                            deletions.spawn(async move {
-                                let outcome = retention::delete(&expired, &cache, &references, &copier).await;
-                                (expired, outcome)
-                            });
-                        }
-                    }
-                    Err(error) => {
-                        for job in plan.copies {
-                            let delay = state.retry_copy(&job.target, Instant::now());
-                            tracing::warn!(target = %job.target, %error, retry_in = ?delay, "mirror: no credentials for the mirror");
-                        }
-                        for expired in plan.deletions {
-                            let delay = state.retry_deletion(&expired.location, Instant::now());
-                            tracing::warn!(location = %expired.location, %error, retry_in = ?delay, "mirror: no credentials for the mirror");
-                        }
-                        wake = state.wake_at(now, wall);
-                    }
-                }
-            }
+            let wake = work.start(plan, &mut state, now, wall).await;
             tokio::select! {
                 _ = cancel.cancelled() => {
-                    copies.abort_all();
-                    deletions.abort_all();
+                    work.copies.abort_all();
+                    work.deletions.abort_all();
                     return;
                 }
                 changed = changes.changed() => {
@@ -200,12 +152,12 @@ impl Mirror {
                         return;
                     }
                 }
-                Some(done) = copies.join_next() => {
+                Some(done) = work.copies.join_next() => {
                     let Ok((job, result)) = done else { continue };
                     let copied = state.copy_finished(&job.target, result, Instant::now());
                     reporter.copied(&job, copied);
                 }
-                Some(done) = deletions.join_next() => {
+                Some(done) = work.deletions.join_next() => {
                     let Ok((expired, outcome)) = done else { continue };
                     let retry_in = state.deletion_finished(&expired.location, &outcome, Instant::now());
                     reporter.deletion(expired, outcome, retry_in);
@@ -213,6 +165,109 @@ impl Mirror {
                 _ = sleep_until(wake) => {}
             }
         }
+    }
+}
+
+/// The loop's I/O: what it reads for a plan, and the copies and deletions it runs.
+struct Work {
+    client: Client,
+    namespace: String,
+    settings: MirrorSettings,
+    resolver: Resolver,
+    config: CopierConfig,
+    /// The copier for the mirror credentials last read, with them.
+    copier: Option<(Credentials, Arc<Copier>)>,
+    cache: Arc<DigestCache>,
+    copying: Arc<Copying>,
+    references: Arc<References>,
+    copies: JoinSet<(CopyJob, Result<CopyReport, CopyError>)>,
+    deletions: JoinSet<(Expired, Outcome)>,
+}
+
+impl Work {
+    /// What the cache and the reference index say now (and the copies given up on that are
+    /// still wanted; the others are forgotten).
+    fn snapshot(&self) -> Snapshot {
+        let referenced = self.references.in_stores();
+        let needed = wanted(
+            &self.cache.entries(),
+            |key| self.cache.mirrored(key),
+            &referenced,
+            &self.settings,
+        );
+        self.copying
+            .retain_given_up(|target| needed.iter().any(|job| job.target == target));
+        Snapshot {
+            given_up: needed
+                .iter()
+                .filter(|job| self.copying.given_up(&job.target))
+                .map(|job| job.target.clone())
+                .collect(),
+            wanted: needed,
+            records: self.cache.recorded_copies(),
+            referenced,
+        }
+    }
+
+    /// Starts what `plan` names; the loop's deadline (the plan's, or later when the mirror's
+    /// credentials could not be read and everything planned waits for a retry).
+    async fn start(
+        &mut self,
+        plan: Plan,
+        state: &mut MirrorState,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Option<Instant> {
+        if plan.copies.is_empty() && plan.deletions.is_empty() {
+            return plan.wake_at;
+        }
+        let current = match current_copier(
+            &self.client,
+            &self.namespace,
+            &self.settings,
+            &self.resolver,
+            &self.config,
+            &mut self.copier,
+        )
+        .await
+        {
+            Ok(current) => current,
+            Err(error) => {
+                for job in plan.copies {
+                    let delay = state.retry_copy(&job.target, Instant::now());
+                    tracing::warn!(target = %job.target, %error, retry_in = ?delay, "mirror: no credentials for the mirror");
+                }
+                for expired in plan.deletions {
+                    let delay = state.retry_deletion(&expired.location, Instant::now());
+                    tracing::warn!(location = %expired.location, %error, retry_in = ?delay, "mirror: no credentials for the mirror");
+                }
+                return state.wake_at(now, wall);
+            }
+        };
+        for job in plan.copies {
+            state.copy_started(&job.target);
+            let copier = copier_into(&current, &job.mirror, &self.resolver, &self.config, &self.copier);
+            let secrets: Arc<dyn SecretSource> = Arc::new(self.client.clone());
+            self.copies.spawn(async move {
+                tracing::debug!(source = %job.source, target = %job.target, scope = %job.scope, "mirror: copying");
+                // A tenant's Secret is read only to read the source, only here.
+                let result = match source_credentials(secrets, &job).await {
+                    Ok(credentials) => copier.copy(&job.source, &credentials).await,
+                    Err(error) => Err(CopyError::Credentials(error)),
+                };
+                (job, result)
+            });
+        }
+        for expired in plan.deletions {
+            tracing::info!(location = %expired.location, grace = ?self.settings.retention, "mirror: no object references this copy; deleting it");
+            state.deletion_started(&expired.location);
+            let (copier, cache, references) = (current.clone(), self.cache.clone(), self.references.clone());
+            self.deletions.spawn(async move {
+                let outcome = retention::delete(&expired, &cache, &references, &copier).await;
+                (expired, outcome)
+            });
+        }
+        plan.wake_at
     }
 }
 
