@@ -16,7 +16,10 @@
 //! pinned to a copy; a site with a `secretRef` pinned upstream references its namespace's
 //! private copy (with `--mirror-pull-secret`) as well as the public one.
 
-use std::{collections::HashSet, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex},
+};
 
 use holdfast_pins::{MirrorPins, PinnedKind, fetch_sites};
 use holdfast_registry::{Reference, cache::Scope};
@@ -71,12 +74,63 @@ pub fn referenced_by(
     }
 }
 
+/// Each object's references, kept from one reading to the next: an object whose
+/// `resourceVersion` and namespace selection are unchanged is not read again (serialising every
+/// object on every wake-up was most of the mirror's time on a large cluster).
+#[derive(Debug, Default)]
+struct Index {
+    /// By uid: the version and selection the references were read at, and the references.
+    objects: HashMap<String, (String, bool, Vec<String>)>,
+    /// Objects read (not reused) so far, for tests.
+    reads: usize,
+}
+
+impl Index {
+    /// The union of the references of `objects` (kind, object, whether the mirror selects its
+    /// namespace); objects no longer among them are forgotten.
+    fn references<'a>(
+        &mut self,
+        objects: impl IntoIterator<Item = (PinnedKind, &'a DynamicObject, bool)>,
+        mirror: &MirrorPins,
+    ) -> HashSet<String> {
+        let mut referenced = HashSet::new();
+        let mut seen = HashSet::new();
+        for (kind, object, selected) in objects {
+            let (Some(uid), Some(version)) = (&object.metadata.uid, &object.metadata.resource_version) else {
+                // Without a uid and a version there is nothing to key on: read it every time.
+                self.reads += 1;
+                referenced_by(kind, &as_value(object), mirror, selected, &mut referenced);
+                continue;
+            };
+            seen.insert(uid.clone());
+            match self.objects.get(uid) {
+                Some((at, was_selected, refs)) if at == version && *was_selected == selected => {
+                    referenced.extend(refs.iter().cloned());
+                }
+                _ => {
+                    self.reads += 1;
+                    let mut refs = HashSet::new();
+                    referenced_by(kind, &as_value(object), mirror, selected, &mut refs);
+                    referenced.extend(refs.iter().cloned());
+                    self.objects.insert(
+                        uid.clone(),
+                        (version.clone(), selected, refs.into_iter().collect()),
+                    );
+                }
+            }
+        }
+        self.objects.retain(|uid, _| seen.contains(uid));
+        referenced
+    }
+}
+
 /// The pinned objects and the namespaces' labels, read from the term's one watch of each
 /// ([`Watched`]).
 pub struct References {
     client: Client,
     mirror: MirrorPins,
     watched: Arc<Watched>,
+    index: Mutex<Index>,
 }
 
 impl References {
@@ -85,6 +139,7 @@ impl References {
             client,
             mirror,
             watched,
+            index: Mutex::default(),
         }
     }
 
@@ -114,15 +169,29 @@ impl References {
         self.watched.changes()
     }
 
-    /// The mirror copies the followed objects reference.
+    /// The mirror copies the followed objects reference (each object read again only when it
+    /// changed, [`Index`]).
     pub fn in_stores(&self) -> HashSet<String> {
-        let mut referenced = HashSet::new();
-        for watched in self.watched.kinds() {
-            for object in watched.store.state() {
-                self.add(watched.kind, &object, &mut referenced);
-            }
-        }
-        referenced
+        let objects: Vec<(PinnedKind, Arc<DynamicObject>, bool)> = self
+            .watched
+            .kinds()
+            .iter()
+            .flat_map(|watched| {
+                watched
+                    .store
+                    .state()
+                    .into_iter()
+                    .map(move |object| (watched.kind, object))
+            })
+            .map(|(kind, object)| {
+                let selected = self.selected(&object);
+                (kind, object, selected)
+            })
+            .collect();
+        self.index
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .references(objects.iter().map(|(k, o, s)| (*k, o.as_ref(), *s)), &self.mirror)
     }
 
     /// The mirror copies the objects reference, from a fresh list of every kind (the check
@@ -162,6 +231,54 @@ mod tests {
     fn app(urls: &[&str]) -> Value {
         let fetch: Vec<Value> = urls.iter().map(|u| json!({"image": {"url": u}})).collect();
         json!({"metadata": {"name": "a", "namespace": "n"}, "spec": {"fetch": fetch}})
+    }
+
+    /// A stored App (uid, resourceVersion) pinned to `url`.
+    fn stored(uid: &str, version: &str, url: &str) -> DynamicObject {
+        let mut object = app(&[url]);
+        object["apiVersion"] = json!("kappctrl.k14s.io/v1alpha1");
+        object["kind"] = json!("App");
+        object["metadata"]["uid"] = json!(uid);
+        object["metadata"]["resourceVersion"] = json!(version);
+        serde_json::from_value(object).unwrap()
+    }
+
+    /// The index reads an object again only when its version or its namespace's selection
+    /// changed, and forgets objects that are gone; the union is the same as reading them all.
+    #[test]
+    fn the_index_reads_only_changed_objects_and_forgets_deleted_ones() {
+        let copy = |d: &str| format!("cache.corp.com:5000/m/registry.corp.com/team/app@{d}");
+        let (a, b) = (stored("a", "1", &copy(D1)), stored("b", "1", &copy(D2)));
+        let mut index = Index::default();
+        fn all<'a>(objects: &[&'a DynamicObject]) -> Vec<(PinnedKind, &'a DynamicObject, bool)> {
+            objects.iter().map(|o| (PinnedKind::App, *o, true)).collect()
+        }
+        let first = index.references(all(&[&a, &b]), &mirror());
+        assert_eq!(first, HashSet::from([copy(D1), copy(D2)]));
+        assert_eq!(index.reads, 2);
+
+        // Nothing changed: nothing read, same answer.
+        assert_eq!(index.references(all(&[&a, &b]), &mirror()), first);
+        assert_eq!(index.reads, 2);
+
+        // `a` moved to D2 (a new version): only `a` is read.
+        let a2 = stored("a", "2", &copy(D2));
+        assert_eq!(
+            index.references(all(&[&a2, &b]), &mirror()),
+            HashSet::from([copy(D2)])
+        );
+        assert_eq!(index.reads, 3);
+
+        // `b` is gone: its references go with it, and so does its entry.
+        assert_eq!(
+            index.references(all(&[&a2]), &mirror()),
+            HashSet::from([copy(D2)])
+        );
+        assert_eq!(index.objects.len(), 1);
+
+        // The selection of `a`'s namespace changed: read again.
+        let _ = index.references([(PinnedKind::App, &a2, false)], &mirror());
+        assert_eq!(index.reads, 4);
     }
 
     #[test]
