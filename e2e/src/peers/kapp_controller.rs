@@ -117,7 +117,66 @@ impl KappController {
             dir.join("controller.log"),
         )?);
         this.wait_available(env).await?;
+        this.wait_discovered(env).await?;
         Ok(this)
+    }
+
+    /// Polls kube-apiserver's aggregated discovery (its freshness cannot be watched) until the
+    /// packaging group is listed and not stale: while any group's discovery is stale the
+    /// namespace controller deletes nothing (NamespaceDeletionDiscoveryFailure). kube-apiserver
+    /// marks a group stale when it could not reach its server (kapp-controller needs the
+    /// APIService before it serves, so the first fetches fail) and retries with a backoff that
+    /// grows to a minute; an update of the APIService has it fetched again at once, so a stale
+    /// group gets an annotation bumped every 2 s.
+    async fn wait_discovered(&mut self, env: &Env) -> Result<()> {
+        let client = env.client().await?;
+        let services: Api<APIService> = Api::all(client.clone());
+        let deadline = std::time::Instant::now() + crate::wait::DEFAULT_TIMEOUT * 2;
+        let mut nudged = std::time::Instant::now();
+        for nudge in 0u64.. {
+            let request = http::Request::get("/apis")
+                .header(
+                    http::header::ACCEPT,
+                    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+                )
+                .body(Vec::new())?;
+            let discovery: serde_json::Value = serde_json::from_str(&client.request_text(request).await?)?;
+            let fresh = discovery["items"].as_array().is_some_and(|groups| {
+                groups.iter().any(|group| {
+                    group["metadata"]["name"] == "data.packaging.carvel.dev"
+                        && group["versions"].as_array().is_some_and(|versions| {
+                            versions
+                                .iter()
+                                .any(|v| v["version"] == "v1alpha1" && v["freshness"] != "Stale")
+                        })
+                })
+            });
+            if fresh {
+                return Ok(());
+            }
+            if nudged.elapsed() >= std::time::Duration::from_secs(2) {
+                let bump = serde_json::json!({"metadata": {"annotations": {"e2e.holdfast.dev/discovery-nudge": nudge.to_string()}}});
+                services
+                    .patch(
+                        API_SERVICE,
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(&bump),
+                    )
+                    .await?;
+                nudged = std::time::Instant::now();
+            }
+            for p in &mut self.processes {
+                p.check_running()?;
+            }
+            if std::time::Instant::now() > deadline {
+                bail!(
+                    "data.packaging.carvel.dev/v1alpha1 still stale in kube-apiserver's discovery after {:?}",
+                    crate::wait::DEFAULT_TIMEOUT * 2
+                );
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+        Ok(())
     }
 
     /// The aggregated API is usable once kube-apiserver's availability check of it passes.
