@@ -159,6 +159,17 @@ pub async fn pinning(env: &Env, client: &Client, namespace: &str, holdfast_names
         .await?;
     }
 
+    // An Event only the controller records, whoever wins the race above: a tag the registry
+    // does not have, behind a secretRef (the webhook leaves it to the controller), is PinFailed.
+    let missing = tagged.replace(":1.0.0", ":9.9.9-missing");
+    create(client, namespace, &app("missing", &missing, Some(CREDENTIALS))).await?;
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    until_any(&events, "a PinFailed Event on App missing", |e: &Event| {
+        e.reason.as_deref() == Some("PinFailed")
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("missing")
+    })
+    .await?;
+
     let public = create(client, namespace, &app("public", &tagged, None)).await?;
     ensure!(
         url_of(Some(&public)) == Some(pinned.as_str()),
