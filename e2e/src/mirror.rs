@@ -51,3 +51,15 @@ pub async fn same_content(
     }
     Ok((manifests.len(), blobs.len()))
 }
+
+/// The two images the suites' bundles lock, pushed to `up` in repositories of their own: an
+/// image (`images/one`) and a two-platform index (`images/two`); their digests.
+pub async fn push_locked_images(up: &str) -> Result<(String, String)> {
+    let one = images::Image::with_files(&[("one.yml", b"one: 1\n")])?;
+    let one_digest = images::push(up, "images/one", "1", &one).await?;
+    let amd64 = images::Image::with_files(&[("two.yml", b"arch: amd64\n")])?;
+    let arm64 = images::Image::with_files(&[("two.yml", b"arch: arm64\n")])?;
+    let two_digest =
+        images::push_index(up, "images/two", "1", &[("amd64", &amd64), ("arm64", &arm64)]).await?;
+    Ok((one_digest, two_digest))
+}

@@ -145,12 +145,7 @@ async fn bundle_is_repinned_relocated(
     mirror: &SpareRegistry,
 ) -> Result<BundleApp> {
     let (up, m) = (upstream.addr.as_str(), mirror.addr.as_str());
-    let one = Image::with_files(&[("one.yml", b"one: 1\n")])?;
-    let one_digest = images::push(up, "images/one", "1", &one).await?;
-    let amd64 = Image::with_files(&[("two.yml", b"arch: amd64\n")])?;
-    let arm64 = Image::with_files(&[("two.yml", b"arch: arm64\n")])?;
-    let two_digest =
-        images::push_index(up, "images/two", "1", &[("amd64", &amd64), ("arm64", &arm64)]).await?;
+    let (one_digest, two_digest) = holdfast_e2e::mirror::push_locked_images(up).await?;
     let lock = vec![
         format!("{up}/images/one@{one_digest}"),
         format!("{up}/images/two@{two_digest}"),

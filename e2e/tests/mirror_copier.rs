@@ -53,12 +53,7 @@ async fn copies_an_image_and_relocates_a_bundle_byte_for_byte(env: Arc<Env>) -> 
     let web = Image::with_files(&[("config/web.yml", b"kind: web\n")])?;
     let web_digest = images::push(up, "apps/web", "1.0", &web).await?;
     // The bundle's images live in other repositories: one image, one two-platform index.
-    let one = Image::with_files(&[("one.yml", b"one: 1\n")])?;
-    let one_digest = images::push(up, "images/one", "1", &one).await?;
-    let amd64 = Image::with_files(&[("two.yml", b"arch: amd64\n")])?;
-    let arm64 = Image::with_files(&[("two.yml", b"arch: arm64\n")])?;
-    let two_digest =
-        images::push_index(up, "images/two", "1", &[("amd64", &amd64), ("arm64", &arm64)]).await?;
+    let (one_digest, two_digest) = holdfast_e2e::mirror::push_locked_images(up).await?;
     let locked = [
         format!("{up}/images/one@{one_digest}"),
         format!("{up}/images/two@{two_digest}"),
