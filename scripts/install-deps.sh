@@ -4,7 +4,8 @@
 #   - Go programs built from their Go modules, one module per program under e2e/peers/<name>/
 #     (a go.mod that requires the program, its go.sum pinning every hash): Kubernetes
 #     (kube-apiserver, kube-controller-manager, kube-scheduler), etcd, kwok, kapp-controller with
-#     the vendir/ytt/kapp/kbld it runs, kpack (v0.17.2, and v0.17.1 for Korifi), Korifi's
+#     the vendir/ytt/kapp/kbld it runs, kpack (v0.17.2; v0.17.1 for Korifi; v0.16.1 for the
+#     org-deletion benchmark), Korifi's
 #     controllers, local-path-provisioner.
 # Each build is cached outside the repository under $CACHE/peers/<name>-<hash of go.mod+go.sum>/
 # (bin/, the upstream CRDs the harness installs, crds/, and the upstream manifests it applies,
@@ -65,9 +66,10 @@ check_go() {
     exit 1
   fi
   GO=$go
-  # The module proxy serves these Carvel versions, but the checksum database does not know them:
-  # their hashes are pinned by the go.sum files under e2e/peers/ instead (-mod=readonly below).
-  export GONOSUMDB=carvel.dev GOFLAGS="-mod=readonly -buildvcs=false"
+  # The module proxy serves these Carvel versions and kpack v0.16.1, but the checksum database
+  # does not know them: their hashes are pinned by the go.sum files under e2e/peers/ instead
+  # (-mod=readonly below).
+  export GONOSUMDB=carvel.dev,github.com/pivotal/kpack GOFLAGS="-mod=readonly -buildvcs=false"
 }
 
 # build_peer NAME LDFLAGS PKG=OUT... : builds the packages of e2e/peers/NAME into the cache.
@@ -189,6 +191,10 @@ collect_manifests kpack github.com/pivotal/kpack config/webhook.yaml config/conf
 # The kpack release Korifi v0.18.0 is built against (v0.17.2 rejects the Images it writes); same
 # CRDs and manifests as v0.17.2, which the control plane installs.
 build_peer kpack-0.17.1 "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
+  github.com/pivotal/kpack/cmd/webhook=kpack-webhook
+# The last kpack release before kpack#1820 (Images and Builds being deleted still reconciled): the
+# org-deletion benchmark's "v0.16" pair. Same v1alpha2 CRDs as v0.17.
+build_peer kpack-0.16.1 "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
   github.com/pivotal/kpack/cmd/webhook=kpack-webhook
 build_peer korifi "-s -w" code.cloudfoundry.org/korifi/controllers=korifi-controllers
 collect_crds korifi code.cloudfoundry.org/korifi 'helm/korifi/controllers/crds/*.yaml'

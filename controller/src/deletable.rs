@@ -42,6 +42,17 @@ pub enum Condition {
         controller: bool,
         every: bool,
     },
+    /// The child's controller reference names (by uid) an owner of this group and kind whose
+    /// own controller reference names (by uid) an `ancestor_kind` being deleted: a leaf two hops
+    /// below a terminating CFApp (a BuildWorkload under its CFBuild, an AppWorkload under its
+    /// CFProcess), deleted before the garbage collector's walk reaches it. The fence sees the
+    /// first hop only.
+    GrandOwnerTerminating {
+        group: &'static str,
+        kind: &'static str,
+        ancestor_group: &'static str,
+        ancestor_kind: &'static str,
+    },
     /// The child's namespace is being deleted.
     NamespaceTerminating,
 }
@@ -114,12 +125,62 @@ pub const NAMESPACE_SPACE: Deletable = Deletable {
     opt_in: Some("--delete-org-spaces"),
 };
 
+/// A CFApp being deleted: its CFPackages (Korifi's finalizer deletes the package's image), when
+/// the CFApp is their controller, at once instead of when the garbage collector gets to them.
+pub const APP_PACKAGE: Deletable = Deletable {
+    group: korifi::GROUP,
+    version: korifi::VERSION,
+    kind: korifi::CF_PACKAGE,
+    resource: "cfpackages",
+    label: Some(korifi::APP_GUID_LABEL),
+    condition: Condition::OwnerTerminating {
+        group: korifi::GROUP,
+        kind: korifi::CF_APP,
+        controller: true,
+        every: false,
+    },
+    grace_period_seconds: None,
+    opt_in: None,
+};
+
+/// A CFApp being deleted: the BuildWorkloads of its CFBuilds (their finalizer deletes the kpack
+/// Builds), when the chain of controller references names the CFApp's uid.
+pub const APP_BUILD_WORKLOAD: Deletable = Deletable {
+    kind: korifi::BUILD_WORKLOAD,
+    resource: "buildworkloads",
+    condition: Condition::GrandOwnerTerminating {
+        group: korifi::GROUP,
+        kind: korifi::CF_BUILD,
+        ancestor_group: korifi::GROUP,
+        ancestor_kind: korifi::CF_APP,
+    },
+    ..APP_PACKAGE
+};
+
+/// A CFApp being deleted: the AppWorkloads of its CFProcesses (their finalizer deletes the
+/// StatefulSets, whose pods then start their grace period), when the chain of controller
+/// references names the CFApp's uid. The app pods' grace period is theirs: nothing cuts it.
+pub const APP_WORKLOAD: Deletable = Deletable {
+    kind: korifi::APP_WORKLOAD,
+    resource: "appworkloads",
+    condition: Condition::GrandOwnerTerminating {
+        group: korifi::GROUP,
+        kind: korifi::CF_PROCESS,
+        ancestor_group: korifi::GROUP,
+        ancestor_kind: korifi::CF_APP,
+    },
+    ..APP_PACKAGE
+};
+
 /// Everything the fast finalizer may delete.
 pub const DELETABLE: &[Deletable] = &[
     APP_IMAGE,
     WORKLOAD_IMAGE,
     NAMESPACE_IMAGE,
     BUILD_POD,
+    APP_PACKAGE,
+    APP_BUILD_WORKLOAD,
+    APP_WORKLOAD,
     NAMESPACE_SPACE,
 ];
 
@@ -132,7 +193,8 @@ pub struct Observed<'a> {
 
 /// Whether `rule` permits deleting `child`, given the observed `owners` of the rule's owner kind
 /// (an owner the child references but that is not among them is gone) and whether the child's
-/// namespace is being deleted.
+/// namespace is being deleted. For a [`Condition::GrandOwnerTerminating`] row the owners are the
+/// intermediate ones, observed through [`through`].
 pub fn permits(
     rule: &Deletable,
     child: &ObjectMeta,
@@ -146,25 +208,63 @@ pub fn permits(
             kind,
             controller,
             every,
-        } => {
-            let references: Vec<&str> = child
-                .owner_references
-                .iter()
-                .flatten()
-                .filter(|r| r.kind == kind && api_group(&r.api_version) == group)
-                .filter(|r| !controller || r.controller == Some(true))
-                .map(|r| r.uid.as_str())
-                .collect();
-            let observed = |uid: &str| owners.iter().find(|o| o.uid == uid);
-            let any = references
-                .iter()
-                .any(|uid| observed(uid).is_some_and(|o| o.terminating));
-            any && (!every
-                || references
-                    .iter()
-                    .all(|uid| observed(uid).is_none_or(|o| o.terminating)))
+        } => owner_terminating(child, (group, kind), controller, every, owners),
+        Condition::GrandOwnerTerminating { group, kind, .. } => {
+            owner_terminating(child, (group, kind), true, false, owners)
         }
     }
+}
+
+/// For a [`Condition::GrandOwnerTerminating`] row: the intermediate owner `parent` (uid
+/// `parent_uid`) as [`permits`] takes it — "terminating" when its controller reference names
+/// (by uid) one of the observed `ancestors` of the row's ancestor kind that is being deleted.
+/// Any other row: never terminating.
+pub fn through<'a>(
+    rule: &Deletable,
+    parent_uid: &'a str,
+    parent: &ObjectMeta,
+    ancestors: &[Observed<'_>],
+) -> Observed<'a> {
+    let terminating = match rule.condition {
+        Condition::GrandOwnerTerminating {
+            ancestor_group,
+            ancestor_kind,
+            ..
+        } => owner_terminating(parent, (ancestor_group, ancestor_kind), true, false, ancestors),
+        _ => false,
+    };
+    Observed {
+        uid: parent_uid,
+        terminating,
+    }
+}
+
+/// Whether an ownerReference of `child` to `owner` (group, kind) — its controller reference if
+/// `controller` — names an observed owner being deleted; with `every`, all its references to
+/// that kind must name owners being deleted or gone.
+fn owner_terminating(
+    child: &ObjectMeta,
+    (group, kind): (&str, &str),
+    controller: bool,
+    every: bool,
+    owners: &[Observed<'_>],
+) -> bool {
+    let references: Vec<&str> = child
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.kind == kind && api_group(&r.api_version) == group)
+        .filter(|r| !controller || r.controller == Some(true))
+        .map(|r| r.uid.as_str())
+        .collect();
+    let observed = |uid: &str| owners.iter().find(|o| o.uid == uid);
+    let any = references
+        .iter()
+        .any(|uid| observed(uid).is_some_and(|o| o.terminating));
+    any && (!every
+        || references
+            .iter()
+            .all(|uid| observed(uid).is_none_or(|o| o.terminating)))
 }
 
 /// The group of an `apiVersion` (`""` for core's `v1`).
@@ -277,6 +377,69 @@ mod tests {
             &observed(true),
             false
         ));
+    }
+
+    /// The CFApp is the CFPackage's controller; a plain reference, or another app's, is not
+    /// enough.
+    #[test]
+    fn a_package_goes_with_the_app_that_controls_it() {
+        let app = [Observed {
+            uid: "app-1",
+            terminating: true,
+        }];
+        let controlled = owned_by(&[(KORIFI, "CFApp", "app-1", true)]);
+        assert!(permits(&APP_PACKAGE, &controlled, &app, false));
+        let plain = owned_by(&[(KORIFI, "CFApp", "app-1", false)]);
+        assert!(!permits(&APP_PACKAGE, &plain, &app, false));
+        let other = owned_by(&[(KORIFI, "CFApp", "app-2", true)]);
+        assert!(!permits(&APP_PACKAGE, &other, &app, false));
+        let live = [Observed {
+            uid: "app-1",
+            terminating: false,
+        }];
+        assert!(!permits(&APP_PACKAGE, &controlled, &live, false));
+    }
+
+    /// A leaf two hops down goes only when both controller references chain to the terminating
+    /// app's uid: a BuildWorkload of another app's CFBuild, or of a CFBuild the app does not
+    /// control, stays.
+    #[test]
+    fn a_leaf_goes_only_when_its_controller_chain_names_the_terminating_app() {
+        let app = [Observed {
+            uid: "app-1",
+            terminating: true,
+        }];
+        let workload = owned_by(&[(KORIFI, "CFBuild", "build-1", true)]);
+        for (rule, parent_kind) in [(APP_BUILD_WORKLOAD, "CFBuild"), (APP_WORKLOAD, "CFProcess")] {
+            let child = owned_by(&[(KORIFI, parent_kind, "build-1", true)]);
+            let parent = owned_by(&[(KORIFI, "CFApp", "app-1", true)]);
+            let observed = [through(&rule, "build-1", &parent, &app)];
+            assert!(permits(&rule, &child, &observed, false), "{}", rule.kind);
+            // The parent is another app's, or only references this one.
+            for parent in [
+                owned_by(&[(KORIFI, "CFApp", "app-2", true)]),
+                owned_by(&[(KORIFI, "CFApp", "app-1", false)]),
+                ObjectMeta::default(),
+            ] {
+                let observed = [through(&rule, "build-1", &parent, &app)];
+                assert!(!permits(&rule, &child, &observed, false), "{}", rule.kind);
+            }
+            // The child names another parent, or not as its controller.
+            let parent = owned_by(&[(KORIFI, "CFApp", "app-1", true)]);
+            let observed = [through(&rule, "build-1", &parent, &app)];
+            for child in [
+                owned_by(&[(KORIFI, parent_kind, "build-2", true)]),
+                owned_by(&[(KORIFI, parent_kind, "build-1", false)]),
+            ] {
+                assert!(!permits(&rule, &child, &observed, false), "{}", rule.kind);
+            }
+        }
+        // The kinds must match the row: a CFBuild is no CFProcess.
+        let parent = owned_by(&[(KORIFI, "CFApp", "app-1", true)]);
+        let observed = [through(&APP_WORKLOAD, "build-1", &parent, &app)];
+        assert!(!permits(&APP_WORKLOAD, &workload, &observed, false));
+        // `through` never makes an owner of another row terminating.
+        assert!(!through(&APP_IMAGE, "build-1", &parent, &app).terminating);
     }
 
     #[test]

@@ -32,7 +32,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     deletable::{
-        self, APP_IMAGE, BUILD_POD, Deletable, NAMESPACE_IMAGE, NAMESPACE_SPACE, Observed, WORKLOAD_IMAGE,
+        self, APP_BUILD_WORKLOAD, APP_IMAGE, APP_PACKAGE, APP_WORKLOAD, BUILD_POD, Deletable,
+        NAMESPACE_IMAGE, NAMESPACE_SPACE, Observed, WORKLOAD_IMAGE,
     },
     metrics::Metrics,
 };
@@ -54,9 +55,20 @@ struct Ctx {
     client: Client,
     image: ApiResource,
     build_workload: Option<ApiResource>,
+    /// The leaves of a CFApp's tree and their parents (see [`delete_leaves`]), where served.
+    leaves: Leaves,
     /// Only with [`Options::delete_org_spaces`].
     cf_space: Option<ApiResource>,
     metrics: Arc<Metrics>,
+}
+
+/// Korifi's kinds below a CFApp that [`delete_leaves`] reads or deletes, where served.
+#[derive(Default)]
+struct Leaves {
+    cf_package: Option<ApiResource>,
+    cf_build: Option<ApiResource>,
+    cf_process: Option<ApiResource>,
+    app_workload: Option<ApiResource>,
 }
 
 /// The metrics' name of this controller.
@@ -91,10 +103,17 @@ pub async fn run(client: Client, options: Options, metrics: Arc<Metrics>, cancel
     } else {
         None
     };
+    let leaves = Leaves {
+        cf_package: found(&client, korifi::kind(korifi::CF_PACKAGE)).await,
+        cf_build: found(&client, korifi::kind(korifi::CF_BUILD)).await,
+        cf_process: found(&client, korifi::kind(korifi::CF_PROCESS)).await,
+        app_workload: found(&client, korifi::kind(korifi::APP_WORKLOAD)).await,
+    };
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         image,
         build_workload: build_workload.clone(),
+        leaves,
         cf_space,
         metrics,
     });
@@ -217,8 +236,76 @@ async fn app_deleting(app: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
             "its CFApp is being deleted",
         )
         .await?;
+        delete_leaves(&ctx, &namespace, &app.name_any(), &owner).await?;
     }
     Ok(Action::await_change())
+}
+
+/// The leaves of a terminating CFApp's tree that hold finalizers (korifi-kpack.md §1.4): its
+/// CFPackages, its CFBuilds' BuildWorkloads and its CFProcesses' AppWorkloads, deleted at once
+/// (background), so that their finalizers run side by side from the start instead of when the
+/// garbage collector's hop-by-hop walk of the CFApp's foreground deletion reaches each one. The
+/// app label only finds candidates: each goes only when its chain of controller references names
+/// the CFApp's uid ([`deletable::permits`]). Nobody's finalizer is touched: each one still runs.
+async fn delete_leaves(ctx: &Ctx, namespace: &str, app: &str, owner: &[Observed<'_>]) -> Result<(), Error> {
+    let selector = format!("{APP_GUID_LABEL}={app}");
+    if let Some(packages) = &ctx.leaves.cf_package {
+        delete_children(ctx, packages, &APP_PACKAGE, namespace, &selector, owner).await?;
+    }
+    let chains = [
+        (&ctx.build_workload, &ctx.leaves.cf_build, &APP_BUILD_WORKLOAD),
+        (&ctx.leaves.app_workload, &ctx.leaves.cf_process, &APP_WORKLOAD),
+    ];
+    for (leaf, parent, rule) in chains {
+        let (Some(leaf), Some(parent)) = (leaf, parent) else {
+            continue;
+        };
+        let parents: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, parent);
+        let parents = parents
+            .list(&ListParams::default().labels(&selector))
+            .await?
+            .items;
+        let uids: Vec<(String, &DynamicObject)> =
+            parents.iter().filter_map(|p| Some((p.uid()?, p))).collect();
+        let observed: Vec<Observed<'_>> = uids
+            .iter()
+            .map(|(uid, p)| deletable::through(rule, uid, &p.metadata, owner))
+            .collect();
+        delete_children(ctx, leaf, rule, namespace, &selector, &observed).await?;
+    }
+    Ok(())
+}
+
+/// Deletes the objects of `resource` in `namespace` that `selector` finds and `rule` permits for
+/// the observed `owners` (background propagation, the rule's grace period), skipping those
+/// already going.
+async fn delete_children(
+    ctx: &Ctx,
+    resource: &ApiResource,
+    rule: &Deletable,
+    namespace: &str,
+    selector: &str,
+    owners: &[Observed<'_>],
+) -> Result<(), Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), namespace, resource);
+    let params = DeleteParams {
+        grace_period_seconds: rule.grace_period_seconds.map(|s| s as u32),
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..Default::default()
+    };
+    for child in api.list(&ListParams::default().labels(selector)).await?.items {
+        if deleting(&child) {
+            continue;
+        }
+        if !deletable::permits(rule, &child.metadata, owners, false) {
+            tracing::info!(%namespace, kind = rule.kind, name = %child.name_any(), selector, "not deleting: no controller reference names the owner being deleted");
+            continue;
+        }
+        if delete_present(&api, &child.name_any(), &params).await? {
+            tracing::info!(%namespace, kind = rule.kind, name = %child.name_any(), "deleted a leaf of a terminating owner");
+        }
+    }
+    Ok(())
 }
 
 #[tracing::instrument(skip_all, fields(namespace = workload.metadata.namespace.as_deref(), name = %workload.name_any()))]
@@ -274,25 +361,10 @@ async fn build_deleting(build: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Acti
         uid: &uid,
         terminating: true,
     }];
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let label = BUILD_POD.label.unwrap_or_default();
     let selector = format!("{label}={}", build.name_any());
-    let now = DeleteParams {
-        grace_period_seconds: BUILD_POD.grace_period_seconds.map(|s| s as u32),
-        ..Default::default()
-    };
-    for pod in pods.list(&ListParams::default().labels(&selector)).await?.items {
-        if deleting(&pod) {
-            continue;
-        }
-        if !deletable::permits(&BUILD_POD, &pod.metadata, &owner, false) {
-            tracing::info!(%namespace, pod = %pod.name_any(), build = %build.name_any(), "not deleting a pod labelled for a terminating Build: the Build is not its controller");
-            continue;
-        }
-        if delete_present(&pods, &pod.name_any(), &now).await? {
-            tracing::info!(%namespace, pod = %pod.name_any(), "deleted the build pod of a terminating Build");
-        }
-    }
+    let pods = ApiResource::erase::<Pod>(&());
+    delete_children(&ctx, &pods, &BUILD_POD, &namespace, &selector, &owner).await?;
     Ok(Action::await_change())
 }
 
@@ -371,6 +443,7 @@ mod tests {
                 "buildworkloads",
             )),
             cf_space: None,
+            leaves: Leaves::default(),
             metrics: Arc::default(),
         };
         (Arc::new(ctx), server)
@@ -527,7 +600,10 @@ mod tests {
                 .expect(Method::DELETE, &format!("{pods}/controlled?"))
                 .await;
             assert_eq!(BUILD_POD.grace_period_seconds, Some(0));
-            assert_eq!(body, json!({"gracePeriodSeconds": 0}));
+            assert_eq!(
+                body,
+                json!({"gracePeriodSeconds": 0, "propagationPolicy": "Background"})
+            );
             answer.ok(&controlled);
             server
         });

@@ -511,14 +511,20 @@ impl Env {
     /// test already started kpack v0.17.2 cannot run Korifi), started on first use and kept for
     /// the rest of the environment's life. Only on the local control plane.
     pub async fn korifi(&self) -> Result<&Korifi> {
+        self.korifi_on(Korifi::KPACK).await
+    }
+
+    /// [`Env::korifi`] on another kpack release (the org-deletion benchmark's v0.16 pair runs
+    /// it on [`kpack::V0_16_1`]); the first call decides.
+    pub async fn korifi_on(&self, release: kpack::Release) -> Result<&Korifi> {
         if self.is_existing_cluster() {
             bail!("the Korifi peer runs only on the local control plane");
         }
-        let kpack = self.kpack_at(Korifi::KPACK).await?;
-        if kpack.release() != Korifi::KPACK {
+        let kpack = self.kpack_at(release).await?;
+        if kpack.release() != release {
             bail!(
-                "Korifi needs kpack {}, but this environment already runs kpack {} (it denies the Images Korifi writes): give Korifi's tests an environment of their own",
-                Korifi::KPACK.version,
+                "Korifi was asked to run on kpack {}, but this environment already runs kpack {} (v0.17.2 denies the Images Korifi writes): give Korifi's tests an environment of their own",
+                release.version,
                 kpack.release().version
             );
         }

@@ -6,7 +6,6 @@ pub mod accounts;
 pub mod audit;
 pub mod control_plane;
 pub mod controller;
-pub mod emulators;
 pub mod images;
 pub mod mirror;
 pub mod netns;

@@ -229,6 +229,52 @@ pub fn build_pod(name: &str, build: &DynamicObject) -> Result<String> {
     ))
 }
 
+/// A Korifi object below an app, as Korifi makes one: labelled with the app's GUID, controlled
+/// by `owner`, held by the tests' finalizer; `spec` its (minimal, valid) spec.
+pub fn korifi_child(
+    kind: &str,
+    name: &str,
+    app_guid: &str,
+    owner: &DynamicObject,
+    spec: &str,
+) -> Result<String> {
+    let owner_kind = owner
+        .types
+        .as_ref()
+        .map(|t| t.kind.as_str())
+        .context("owner without a kind")?;
+    Ok(format!(
+        "apiVersion: korifi.cloudfoundry.org/v1alpha1\nkind: {kind}\nmetadata:\n  name: {name}\n  labels: {{korifi.cloudfoundry.org/app-guid: {app_guid}}}\n  finalizers: [{HOLD}]\n  ownerReferences: [{{apiVersion: korifi.cloudfoundry.org/v1alpha1, kind: {owner_kind}, name: {owner_name}, uid: {uid}, controller: true, blockOwnerDeletion: true}}]\nspec: {spec}\n",
+        owner_name = owner.name_any(),
+        uid = owner.uid().context("no uid")?,
+    ))
+}
+
+/// The specs [`korifi_child`] gives each kind (what its CRD requires).
+pub mod korifi_specs {
+    pub fn package(app: &str) -> String {
+        format!("{{type: bits, appRef: {{name: {app}}}}}")
+    }
+    pub fn build(app: &str) -> String {
+        format!(
+            "{{appRef: {{name: {app}}}, packageRef: {{name: {app}-package}}, stagingMemoryMB: 1, stagingDiskMB: 1, lifecycle: {{type: buildpack, data: {{stack: cflinuxfs3}}}}}}"
+        )
+    }
+    pub fn build_workload(build: &str) -> String {
+        format!("{{buildRef: {{name: {build}}}, builderName: kpack-image-builder}}")
+    }
+    pub fn process(app: &str) -> String {
+        format!(
+            "{{appRef: {{name: {app}}}, processType: web, memoryMB: 1, diskQuotaMB: 1, healthCheck: {{type: process, data: {{invocationTimeoutSeconds: 1, timeoutSeconds: 1}}}}}}"
+        )
+    }
+    pub fn app_workload(app: &str, name: &str) -> String {
+        format!(
+            "{{GUID: {name}, appGUID: {app}, image: registry.example/{app}, instances: 1, processType: web, runnerName: statefulset-runner, version: '1'}}"
+        )
+    }
+}
+
 /// A pod anyone could make: labelled `kpack.io/build: <build>`, owned by nothing.
 pub fn labelled_pod(name: &str, build: &str) -> String {
     format!(
@@ -268,10 +314,82 @@ pub async fn until_refused(client: &Client, namespace: &str, yaml: &str, limit: 
 /// - the CFApp starts deleting: the controller deletes its Image at once (nothing else would
 ///   while the CFApp's finalizer holds it), and the garbage collector then deletes the Image's
 ///   Build;
+/// - the leaves of the CFApp's tree go at once too (the controller): its CFPackage, its CFBuild's
+///   BuildWorkload and its CFProcess's AppWorkload, but not those labelled for the app whose
+///   controller chain names another app;
 /// - the Build is terminating: a new build pod for it is refused (the webhook) and its running
 ///   build pod is deleted (the controller), but not a pod that only carries its label.
 pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
+    use korifi_specs as spec;
     let app = create(client, namespace, &cfapp("app")).await?;
+    let other = create(client, namespace, &cfapp("other")).await?;
+    let child = |kind: &str, name: &str, owner: &DynamicObject, spec: String| {
+        korifi_child(kind, name, "app", owner, &spec)
+    };
+    let package = create(
+        client,
+        namespace,
+        &child("CFPackage", "app-package", &app, spec::package("app"))?,
+    )
+    .await?;
+    let cf_build = create(
+        client,
+        namespace,
+        &child("CFBuild", "app-build", &app, spec::build("app"))?,
+    )
+    .await?;
+    let workload = create(
+        client,
+        namespace,
+        &child(
+            "BuildWorkload",
+            "app-build",
+            &cf_build,
+            spec::build_workload("app-build"),
+        )?,
+    )
+    .await?;
+    let process = create(
+        client,
+        namespace,
+        &child("CFProcess", "app-web", &app, spec::process("app"))?,
+    )
+    .await?;
+    let app_workload = create(
+        client,
+        namespace,
+        &child(
+            "AppWorkload",
+            "app-web",
+            &process,
+            spec::app_workload("app", "app-web"),
+        )?,
+    )
+    .await?;
+    // Labelled for the terminating app, controlled by (a CFBuild of) the live one.
+    let other_package = create(
+        client,
+        namespace,
+        &child("CFPackage", "other-package", &other, spec::package("other"))?,
+    )
+    .await?;
+    let other_build = create(
+        client,
+        namespace,
+        &child("CFBuild", "other-build", &other, spec::build("other"))?,
+    )
+    .await?;
+    let other_workload = create(
+        client,
+        namespace,
+        &child(
+            "BuildWorkload",
+            "other-build",
+            &other_build,
+            spec::build_workload("other-build"),
+        )?,
+    )
+    .await?;
     let image = create(client, namespace, &kpack_image("app")).await?;
     let owners = image.owner_references();
     ensure!(
@@ -290,6 +408,30 @@ pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
     wait::deleted(&images, "app", &image.uid().context("no uid")?)
         .await
         .context("the controller did not delete the Image of the CFApp being deleted")?;
+
+    for leaf in [&package, &workload, &app_workload] {
+        let api = api_for(client, leaf, Some(namespace)).await?;
+        wait::until(&api, &leaf.name_any(), |o: Option<&DynamicObject>| {
+            o.is_some_and(|o| o.metadata.deletion_timestamp.is_some())
+        })
+        .await
+        .with_context(|| {
+            format!(
+                "the controller did not delete the {} of the CFApp being deleted",
+                leaf.types.as_ref().map(|t| t.kind.as_str()).unwrap_or("leaf")
+            )
+        })?;
+    }
+    for spared in [&other_package, &other_workload] {
+        let api = api_for(client, spared, Some(namespace)).await?;
+        ensure!(
+            api.get_opt(&spared.name_any())
+                .await?
+                .is_some_and(|o| o.metadata.deletion_timestamp.is_none()),
+            "the controller deleted {}, labelled for the terminating app but controlled by another",
+            spared.name_any()
+        );
+    }
 
     let builds = api_for(client, &build, Some(namespace)).await?;
     wait::until(&builds, "app-build-1", |b: Option<&DynamicObject>| {
@@ -321,7 +463,19 @@ pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
         "the controller deleted a pod that the terminating Build does not own (only its label)"
     );
 
-    for object in [&app, &build] {
+    for object in [
+        &app,
+        &build,
+        &other,
+        &package,
+        &cf_build,
+        &workload,
+        &process,
+        &app_workload,
+        &other_package,
+        &other_build,
+        &other_workload,
+    ] {
         release(client, namespace, object).await?;
     }
     Ok(())

@@ -74,6 +74,9 @@ pub struct Registration {
     /// Install the webhook configurations `manifests/overlays/recommended` ships (see
     /// [`shipped_configurations`]) instead of `rules`/`validating_rules`.
     pub shipped: bool,
+    /// The value of [`SCOPE_LABEL`] on the namespaces it serves (none: a fresh one), e.g.
+    /// [`crate::peers::korifi::SCOPE`] for the org and space namespaces Korifi makes.
+    pub scope: Option<String>,
 }
 
 /// The webhook's identity and names as `manifests/` installs it: its ServiceAccount's client,
@@ -98,6 +101,7 @@ impl Registration {
             installed: None,
             mirror: None,
             shipped: false,
+            scope: None,
         }
     }
 
@@ -269,13 +273,14 @@ impl LocalWebhook {
     pub async fn start(env: Arc<Env>, registration: Registration) -> Result<Self> {
         let client = env.client().await?;
         let port = free_port()?;
-        let scope = unique_name("scope");
+        let id = unique_name("scope");
+        let scope = registration.scope.clone().unwrap_or_else(|| id.clone());
         // The configurations are the admin's to create; everything the webhook does itself
         // (certificates, watches, the digest cache) it does with its own client.
         let (holdfast, configuration, tls_namespace) = match registration.installed {
             Some(installed) => (installed.client, installed.configuration, installed.namespace),
             None => {
-                let tls_namespace = format!("{scope}-system");
+                let tls_namespace = format!("{id}-system");
                 Api::<Namespace>::all(client.clone())
                     .create(
                         &PostParams::default(),
@@ -288,7 +293,7 @@ impl LocalWebhook {
                         },
                     )
                     .await?;
-                (client.clone(), format!("holdfast-{scope}"), tls_namespace)
+                (client.clone(), format!("holdfast-{id}"), tls_namespace)
             }
         };
         let selector = LabelSelector {

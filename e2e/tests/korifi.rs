@@ -1,6 +1,7 @@
 //! The Korifi/kpack side on the real kube-apiserver: the terminating guard refuses new Builds and
 //! build pods for owners being deleted (and only those), and the fast finalizer deletes an app's
-//! Image as soon as the app is being deleted.
+//! Image as soon as the app is being deleted; on the real Korifi and kpack, an org's deletion
+//! completes when holdfast is killed in the middle of it.
 
 use std::{sync::Arc, time::Duration};
 
@@ -8,6 +9,10 @@ use anyhow::{Context, Result, ensure};
 use holdfast_e2e::{
     Env, e2e_main,
     objects::api_for,
+    peers::{
+        korifi::{self, org_deletion},
+        kpack,
+    },
     scenarios::{self, HOLD, build_pod as pod, cfapp},
     wait,
     webhook::{LocalWebhook, Registration},
@@ -22,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 // Serial: the fast finalizers these tests run watch every namespace, so one test's finalizer
 // would delete another test's Image the moment its CFApp starts deleting.
 e2e_main!(serial:
+    an_org_deletion_completes_when_holdfast_is_killed_midway,
     the_guard_refuses_builds_and_pods_for_terminating_owners,
     the_fast_finalizer_deletes_the_image_with_the_app,
     the_fast_finalizer_spares_an_image_that_only_shares_the_apps_name,
@@ -208,5 +214,61 @@ async fn org_spaces_are_deleted_at_once_only_when_opted_in(env: Arc<Env>) -> Res
         cancel.cancel();
         let _ = tokio::time::timeout(Duration::from_secs(10), finalizer).await;
     }
+    Ok(())
+}
+
+/// Issue 14: holdfast (webhook and controller) killed in the middle of an org's deletion on the
+/// real Korifi and kpack: the deletion still completes — holdfast holds no finalizer and its
+/// webhooks fail open (their configurations stay, naming a closed port).
+async fn an_org_deletion_completes_when_holdfast_is_killed_midway(_shared: Arc<Env>) -> Result<()> {
+    // An environment of its own: Korifi needs kpack v0.17.1, the shared one runs v0.17.2.
+    let env = Arc::new(Env::start().await?);
+    if env.is_existing_cluster() {
+        eprintln!("skipped: the Korifi peer runs only on the local control plane");
+        return Ok(());
+    }
+    let korifi = env.korifi().await?;
+    let client = env.client().await?;
+    let mut holdfast = org_deletion::Holdfast::start(&env, false).await?;
+    let org = org_deletion::populate(&client, env.registry(), korifi, 3)
+        .await
+        .with_context(|| env.korifi_log(30))?;
+    // holdfast is in the chain: its webhook stamped each app's Image with the app's CFApp.
+    let images: kube::Api<DynamicObject> =
+        kube::Api::namespaced_with(client.clone(), &org.space, &kpack::resource("Image"));
+    for app in &org.apps {
+        let image = images.get(&app.guid).await?;
+        ensure!(
+            image
+                .owner_references()
+                .iter()
+                .any(|r| r.kind == "CFApp" && r.name == app.guid),
+            "Image {} admitted without its CFApp's ownerReference",
+            app.guid
+        );
+    }
+    let cf_apps: kube::Api<DynamicObject> =
+        kube::Api::namespaced_with(client.clone(), &org.space, &korifi::resource("CFApp"));
+    let orgs: kube::Api<DynamicObject> =
+        kube::Api::namespaced_with(client.clone(), korifi::ROOT_NAMESPACE, &korifi::resource("CFOrg"));
+    let kill = async {
+        let going = |apps: &[DynamicObject]| apps.iter().any(|a| a.metadata.deletion_timestamp.is_some());
+        wait::until_listed(cf_apps, Default::default(), going, Duration::from_secs(120)).await?;
+        holdfast.kill().await;
+        ensure!(
+            orgs.get_opt(&org.org).await?.is_some(),
+            "the CFOrg was gone before holdfast was killed"
+        );
+        Ok(())
+    };
+    let (deletion, ()) = futures::try_join!(
+        org_deletion::delete(&client, &org, Duration::from_secs(300)),
+        kill
+    )
+    .with_context(|| env.korifi_log(30))?;
+    eprintln!(
+        "killed holdfast once the first CFApp was being deleted; the org was deleted in {:.1?} all the same",
+        deletion.total()
+    );
     Ok(())
 }

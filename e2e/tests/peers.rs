@@ -452,8 +452,8 @@ async fn korifi_org_deletion_completes(_shared: Arc<Env>) -> Result<()> {
         deletion.org_namespace,
         deletion.org,
         deletion.volumes,
-        deletion.builds_created,
-        deletion.build_pods_created
+        deletion.builds_created(),
+        deletion.build_pods_created()
     );
     Ok(())
 }

@@ -335,6 +335,53 @@ async fn the_fence_lets_the_controllers_token_delete_only_what_the_fast_finalize
         "a kpack Image no CFApp or BuildWorkload owns, in a live namespace",
         images.delete("loose", &DeleteParams::default()).await,
     )?;
+    // A leaf of a CFApp's tree goes through its parent's hop: a BuildWorkload controlled by a
+    // CFBuild may go, one labelled for the app but controlled by the CFApp itself may not.
+    let korifi_child = |kind: &str, name: &str, owner: &DynamicObject, spec: String| {
+        scenarios::korifi_child(kind, name, "app", owner, &spec)
+    };
+    let cf_build = scenarios::create(
+        &admin,
+        &namespace,
+        &korifi_child(
+            "CFBuild",
+            "app-build",
+            &app,
+            scenarios::korifi_specs::build("app"),
+        )?,
+    )
+    .await?;
+    let leaf = scenarios::create(
+        &admin,
+        &namespace,
+        &korifi_child(
+            "BuildWorkload",
+            "app-build",
+            &cf_build,
+            scenarios::korifi_specs::build_workload("app-build"),
+        )?,
+    )
+    .await?;
+    let hopless = scenarios::create(
+        &admin,
+        &namespace,
+        &korifi_child(
+            "BuildWorkload",
+            "skips-a-hop",
+            &app,
+            scenarios::korifi_specs::build_workload("app-build"),
+        )?,
+    )
+    .await?;
+    let workloads = api_for(&controller, &leaf, Some(&namespace)).await?;
+    refused_by_fence(
+        "a BuildWorkload no CFBuild controls",
+        workloads.delete("skips-a-hop", &DeleteParams::default()).await,
+    )?;
+    workloads
+        .delete("app-build", &DeleteParams::default())
+        .await
+        .context("the fence refused the delete of a CFBuild's BuildWorkload")?;
 
     // Let through: the build pod of a Build (grace 0, as the finalizer deletes it), the Image of
     // a CFApp.
@@ -382,7 +429,7 @@ async fn the_fence_lets_the_controllers_token_delete_only_what_the_fast_finalize
         "an Image in a live namespace",
         images.delete("held", &DeleteParams::default()).await,
     )?;
-    for object in [&app, &build] {
+    for object in [&app, &build, &cf_build, &leaf, &hopless] {
         scenarios::release(&admin, &namespace, object).await?;
     }
     let namespaces = Api::<Namespace>::all(admin.clone());

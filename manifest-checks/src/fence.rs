@@ -29,6 +29,8 @@ pub fn fence_row(row: &holdfast_controller::deletable::Deletable) -> String {
             controller,
             ..
         } => (format!("{kind}.{group}"), controller),
+        // The request shows the first hop only (the controller reference to the parent).
+        Condition::GrandOwnerTerminating { group, kind, .. } => (format!("{kind}.{group}"), true),
         Condition::NamespaceTerminating => (String::new(), false),
     };
     format!(

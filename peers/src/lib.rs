@@ -51,6 +51,10 @@ pub mod korifi {
     pub const CF_APP: &str = "CFApp";
     pub const BUILD_WORKLOAD: &str = "BuildWorkload";
     pub const CF_SPACE: &str = "CFSpace";
+    pub const CF_BUILD: &str = "CFBuild";
+    pub const CF_PROCESS: &str = "CFProcess";
+    pub const CF_PACKAGE: &str = "CFPackage";
+    pub const APP_WORKLOAD: &str = "AppWorkload";
     /// The label Korifi puts on an app's objects (BuildWorkloads among them), naming its GUID.
     pub const APP_GUID_LABEL: &str = "korifi.cloudfoundry.org/app-guid";
     /// The label Korifi puts on a BuildWorkload's kpack Build, naming the BuildWorkload.
@@ -66,6 +70,11 @@ pub mod korifi {
 
     pub fn cf_space() -> GroupVersionKind {
         GroupVersionKind::gvk(GROUP, VERSION, CF_SPACE)
+    }
+
+    /// A Korifi kind of this group and version.
+    pub fn kind(kind: &str) -> GroupVersionKind {
+        GroupVersionKind::gvk(GROUP, VERSION, kind)
     }
 }
 

@@ -1,424 +1,366 @@
-//! `make bench-deletion`: Korifi org deletion on the local control plane (etcd, kube-apiserver,
-//! kube-controller-manager with its garbage collector), driven by the kpack and Korifi EMULATORS
-//! (`holdfast_e2e::emulators`, test fixtures — not the real peers). For N apps (env
-//! `BENCH_DELETION_APPS`, default `1,10,50`), kpack v0.16 and v0.17 emulation, without and with
-//! holdfast (an in-process webhook with the Image owner-stamping rule and the terminating guard,
-//! plus the controller's fast finalizer), it stages an org with N apps, deletes the CFOrg and
-//! measures (a) the time from the delete until the CFOrg and its org and space namespaces are
-//! gone and (b) the Builds and build pods kpack created after the delete started.
+//! `make bench-deletion`: Korifi org deletion on the real stack — the real Korifi v0.18.0
+//! controllers on the real kpack (v0.16.1, before kpack#1820, and v0.17.1, the release Korifi
+//! v0.18.0 is built against), kwok nodes that honour grace periods, the real garbage collector
+//! and namespace controller (`holdfast_e2e::peers::korifi::org_deletion`). Korifi v0.14.0, the
+//! release of the seed bug (korifi#3687), cannot be built here: the Go module proxy refuses every
+//! Korifi version but v0.18.0 (403), so both pairs run Korifi v0.18.0.
 //!
-//! Cells run one after another: the fast finalizer acts cluster-wide. The last line is
-//! `speedup_n10_v016=<without/with seconds at N=10, v0.16> created_after_delete_with=<builds+pods
-//! created after the delete, summed over every with-holdfast cell>`.
+//! Per pair (one control plane each), per repetition (`BENCH_DELETION_REPEATS`, default 3), per
+//! app count (`BENCH_DELETION_APPS`, default `1,10,50`), the arms, in an order rotated each
+//! repetition:
+//! - `without`: the org deleted as Korifi and kpack do it;
+//! - `with`: holdfast in the chain — its webhook with the shipped configurations (owner stamping
+//!   on Images, the terminating guard) serving Korifi's namespaces and its fast finalizer, as
+//!   `holdfast-controller` runs it with its defaults;
+//! - `with-spaces`: the same with `--delete-org-spaces` (`components/fast-org-deletion`);
+//! - `nochurn`: the no-churn floor — the same org, deleted without holdfast after kpack's
+//!   controller was stopped (nothing can rebuild): the garbage collector's walk, the app pods'
+//!   grace periods and the namespace controller, with no build loop;
+//! - `empty` (once per repetition): the empty-org floor, an org with one space and no apps, what
+//!   nothing above the namespace controller can beat without removing finalizers.
 //!
-//! `BENCH_DELETION_TIMELINE=1` also prints, per cell, when each kind of object in the org was
-//! first seen terminating and when it went, and what the namespace controller reported left in
-//! each namespace (its status conditions) — where the deletion time goes.
+//! `BENCH_DELETION_ARMS` (e.g. `without,with`), `BENCH_DELETION_PAIRS` (`v0.16,v0.17`) and
+//! `BENCH_DELETION_V016_APPS` (the v0.16 pair's app counts) narrow the run.
+//!
+//! *Deletion s*: from the CFOrg delete request until the CFOrg and both namespaces are gone, on
+//! watches. The table gives medians [min–max]; the last line is `speedup_n10_v016=… (without /
+//! with at N=10, v0.16) created_after_delete_with=… (Builds + build pods created after the delete,
+//! summed over every run with holdfast) with_over_nochurn_n10=… with_over_nochurn_n50=…
+//! with_over_empty_n10=…` (the `with_over_*` fields for v0.17).
+//! `BENCH_DELETION_TIMELINE=1` prints each run's timeline (per kind: created, terminating, gone;
+//! the namespace controller's conditions).
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex, PoisonError},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
 use holdfast_e2e::{
     Env,
-    emulators::{
-        Scope,
-        kpack::{Created, KpackVersion},
-        resources,
-        runtime::{Change, Informer},
-        scenario::{FastDeletion, Peers, until_gone},
-    },
+    peers::{korifi::org_deletion, kpack},
 };
-use kube::{Api, Client, api::DynamicObject};
-use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
-/// Korifi's default `spaceFinalizerAppDeletionTimeout` (ref §3).
-const SPACE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Upper bound for one org deletion.
+/// Upper bound for one org deletion (the space finalizer alone may wait 60 s for apps).
 const DELETION_LIMIT: Duration = Duration::from_secs(600);
 
-struct Cell {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Arm {
+    Empty,
+    Without,
+    NoChurn,
+    With,
+    WithSpaces,
+}
+
+impl Arm {
+    const ALL: [Arm; 5] = [Arm::Empty, Arm::Without, Arm::NoChurn, Arm::With, Arm::WithSpaces];
+
+    fn name(self) -> &'static str {
+        match self {
+            Arm::Empty => "empty",
+            Arm::Without => "without",
+            Arm::NoChurn => "nochurn",
+            Arm::With => "with",
+            Arm::WithSpaces => "with-spaces",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Pair {
+    name: &'static str,
+    kpack: kpack::Release,
+}
+
+const PAIRS: [Pair; 2] = [
+    Pair {
+        name: "v0.16",
+        kpack: kpack::V0_16_1,
+    },
+    Pair {
+        name: "v0.17",
+        kpack: kpack::V0_17_1,
+    },
+];
+
+/// One org deletion.
+struct Run {
+    pair: &'static str,
+    arm: Arm,
     apps: usize,
-    version: KpackVersion,
-    holdfast: bool,
-    staging: Duration,
-    deletion: Duration,
-    builds: usize,
-    pods: usize,
-    /// What was created after the delete: name, seconds after it, whether kpack saw the owner
-    /// terminating.
-    created_after: Vec<String>,
-    /// With `BENCH_DELETION_TIMELINE`: the deletion's timeline, printed.
-    timeline: Option<String>,
+    deletion: f64,
+    created: usize,
+    /// The longest deletionTimestamp-to-gone of the app pods and of the build pods.
+    app_pods: Option<f64>,
+    build_pods: Option<f64>,
 }
 
-/// What a [`Timeline`] saw happen to one object.
-enum What {
-    Terminating,
-    Gone,
-    /// A namespace's status conditions changed: what the namespace controller found left.
-    Conditions(String),
-}
-
-struct Mark {
-    at: Instant,
-    kind: String,
-    name: String,
-    what: What,
-}
-
-/// Watches every object of one org (the CFOrg, its namespaces and what is in them) and marks
-/// when each was first seen terminating and when it went: the evidence of where a deletion's
-/// time goes.
-struct Timeline {
-    marks: Arc<Mutex<Vec<Mark>>>,
-    cancel: CancellationToken,
-    tasks: JoinSet<()>,
-}
-
-/// The True conditions of a namespace, as `type: message`.
-fn namespace_conditions(namespace: &DynamicObject) -> String {
-    namespace.data["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["status"] == "True")
-        .map(|c| {
-            format!(
-                "{}: {}",
-                c["type"].as_str().unwrap_or_default(),
-                c["message"].as_str().unwrap_or_default()
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-impl Timeline {
-    /// Starts watching; returns once every watch has listed what exists.
-    async fn start(client: &Client, root: &str, org: &str, space: &str) -> Result<Self> {
-        let marks = Arc::new(Mutex::new(Vec::new()));
-        let cancel = CancellationToken::new();
-        let mut tasks = JoinSet::new();
-        let namespaces: Arc<[String]> = Arc::from([org.to_string(), space.to_string()]);
-        let org_and_spaces = [resources::cf_org(), resources::namespace(), resources::cf_space()];
-        for resource in org_and_spaces.into_iter().chain(resources::app_chain()) {
-            let informer = Informer::new(client, &resource);
-            let (marks, namespaces, kind) = (marks.clone(), namespaces.clone(), resource.kind.clone());
-            let (root, org) = (root.to_string(), org.to_string());
-            informer.on_change(move |change| {
-                let (old, object) = match change {
-                    Change::Added(o) => (None, o),
-                    Change::Updated { old, new } => (Some(old), new),
-                    Change::Deleted(o) => (None, o),
-                };
-                let name = object.metadata.name.clone().unwrap_or_default();
-                let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
-                let ours = match kind.as_str() {
-                    "Namespace" => namespaces.contains(&name),
-                    "CFOrg" => namespace == root && name == org,
-                    _ => namespaces.iter().any(|n| n == namespace),
-                };
-                if !ours {
-                    return;
-                }
-                let terminating = |o: &DynamicObject| o.metadata.deletion_timestamp.is_some();
-                let mut what = Vec::new();
-                if matches!(change, Change::Deleted(_)) {
-                    what.push(What::Gone);
-                } else {
-                    if terminating(object) && !old.is_some_and(|o| terminating(o)) {
-                        what.push(What::Terminating);
-                    }
-                    let conditions = namespace_conditions(object);
-                    if kind == "Namespace"
-                        && !conditions.is_empty()
-                        && old.is_none_or(|o| namespace_conditions(o) != conditions)
-                    {
-                        what.push(What::Conditions(conditions));
-                    }
-                }
-                let at = Instant::now();
-                let mut marks = marks.lock().unwrap_or_else(PoisonError::into_inner);
-                for what in what {
-                    marks.push(Mark {
-                        at,
-                        kind: kind.clone(),
-                        name: name.clone(),
-                        what,
-                    });
-                }
-            });
-            tasks.spawn(informer.clone().run(cancel.clone()));
-            tokio::time::timeout(Duration::from_secs(60), informer.synced())
-                .await
-                .context("timeline watch did not sync")?;
-        }
-        Ok(Self { marks, cancel, tasks })
-    }
-
-    /// Stops watching; per kind, how many objects were seen terminating and going, the first and
-    /// last of each (seconds after `started`), and every namespace condition change in order.
-    async fn finish(mut self, started: Instant) -> String {
-        self.cancel.cancel();
-        while self.tasks.join_next().await.is_some() {}
-        let marks = std::mem::take(&mut *self.marks.lock().unwrap_or_else(PoisonError::into_inner));
-        let secs = |at: Instant| {
-            if at >= started {
-                at.duration_since(started).as_secs_f64()
-            } else {
-                -started.duration_since(at).as_secs_f64()
-            }
-        };
-        // kind -> (terminating times, gone times)
-        let mut kinds: BTreeMap<&str, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
-        let mut lines = Vec::new();
-        for mark in &marks {
-            let entry = kinds.entry(&mark.kind).or_default();
-            match &mark.what {
-                What::Terminating => entry.0.push(secs(mark.at)),
-                What::Gone => entry.1.push(secs(mark.at)),
-                What::Conditions(text) => {
-                    lines.push(format!(
-                        "  {:>7.2}s  namespace {}: {text}",
-                        secs(mark.at),
-                        mark.name
-                    ));
-                }
-            }
-        }
-        let span = |times: &[f64]| match (
-            times.iter().copied().reduce(f64::min),
-            times.iter().copied().reduce(f64::max),
-        ) {
-            (Some(first), Some(last)) => format!("{:>3} {first:>6.2}–{last:<6.2}", times.len()),
-            _ => format!("{:>3} {:>13}", 0, "-"),
-        };
-        let mut out = vec![format!(
-            "  {:<14} {:>24} {:>24}",
-            "kind", "terminating: n first–last", "gone: n first–last"
-        )];
-        for (kind, (terminating, gone)) in &kinds {
-            out.push(format!(
-                "  {kind:<14} {:>24} {:>24}",
-                span(terminating),
-                span(gone)
-            ));
-        }
-        out.extend(lines);
-        out.join("\n")
-    }
-}
-
-impl Cell {
-    fn created(&self) -> usize {
-        self.builds + self.pods
-    }
-}
-
-fn version_name(version: KpackVersion) -> &'static str {
-    match version {
-        KpackVersion::V0_16 => "v0.16",
-        KpackVersion::V0_17 => "v0.17",
-    }
-}
-
-fn app_counts() -> Result<Vec<usize>> {
-    let list = std::env::var("BENCH_DELETION_APPS").unwrap_or_else(|_| "1,10,50".into());
-    let counts = list
+fn list(var: &str, default: &str) -> Vec<String> {
+    std::env::var(var)
+        .unwrap_or_else(|_| default.into())
         .split(',')
-        .map(str::trim)
+        .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn counts(var: &str, default: &str) -> Result<Vec<usize>> {
+    list(var, default)
+        .iter()
         .map(|s| {
             s.parse::<usize>()
                 .ok()
                 .filter(|n| *n > 0)
-                .with_context(|| format!("BENCH_DELETION_APPS: {s:?} is not a positive number"))
+                .with_context(|| format!("{var}: {s:?} is not a positive number"))
+        })
+        .collect()
+}
+
+/// What a run covers (the environment's `BENCH_DELETION_*`).
+struct Settings {
+    pairs: Vec<Pair>,
+    counts: Vec<usize>,
+    /// The v0.16 pair's app counts.
+    v016_counts: Vec<usize>,
+    arms: Vec<Arm>,
+    repeats: usize,
+}
+
+impl Settings {
+    fn counts(&self, pair: Pair) -> &[usize] {
+        match pair.name {
+            "v0.16" => &self.v016_counts,
+            _ => &self.counts,
+        }
+    }
+}
+
+fn settings() -> Result<Settings> {
+    let pairs = list("BENCH_DELETION_PAIRS", "v0.16,v0.17")
+        .iter()
+        .map(|p| {
+            PAIRS
+                .iter()
+                .find(|pair| pair.name == p)
+                .copied()
+                .with_context(|| format!("BENCH_DELETION_PAIRS: {p:?} is not v0.16 or v0.17"))
         })
         .collect::<Result<Vec<_>>>()?;
-    if counts.is_empty() {
-        bail!("BENCH_DELETION_APPS is empty");
-    }
-    Ok(counts)
-}
-
-/// One org deletion: stage `apps` apps, delete the CFOrg, wait for it and its namespaces to go.
-async fn deletion(env: &Env, apps: usize, version: KpackVersion, scope: Scope) -> Result<Cell> {
-    let peers = Peers::start_in(env, version, SPACE_TIMEOUT, scope).await?;
-    let staged = Instant::now();
-    let (org, space, names) = peers.org_with_apps(apps).await?;
-    let staging = staged.elapsed();
-
-    let timeline = if std::env::var_os("BENCH_DELETION_TIMELINE").is_some() {
-        Some(Timeline::start(&peers.client, &peers.root, &org, &space).await?)
-    } else {
-        None
-    };
-    let started = Instant::now();
-    peers.korifi.delete_org(&peers.root, &org).await?;
-    let orgs = Api::namespaced_with(peers.client.clone(), &peers.root, &resources::cf_org());
-    until_gone(&orgs, &org, DELETION_LIMIT).await?;
-    let namespaces = Api::all_with(peers.client.clone(), &resources::namespace());
-    for ns in [&org, &space] {
-        until_gone(&namespaces, ns, DELETION_LIMIT).await?;
-    }
-    let deletion = started.elapsed();
-    let timeline = match timeline {
-        Some(timeline) => Some(timeline.finish(started).await),
-        None => None,
-    };
-
-    let after: Vec<_> = peers
-        .kpack
-        .creations_since(started)
-        .into_iter()
-        .filter(|c| names.contains(&c.image))
-        .collect();
-    let cell = Cell {
-        apps,
-        version,
-        holdfast: false,
-        staging,
-        deletion,
-        builds: after.iter().filter(|c| c.kind == Created::Build).count(),
-        pods: after.iter().filter(|c| c.kind == Created::Pod).count(),
-        created_after: after
-            .iter()
-            .map(|c| {
-                format!(
-                    "{} +{:.2}s{}",
-                    c.name,
-                    c.at.duration_since(started).as_secs_f64(),
-                    if c.owner_terminating {
-                        " (owner terminating)"
-                    } else {
-                        ""
-                    }
-                )
+    let counts = counts("BENCH_DELETION_APPS", "1,10,50")?;
+    let arms = list("BENCH_DELETION_ARMS", "empty,without,nochurn,with,with-spaces")
+        .iter()
+        .map(|a| {
+            Arm::ALL.into_iter().find(|arm| arm.name() == a).with_context(|| {
+                format!("BENCH_DELETION_ARMS: {a:?} is not empty, without, nochurn, with or with-spaces")
             })
-            .collect(),
-        timeline,
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let repeats = std::env::var("BENCH_DELETION_REPEATS")
+        .ok()
+        .map(|r| {
+            r.parse::<usize>()
+                .ok()
+                .filter(|r| *r > 0)
+                .context("BENCH_DELETION_REPEATS")
+        })
+        .transpose()?
+        .unwrap_or(3);
+    if pairs.is_empty() || counts.is_empty() || arms.is_empty() {
+        bail!("nothing to run: BENCH_DELETION_PAIRS, _APPS and _ARMS must each name something");
+    }
+    let all = counts.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let v016_counts = self::counts("BENCH_DELETION_V016_APPS", &all)?;
+    Ok(Settings {
+        pairs,
+        counts,
+        v016_counts,
+        arms,
+        repeats,
+    })
+}
+
+/// One org with `apps` apps staged and running, deleted in `arm`'s conditions.
+async fn run(env: &Arc<Env>, pair: Pair, arm: Arm, apps: usize) -> Result<Run> {
+    let client = env.client().await?;
+    let korifi = env.korifi_on(pair.kpack).await?;
+    let kpack = env.kpack().await?;
+    let holdfast = match arm {
+        Arm::With => Some(org_deletion::Holdfast::start(env, false).await?),
+        Arm::WithSpaces => Some(org_deletion::Holdfast::start(env, true).await?),
+        _ => None,
     };
-    peers.stop().await;
-    Ok(cell)
+    let staged = Instant::now();
+    let org = org_deletion::populate(&client, env.registry(), korifi, apps)
+        .await
+        .with_context(|| env.korifi_log(20))?;
+    let staging = staged.elapsed();
+    if arm == Arm::NoChurn {
+        kpack.stop_controller();
+    }
+    let deletion = org_deletion::delete(&client, &org, DELETION_LIMIT).await;
+    if arm == Arm::NoChurn {
+        kpack.start_controller()?;
+    }
+    if let Some(holdfast) = holdfast {
+        holdfast.stop().await?;
+    }
+    let deletion = deletion.with_context(|| env.korifi_log(20))?;
+    let timeline = &deletion.timeline;
+    let run = Run {
+        pair: pair.name,
+        arm,
+        apps,
+        deletion: deletion.total().as_secs_f64(),
+        created: deletion.builds_created() + deletion.build_pods_created(),
+        app_pods: timeline.longest_termination(org_deletion::Observed::is_app_pod),
+        build_pods: timeline.longest_termination(org_deletion::Observed::is_build_pod),
+    };
+    eprintln!(
+        "bench-deletion: {} N={apps} {}: staged in {:.1} s, deleted in {:.1} s (CFApps gone {:.1} s, space namespace {:.1} s, org namespace {:.1} s, CFOrg {:.1} s, volumes {:.1} s); {} Builds + {} build pods created after the delete; app pods' termination {}, build pods' {}",
+        pair.name,
+        arm.name(),
+        staging.as_secs_f64(),
+        run.deletion,
+        deletion.apps.as_secs_f64(),
+        deletion.space_namespace.as_secs_f64(),
+        deletion.org_namespace.as_secs_f64(),
+        deletion.org.as_secs_f64(),
+        deletion.volumes.as_secs_f64(),
+        deletion.builds_created(),
+        deletion.build_pods_created(),
+        seconds(run.app_pods),
+        seconds(run.build_pods),
+    );
+    if std::env::var_os("BENCH_DELETION_TIMELINE").is_some() {
+        eprintln!(
+            "bench-deletion:   timeline (s after the CFOrg delete):\n{}",
+            timeline.render()
+        );
+    }
+    Ok(run)
 }
 
-/// The same deletion with holdfast: its webhook (owner stamping on Images, the terminating guard
-/// on Builds, Images and build pods) serving the cell's namespaces and its fast finalizer running.
-async fn with_holdfast(env: &Arc<Env>, apps: usize, version: KpackVersion) -> Result<Cell> {
-    let holdfast = FastDeletion::start(env.clone()).await?;
-    let cell = deletion(env, apps, version, holdfast.scope()).await;
-    holdfast.stop().await?;
-    let mut cell = cell?;
-    cell.holdfast = true;
-    Ok(cell)
+fn seconds(s: Option<f64>) -> String {
+    s.map_or_else(|| "-".into(), |s| format!("{s:.1} s"))
 }
 
-fn ratio(without: f64, with: f64) -> String {
-    if with > 0.0 {
-        format!("{:.1}", without / with)
-    } else {
-        "inf".into()
+/// Median, min and max.
+fn stats(mut values: Vec<f64>) -> Option<(f64, f64, f64)> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let median = match n {
+        0 => return None,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    };
+    Some((median, values[0], values[n - 1]))
+}
+
+fn spread(values: Vec<f64>) -> String {
+    match stats(values) {
+        Some((median, min, max)) => format!("{median:.1} [{min:.1}–{max:.1}]"),
+        None => "-".into(),
     }
 }
 
 #[tokio::main]
 async fn main() -> Result<()> {
     holdfast_e2e::init();
-    let counts = app_counts()?;
-    let env = Arc::new(Env::start().await?);
-    eprintln!(
-        "bench-deletion: control plane and registry ready in {:.1} s; apps {counts:?}",
-        env.boot_time().as_secs_f64()
-    );
-    let mut rows = Vec::new();
+    let settings = settings()?;
+    let (arms, repeats) = (&settings.arms, settings.repeats);
+    let mut runs: Vec<Run> = Vec::new();
     let mut result = Ok(());
-    'cells: for &apps in &counts {
-        for version in [KpackVersion::V0_16, KpackVersion::V0_17] {
-            let mut pair = Vec::new();
-            for holdfast in [false, true] {
-                let began = Instant::now();
-                let cell = if holdfast {
-                    with_holdfast(&env, apps, version).await
-                } else {
-                    deletion(&env, apps, version, Scope::unique()).await
-                };
-                match cell {
-                    Ok(cell) => {
-                        eprintln!(
-                            "bench-deletion: N={apps} {} {}: staged in {:.1} s, deleted in {:.1} s, \
-                             {} Builds + {} pods created after the delete (cell {:.1} s)",
-                            version_name(version),
-                            if holdfast { "with holdfast" } else { "without" },
-                            cell.staging.as_secs_f64(),
-                            cell.deletion.as_secs_f64(),
-                            cell.builds,
-                            cell.pods,
-                            began.elapsed().as_secs_f64()
-                        );
-                        if let Some(timeline) = &cell.timeline {
-                            eprintln!("bench-deletion:   timeline (s after the CFOrg delete):\n{timeline}");
-                        }
-                        if holdfast && !cell.created_after.is_empty() {
-                            eprintln!(
-                                "bench-deletion:   created with holdfast: {}",
-                                cell.created_after.join(", ")
-                            );
-                        }
-                        pair.push(cell);
-                    }
+    'pairs: for &pair in &settings.pairs {
+        let counts = settings.counts(pair);
+        let env = Arc::new(Env::start().await?);
+        let started = Instant::now();
+        env.korifi_on(pair.kpack).await?;
+        eprintln!(
+            "bench-deletion: {}: control plane ready in {:.1} s, kpack {} and Korifi v0.18.0 in {:.1} s; apps {counts:?}, arms {:?}, {repeats} repetitions",
+            pair.name,
+            env.boot_time().as_secs_f64(),
+            pair.kpack.version,
+            started.elapsed().as_secs_f64(),
+            arms.iter().map(|a| a.name()).collect::<Vec<_>>(),
+        );
+        for repetition in 0..repeats {
+            let mut cells: Vec<(Arm, usize)> = Vec::new();
+            if arms.contains(&Arm::Empty) {
+                cells.push((Arm::Empty, 0));
+            }
+            for &apps in counts {
+                let mut ordered: Vec<Arm> = arms.iter().copied().filter(|a| *a != Arm::Empty).collect();
+                let len = ordered.len().max(1);
+                ordered.rotate_left(repetition % len);
+                cells.extend(ordered.into_iter().map(|arm| (arm, apps)));
+            }
+            for (arm, apps) in cells {
+                match run(&env, pair, arm, apps).await {
+                    Ok(run) => runs.push(run),
                     Err(e) => {
-                        result = Err(e.context(format!(
-                            "N={apps} {} {}",
-                            version_name(version),
-                            if holdfast { "with holdfast" } else { "without" }
-                        )));
-                        break 'cells;
+                        result = Err(e.context(format!("{} N={apps} {}", pair.name, arm.name())));
+                        break 'pairs;
                     }
                 }
             }
-            rows.push(pair);
         }
     }
-    drop(env);
 
-    println!(
-        "{:>4}  {:<6} | {:>12} {:>14} | {:>12} {:>14} | {:>7} {:>13}",
-        "N", "kpack", "without s", "without b+p", "with s", "with b+p", "speedup", "created w/o:w"
-    );
-    let mut speedup = None;
-    let mut created_with = 0;
-    for pair in &rows {
-        let [without, with] = pair.as_slice() else {
-            continue;
-        };
-        debug_assert!(!without.holdfast && with.holdfast);
-        let (a, b) = (without.deletion.as_secs_f64(), with.deletion.as_secs_f64());
-        println!(
-            "{:>4}  {:<6} | {:>12.2} {:>14} | {:>12.2} {:>14} | {:>6}x {:>13}",
-            without.apps,
-            version_name(without.version),
-            a,
-            format!("{}+{}", without.builds, without.pods),
-            b,
-            format!("{}+{}", with.builds, with.pods),
-            ratio(a, b),
-            format!("{}:{}", without.created(), with.created()),
-        );
-        created_with += with.created();
-        if without.apps == 10 && without.version == KpackVersion::V0_16 {
-            speedup = Some(ratio(a, b));
-        }
+    // (pair, apps, arm) -> runs
+    let mut cells: BTreeMap<(&str, usize, Arm), Vec<&Run>> = BTreeMap::new();
+    for run in &runs {
+        cells.entry((run.pair, run.apps, run.arm)).or_default().push(run);
     }
-    // A failed cell: the table of the cells that completed, no summary line.
-    result?;
+    let median = |pair: &str, apps: usize, arm: Arm| {
+        cells
+            .get(&(pair, apps, arm))
+            .and_then(|runs| stats(runs.iter().map(|r| r.deletion).collect()))
+            .map(|(median, _, _)| median)
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "n/a".into(),
+    };
     println!(
-        "speedup_n10_v016={} created_after_delete_with={created_with}",
-        speedup.unwrap_or_else(|| "n/a".into())
+        "{:<6} {:>3} {:<8} | {:>20} | {:>16} | {:>18} | {:>18} | {:>10} | {:>10}",
+        "kpack",
+        "N",
+        "arm",
+        "deletion s",
+        "created b+p",
+        "app pods' term. s",
+        "build pods' term.",
+        "/ nochurn",
+        "/ empty"
+    );
+    for ((pair, apps, arm), runs) in &cells {
+        let deletion = median(pair, *apps, *arm);
+        println!(
+            "{pair:<6} {apps:>3} {:<8} | {:>20} | {:>16} | {:>18} | {:>18} | {:>10} | {:>10}",
+            arm.name(),
+            spread(runs.iter().map(|r| r.deletion).collect()),
+            spread(runs.iter().map(|r| r.created as f64).collect()),
+            spread(runs.iter().filter_map(|r| r.app_pods).collect()),
+            spread(runs.iter().filter_map(|r| r.build_pods).collect()),
+            ratio(deletion, median(pair, *apps, Arm::NoChurn)),
+            ratio(deletion, median(pair, 0, Arm::Empty)),
+        );
+    }
+    // A failed run: the table of the runs that completed, no summary line.
+    result?;
+    let created_with: usize = runs
+        .iter()
+        .filter(|r| matches!(r.arm, Arm::With | Arm::WithSpaces))
+        .map(|r| r.created)
+        .sum();
+    println!(
+        "speedup_n10_v016={} created_after_delete_with={created_with} with_over_nochurn_n10={} with_over_nochurn_n50={} with_over_empty_n10={}",
+        ratio(median("v0.16", 10, Arm::Without), median("v0.16", 10, Arm::With)),
+        ratio(median("v0.17", 10, Arm::With), median("v0.17", 10, Arm::NoChurn)),
+        ratio(median("v0.17", 50, Arm::With), median("v0.17", 50, Arm::NoChurn)),
+        ratio(median("v0.17", 10, Arm::With), median("v0.17", 0, Arm::Empty)),
     );
     Ok(())
 }

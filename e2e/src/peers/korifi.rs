@@ -61,6 +61,10 @@ use crate::{
     tools::peer_bin,
 };
 
+/// The value of [`crate::webhook::SCOPE_LABEL`] on every org and space namespace Korifi makes
+/// (its `namespaceLabels`): a test webhook registered with this scope serves them.
+pub const SCOPE: &str = "korifi";
+
 /// The release namespace, as the chart's install instructions name it.
 pub const NAMESPACE: &str = "korifi";
 /// The chart's `rootNamespace`: CFOrgs live here.
@@ -290,7 +294,7 @@ fn registry_secret(registry: &str) -> Value {
 }
 
 /// The chart's `controllers/configmap.yaml` rendered with its default values (see the module
-/// docs for the three that differ).
+/// docs for the three that differ, and `namespaceLabels`, which carries [`SCOPE`]).
 fn controllers_config(cluster_builder: &str, repository_prefix: &str) -> String {
     format!(
         "includeKpackImageBuilder: true
@@ -306,6 +310,7 @@ containerRegistrySecretNames:
 - {REGISTRY_SECRET:?}
 taskTTL: 720h
 namespaceLabels:
+  {scope_label}: {SCOPE}
 extraVCAPApplicationValues:
   cf_api: https://api.korifi.invalid
 maxRetainedPackagesPerApp: 5
@@ -326,7 +331,8 @@ networking:
 experimentalManagedServicesEnabled: false
 trustInsecureServiceBrokers: false
 disableRouteController: true
-"
+",
+        scope_label = crate::webhook::SCOPE_LABEL,
     )
 }
 

@@ -40,7 +40,14 @@
 pub mod build_steps;
 pub mod stack;
 
-use std::{path::Path, time::Duration};
+use std::{
+    path::Path,
+    sync::{
+        PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::{
@@ -85,6 +92,15 @@ pub const V0_17_1: Release = Release {
     peer: "kpack-0.17.1",
 };
 
+/// The last release before kpack#1820 (its primary handlers still reconcile Images and Builds
+/// being deleted): the org-deletion benchmark's "v0.16" pair, with Korifi v0.18.0 (Korifi
+/// v0.14.0, the release of the seed bug, is refused by the Go module proxy). Served with the
+/// v0.17 CRDs the control plane installs (the same `v1alpha2` schema for what Korifi writes).
+pub const V0_16_1: Release = Release {
+    version: "0.16.1",
+    peer: "kpack-0.16.1",
+};
+
 /// kpack's system namespace, as its release names it.
 pub const NAMESPACE: &str = "kpack";
 const WEBHOOK_SERVICE: &str = "kpack-webhook";
@@ -107,7 +123,13 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug)]
 pub struct Kpack {
     release: Release,
+    /// The webhook (and, while starting, the controller).
     processes: Vec<ServerProcess>,
+    /// The controller, once started; `None` while [`Kpack::stop_controller`] holds it stopped.
+    controller: std::sync::Mutex<Option<ServerProcess>>,
+    /// How to start the controller again, and how many times it was.
+    controller_spawn: ControllerSpawn,
+    restarts: AtomicUsize,
     storage: LocalPathProvisioner,
     build_steps: BuildSteps,
     /// Where the webhook runs; closed after the processes stop.
@@ -159,31 +181,67 @@ impl Kpack {
                 })
                 .await?,
         ];
-        processes.push(ServerProcess::spawn(
-            "kpack-controller",
-            &peer_bin(release.peer, "kpack-controller")?,
-            std::slice::from_ref(&kubeconfig),
-            &as_paths(&controller_env),
-            dir.join("controller.log"),
-        )?);
+        let controller_spawn = ControllerSpawn {
+            program: peer_bin(release.peer, "kpack-controller")?,
+            args: vec![kubeconfig],
+            envs: controller_env,
+            dir: dir.to_path_buf(),
+        };
+        processes.push(controller_spawn.spawn(0)?);
         let mut this = Self {
             release,
             processes,
+            controller: std::sync::Mutex::new(None),
+            controller_spawn,
+            restarts: AtomicUsize::new(0),
             storage,
             build_steps: BuildSteps::start(env.client().await?),
             webhook_netns: Some(netns),
         };
         this.wait_for_webhook(env).await?;
-        let objects = stack::push(env.registry(), env.cluster_registry(), (NAMESPACE, CONTROLLER_SA)).await?;
+        let objects = stack::push(
+            env.registry(),
+            env.cluster_registry(),
+            (NAMESPACE, CONTROLLER_SA),
+            release == V0_16_1,
+        )
+        .await?;
         once_admitted(
             &mut this.processes,
             "kpack's stack, store, lifecycle and builder",
             START_TIMEOUT,
-            || env.kubectl_apply("default", &objects),
+            || env.kubectl_apply(NAMESPACE, &objects),
         )
         .await?;
         this.wait_for_builder(env).await?;
+        let controller = this.processes.pop();
+        *this.controller.get_mut().unwrap_or_else(PoisonError::into_inner) = controller;
         Ok(this)
+    }
+
+    /// Stops the controller (SIGTERM): nothing reconciles Images or Builds until
+    /// [`Kpack::start_controller`]; the webhook keeps serving. The org-deletion benchmark's
+    /// no-churn floor deletes an org so, with nothing left to rebuild.
+    pub fn stop_controller(&self) {
+        let stopped = self
+            .controller
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(mut controller) = stopped {
+            controller.stop(Duration::from_secs(5));
+        }
+    }
+
+    /// Starts the controller again after [`Kpack::stop_controller`] (a no-op while it runs); it
+    /// lists and reconciles everything anew, as after a restart in a cluster.
+    pub fn start_controller(&self) -> Result<()> {
+        let mut controller = self.controller.lock().unwrap_or_else(PoisonError::into_inner);
+        if controller.is_none() {
+            let restarts = self.restarts.fetch_add(1, Ordering::Relaxed) + 1;
+            *controller = Some(self.controller_spawn.spawn(restarts)?);
+        }
+        Ok(())
     }
 
     /// knative has reconciled the webhook configuration once its rules and `caBundle` are in.
@@ -246,9 +304,11 @@ impl Kpack {
     /// The ends of kpack's and the provisioner's logs, and why build pods were left running (see
     /// [`BuildSteps`]), for a failing test's message.
     pub fn log_tail(&self, lines: usize) -> String {
+        let controller = self.controller.lock().unwrap_or_else(PoisonError::into_inner);
         let mut out: Vec<String> = self
             .processes
             .iter()
+            .chain(controller.as_ref())
             .map(|p| format!("== {}\n{}", p.name(), p.log_tail(lines)))
             .collect();
         out.push(format!(
@@ -264,6 +324,7 @@ impl Kpack {
 
     pub fn stop(&mut self) {
         self.build_steps.stop();
+        self.stop_controller();
         while let Some(mut p) = self.processes.pop() {
             p.stop(Duration::from_secs(5));
         }
@@ -314,6 +375,32 @@ pub fn resource(kind: &str) -> ApiResource {
         &GroupVersionKind::gvk("kpack.io", "v1alpha2", kind),
         &format!("{}s", kind.to_lowercase()),
     )
+}
+
+/// The controller's program, arguments and environment, to start it again.
+#[derive(Debug)]
+struct ControllerSpawn {
+    program: std::path::PathBuf,
+    args: Vec<String>,
+    envs: Vec<(&'static str, String)>,
+    dir: std::path::PathBuf,
+}
+
+impl ControllerSpawn {
+    /// The `n`th start (0: the first), logging to a file of its own.
+    fn spawn(&self, n: usize) -> Result<ServerProcess> {
+        let log = match n {
+            0 => self.dir.join("controller.log"),
+            n => self.dir.join(format!("controller.{n}.log")),
+        };
+        ServerProcess::spawn(
+            "kpack-controller",
+            &self.program,
+            &self.args,
+            &as_paths(&self.envs),
+            log,
+        )
+    }
 }
 
 /// `(name, value)` pairs as [`ServerProcess::spawn`] takes them.

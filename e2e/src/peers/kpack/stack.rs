@@ -32,7 +32,15 @@ const STAND_IN: &[u8] = b"#!/bin/sh\n# holdfast e2e: a stand-in, never run (no c
 /// Pushes the images to `registry` and returns the cluster objects (YAML) that name them, as
 /// `cluster_registry` (the registry's address for the cluster) spells it. The ClusterBuilder
 /// pushes its builder image with the credentials of `service_account` (`namespace/name`).
-pub async fn push(registry: &str, cluster_registry: &str, service_account: (&str, &str)) -> Result<String> {
+/// `lifecycle_config_map`: also the ConfigMap `kpack/lifecycle-image` naming the lifecycle, where
+/// kpack before v0.17 reads it (`pkg/config/lifecycle_provider.go`; v0.17 reads the
+/// ClusterLifecycle).
+pub async fn push(
+    registry: &str,
+    cluster_registry: &str,
+    service_account: (&str, &str),
+    lifecycle_config_map: bool,
+) -> Result<String> {
     let lifecycle = lifecycle_image()?
         .push(registry, &format!("{REPOSITORY}/lifecycle"), LIFECYCLE_VERSION)
         .await?;
@@ -49,8 +57,18 @@ pub async fn push(registry: &str, cluster_registry: &str, service_account: (&str
         .await?;
     let at = |repo: &str, digest: &str| format!("{cluster_registry}/{REPOSITORY}/{repo}@{digest}");
     let (sa_namespace, sa_name) = service_account;
-    Ok(format!(
-        "apiVersion: kpack.io/v1alpha2
+    let config_map = if lifecycle_config_map {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: lifecycle-image, namespace: {}}}\ndata: {{image: {}}}\n---\n",
+            super::NAMESPACE,
+            at("lifecycle", &lifecycle)
+        )
+    } else {
+        String::new()
+    };
+    Ok(config_map
+        + &format!(
+            "apiVersion: kpack.io/v1alpha2
 kind: ClusterLifecycle
 metadata: {{name: {LIFECYCLE}}}
 spec: {{image: {lifecycle}}}
@@ -79,15 +97,16 @@ spec:
   store: {{name: {CLUSTER_STORE}, kind: ClusterStore}}
   order: [{{group: [{{id: {BUILDPACK_ID}}}]}}]
 ",
-        lifecycle = at("lifecycle", &lifecycle),
-        build = at("build-jammy", &build),
-        run = at("run-jammy", &run),
-        buildpackage = at("buildpackage", &buildpackage),
-    ))
+            lifecycle = at("lifecycle", &lifecycle),
+            build = at("build-jammy", &build),
+            run = at("run-jammy", &run),
+            buildpackage = at("buildpackage", &buildpackage),
+        ))
 }
 
 /// kpack reads the lifecycle's version and APIs from two labels and copies its last layer into
-/// the builder.
+/// the builder; kpack before v0.17 reads them from `io.buildpacks.lifecycle.metadata` and the
+/// layer of each OS from the labels `linux` and `windows` (their diff IDs).
 fn lifecycle_image() -> Result<LayeredImage> {
     let files: Vec<(String, &[u8])> = [
         "analyzer", "detector", "restorer", "builder", "exporter", "launcher",
@@ -97,19 +116,24 @@ fn lifecycle_image() -> Result<LayeredImage> {
     .collect();
     let files: Vec<(&str, &[u8])> = files.iter().map(|(p, c)| (p.as_str(), *c)).collect();
     let apis = |supported: &[&str]| json!({"deprecated": [], "supported": supported});
-    LayeredImage::new()
-        .layer(&files)?
+    let lifecycle_apis = json!({
+        "buildpack": apis(&["0.7", "0.8", "0.9", "0.10"]),
+        "platform": apis(&["0.7", "0.8", "0.9"]),
+    });
+    let image = LayeredImage::new().layer(&files)?;
+    let layer = image.last_diff_id().unwrap_or_default().to_string();
+    image
+        .label("linux", layer.clone())
+        .label("windows", layer)
+        .json_label(
+            "io.buildpacks.lifecycle.metadata",
+            &json!({"version": LIFECYCLE_VERSION, "apis": lifecycle_apis}),
+        )?
         .json_label(
             "io.buildpacks.builder.metadata",
             &json!({"lifecycle": {"version": LIFECYCLE_VERSION}, "api": {"buildpack": "0.10", "platform": "0.9"}}),
         )?
-        .json_label(
-            "io.buildpacks.lifecycle.apis",
-            &json!({
-                "buildpack": apis(&["0.7", "0.8", "0.9", "0.10"]),
-                "platform": apis(&["0.7", "0.8", "0.9"]),
-            }),
-        )
+        .json_label("io.buildpacks.lifecycle.apis", &lifecycle_apis)
 }
 
 /// Build and run images name their stack; the build image also the builds' user and group.
