@@ -143,8 +143,26 @@ pub const APP_PACKAGE: Deletable = Deletable {
     opt_in: None,
 };
 
+/// A CFApp being deleted: the CFBuilds it controls (no finalizer of their own), at once, so that
+/// none is left to re-create its BuildWorkload and the garbage collector's hop-by-hop walk of the
+/// CFApp's foreground deletion is not the critical path.
+pub const APP_BUILD: Deletable = Deletable {
+    kind: korifi::CF_BUILD,
+    resource: "cfbuilds",
+    ..APP_PACKAGE
+};
+
+/// A CFApp being deleted: the CFProcesses it controls, at once (a live CFProcess re-creates an
+/// AppWorkload deleted under it: measured on the real stack).
+pub const APP_PROCESS: Deletable = Deletable {
+    kind: korifi::CF_PROCESS,
+    resource: "cfprocesses",
+    ..APP_PACKAGE
+};
+
 /// A CFApp being deleted: the BuildWorkloads of its CFBuilds (their finalizer deletes the kpack
-/// Builds), when the chain of controller references names the CFApp's uid.
+/// Builds), when the chain of controller references names the CFApp's uid — deleted right after
+/// their CFBuild instead of when the garbage collector gets to them.
 pub const APP_BUILD_WORKLOAD: Deletable = Deletable {
     kind: korifi::BUILD_WORKLOAD,
     resource: "buildworkloads",
@@ -179,6 +197,8 @@ pub const DELETABLE: &[Deletable] = &[
     NAMESPACE_IMAGE,
     BUILD_POD,
     APP_PACKAGE,
+    APP_BUILD,
+    APP_PROCESS,
     APP_BUILD_WORKLOAD,
     APP_WORKLOAD,
     NAMESPACE_SPACE,
@@ -379,25 +399,27 @@ mod tests {
         ));
     }
 
-    /// The CFApp is the CFPackage's controller; a plain reference, or another app's, is not
-    /// enough.
+    /// The CFApp is the controller of its CFPackages, CFBuilds and CFProcesses; a plain
+    /// reference, or another app's, is not enough.
     #[test]
-    fn a_package_goes_with_the_app_that_controls_it() {
+    fn the_apps_children_go_with_the_app_that_controls_them() {
         let app = [Observed {
             uid: "app-1",
             terminating: true,
         }];
         let controlled = owned_by(&[(KORIFI, "CFApp", "app-1", true)]);
-        assert!(permits(&APP_PACKAGE, &controlled, &app, false));
         let plain = owned_by(&[(KORIFI, "CFApp", "app-1", false)]);
-        assert!(!permits(&APP_PACKAGE, &plain, &app, false));
         let other = owned_by(&[(KORIFI, "CFApp", "app-2", true)]);
-        assert!(!permits(&APP_PACKAGE, &other, &app, false));
         let live = [Observed {
             uid: "app-1",
             terminating: false,
         }];
-        assert!(!permits(&APP_PACKAGE, &controlled, &live, false));
+        for rule in [APP_PACKAGE, APP_BUILD, APP_PROCESS] {
+            assert!(permits(&rule, &controlled, &app, false), "{}", rule.kind);
+            assert!(!permits(&rule, &plain, &app, false), "{}", rule.kind);
+            assert!(!permits(&rule, &other, &app, false), "{}", rule.kind);
+            assert!(!permits(&rule, &controlled, &live, false), "{}", rule.kind);
+        }
     }
 
     /// A leaf two hops down goes only when both controller references chain to the terminating

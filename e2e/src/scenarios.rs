@@ -314,9 +314,9 @@ pub async fn until_refused(client: &Client, namespace: &str, yaml: &str, limit: 
 /// - the CFApp starts deleting: the controller deletes its Image at once (nothing else would
 ///   while the CFApp's finalizer holds it), and the garbage collector then deletes the Image's
 ///   Build;
-/// - the leaves of the CFApp's tree go at once too (the controller): its CFPackage, its CFBuild's
-///   BuildWorkload and its CFProcess's AppWorkload, but not those labelled for the app whose
-///   controller chain names another app;
+/// - the CFApp's tree goes at once too (the controller): its CFPackage, CFBuild and CFProcess,
+///   the CFBuild's BuildWorkload and the CFProcess's AppWorkload, but not those labelled for the
+///   app whose controller chain names another app;
 /// - the Build is terminating: a new build pod for it is refused (the webhook) and its running
 ///   build pod is deleted (the controller), but not a pod that only carries its label.
 pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
@@ -409,7 +409,7 @@ pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
         .await
         .context("the controller did not delete the Image of the CFApp being deleted")?;
 
-    for leaf in [&package, &workload, &app_workload] {
+    for leaf in [&package, &cf_build, &process, &workload, &app_workload] {
         let api = api_for(client, leaf, Some(namespace)).await?;
         wait::until(&api, &leaf.name_any(), |o: Option<&DynamicObject>| {
             o.is_some_and(|o| o.metadata.deletion_timestamp.is_some())
@@ -422,7 +422,7 @@ pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
             )
         })?;
     }
-    for spared in [&other_package, &other_workload] {
+    for spared in [&other_package, &other_build, &other_workload] {
         let api = api_for(client, spared, Some(namespace)).await?;
         ensure!(
             api.get_opt(&spared.name_any())

@@ -432,6 +432,16 @@ async fn the_fence_lets_the_controllers_token_delete_only_what_the_fast_finalize
     for object in [&app, &build, &cf_build, &leaf, &hopless] {
         scenarios::release(&admin, &namespace, object).await?;
     }
+    // The finalizer's nudge: the token may annotate a namespace only while it is being deleted.
+    let nudge =
+        json!({"metadata": {"annotations": {holdfast_controller::finalizer::NUDGE_ANNOTATION: "now"}}});
+    let as_controller = Api::<Namespace>::all(controller.clone());
+    refused_by_fence(
+        "the nudge of a live namespace",
+        as_controller
+            .patch(&namespace, &PatchParams::default(), &Patch::Merge(&nudge))
+            .await,
+    )?;
     let namespaces = Api::<Namespace>::all(admin.clone());
     namespaces.delete(&namespace, &DeleteParams::default()).await?;
     wait::until(&namespaces, &namespace, |n: Option<&Namespace>| {
@@ -464,6 +474,18 @@ async fn the_fence_lets_the_controllers_token_delete_only_what_the_fast_finalize
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Being deleted: the nudge is let through, another annotation is not.
+    as_controller
+        .patch(&namespace, &PatchParams::default(), &Patch::Merge(&nudge))
+        .await
+        .context("the fence refused the nudge of a namespace being deleted")?;
+    let other = json!({"metadata": {"annotations": {"example.com/other": "x"}}});
+    refused_by_fence(
+        "another annotation on a namespace being deleted",
+        as_controller
+            .patch(&namespace, &PatchParams::default(), &Patch::Merge(&other))
+            .await,
+    )?;
     scenarios::release(&admin, &namespace, &held).await
 }
 

@@ -105,9 +105,12 @@ pub fn check_fence(objects: &[Value]) -> Vec<String> {
                 )
             })
             .collect();
-    // Every DELETE, and the UPDATEs of the pinned kinds kube-apiserver admits itself: Packages
-    // go to kapp-controller's aggregated API server, which no policy of kube-apiserver sees.
+    // Every DELETE, the UPDATEs of the pinned kinds kube-apiserver admits itself (Packages go to
+    // kapp-controller's aggregated API server, which no policy of kube-apiserver sees) and of
+    // namespaces.
     let mut expected = BTreeSet::from([(vec!["DELETE".into()], vec!["*".into()], vec!["*".into()])]);
+    // The fast finalizer's nudge of a namespace being deleted (controller/src/finalizer.rs).
+    expected.insert((vec!["UPDATE".into()], vec!["".into()], vec!["namespaces".into()]));
     for kind in holdfast_pins::PinnedKind::ALL {
         if kind != holdfast_pins::PinnedKind::Package {
             expected.insert((
