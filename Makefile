@@ -47,8 +47,9 @@ fuzz-smoke:
 bench-admission:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-admission
 
-## bench-deletion: Korifi org deletion time and Builds/pods created after the delete, N apps (BENCH_DELETION_APPS,
-## default 1,10,50) x kpack v0.16/v0.17 emulation x without/with holdfast; last line speedup_n10_v016=… created_after_delete_with=…
+## bench-deletion: Korifi org deletion on the real Korifi v0.18.0 + kpack v0.16.1/v0.17.1: N apps (BENCH_DELETION_APPS,
+## default 1,10,50) x without/with holdfast/with --delete-org-spaces, the no-churn and empty-org floors, BENCH_DELETION_REPEATS (3)
+## times each; last line speedup_n10_v016=… created_after_delete_with=… with_over_nochurn_n10=… with_over_nochurn_n50=… with_over_empty_n10=…
 bench-deletion:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-deletion
 
