@@ -123,24 +123,28 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     let webhooks = dist::webhooks_call_the_service(&installed)?;
     ensure!(webhooks == 5, "{webhooks} webhooks checked, the chart has 5");
 
-    // Exactly those objects: what kapp deployed for the PackageInstall's App.
+    // Exactly those objects: what kapp deployed for the PackageInstall's App (the objects
+    // carrying the app label kapp-controller reports).
+    let app = env.kubectl_get("apps.kappctrl.k14s.io", "holdfast", &ns)?;
+    let label = app["status"]["deploy"]["kapp"]["associatedResources"]["label"]
+        .as_str()
+        .context("the App reports no kapp app label")?;
     let kapp = holdfast_e2e::tools::peer_bin("kapp", "kapp")?;
     let out = std::process::Command::new(kapp)
         .env("KUBECONFIG", env.kubeconfig())
         .args([
             "inspect",
             "-a",
-            "holdfast-ctrl",
-            "-n",
-            &ns,
+            &format!("label:{label}"),
             "--json",
             "--tty=false",
         ])
         .output()?;
     ensure!(
         out.status.success(),
-        "kapp inspect: {}",
-        String::from_utf8_lossy(&out.stderr)
+        "kapp inspect: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
     );
     let inspected: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let deployed: BTreeSet<String> = inspected["Tables"][0]["Rows"]
