@@ -47,7 +47,17 @@ build_binaries() {
   log "building ${BINARIES[*]} for $TRIPLE (release, static)"
   # ring's C and assembly: musl-gcc from Debian's musl-tools. Symbols stripped: the image
   # carries no debugger, and the SBOM (make sbom) says what went in.
-  (cd "$ROOT" && CC_x86_64_unknown_linux_musl=musl-gcc CARGO_PROFILE_RELEASE_STRIP=symbols \
+  # Run from a test, cargo's variables for the test (CARGO_MANIFEST_DIR, CARGO_PKG_*, …) would
+  # reach this build, and ring's build script reruns when CARGO_MANIFEST_DIR changes: every
+  # switch between a shell and a test would rebuild everything. The build sees what a shell sees.
+  local name unset=()
+  for name in $(compgen -e); do
+    case "$name" in
+      CARGO_HOME | CARGO_TARGET_DIR) ;;
+      CARGO | CARGO_*) unset+=(-u "$name") ;;
+    esac
+  done
+  (cd "$ROOT" && env "${unset[@]}" CC_x86_64_unknown_linux_musl=musl-gcc CARGO_PROFILE_RELEASE_STRIP=symbols \
     cargo build --release --locked --target "$TRIPLE" -p holdfast-webhook -p holdfast-controller --bins)
   local bin
   for bin in "${BINARIES[@]}"; do
