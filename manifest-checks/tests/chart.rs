@@ -104,3 +104,42 @@ fn the_values_schema_refuses_unknown_values() -> Result<()> {
     }
     Ok(())
 }
+
+/// `helm lint` finds nothing wrong with the chart (errors fail it; the chart has no icon, which
+/// helm only notes as INFO).
+#[test]
+fn helm_lint_passes() -> Result<()> {
+    let out = std::process::Command::new(helm()?)
+        .arg("lint")
+        .arg(holdfast_manifest_checks::chart::chart())
+        .arg("--strict")
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && text.contains("0 chart(s) failed"),
+        "helm lint --strict: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// The chart is released with holdfast: its version, appVersion and default image tag are the
+/// workspace's version (the tag the base's `images:` names too).
+#[test]
+fn the_chart_is_versioned_with_holdfast() -> Result<()> {
+    let dir = holdfast_manifest_checks::chart::chart();
+    let chart: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(dir.join("Chart.yaml"))?)?;
+    let values: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(dir.join("values.yaml"))?)?;
+    let version = env!("CARGO_PKG_VERSION");
+    for (what, found) in [
+        ("Chart.yaml version", &chart["version"]),
+        ("Chart.yaml appVersion", &chart["appVersion"]),
+        ("values.yaml image.tag", &values["image"]["tag"]),
+    ] {
+        ensure!(
+            found.as_str() == Some(version),
+            "{what} is {found:?}, holdfast is {version}"
+        );
+    }
+    Ok(())
+}
