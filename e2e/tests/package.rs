@@ -1,10 +1,12 @@
-//! The Carvel package with the real kapp-controller: a PackageRepository naming the repository
-//! bundle `make package` pushed (by tag, as users write it) is stored pinned by a running
-//! holdfast and reconciles; its Package fetches the package bundle by digest; a PackageInstall
+//! The Carvel package with the real kapp-controller: the release `make package` pushed, copied
+//! with `imgpkg copy` to another repository (a private registry); a PackageRepository naming the
+//! copy's repository bundle (by tag, as users write it) is stored pinned by a running holdfast and
+//! reconciles; its Package fetches the copied package bundle by digest; a PackageInstall
 //! of holdfast with a user's values reconciles and creates exactly the objects `kubectl
 //! kustomize` renders of manifests/ for the same settings — differing only by what
 //! `chart::PACKAGE_ADDS` lists (kapp's and kbld's labels and annotations) — with the webhook
-//! configurations calling the installed Service. (holdfast's pods run on kwok's nodes, without
+//! configurations calling the installed Service and the Deployments running the copied image.
+//! (holdfast's pods run on kwok's nodes, without
 //! containers: the objects are what is checked.)
 
 use std::{collections::BTreeSet, sync::Arc};
@@ -32,15 +34,41 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     let ns = webhook.namespace("packages").await?;
     let client = env.client().await?;
 
+    // The release copied into a "private registry" (another repository) the way README says:
+    // imgpkg copies the repository bundle, the package bundle and the image together, and what
+    // gets installed must name the copies only.
+    let private = format!("{}/private/holdfast", env.registry());
+    let copy = std::process::Command::new(holdfast_e2e::tools::peer_bin("imgpkg", "imgpkg")?)
+        .args([
+            "copy",
+            "-b",
+            &packaged.repository_tag,
+            "--to-repo",
+            &private,
+            "--registry-insecure",
+        ])
+        .output()?;
+    ensure!(
+        copy.status.success(),
+        "imgpkg copy: {}",
+        String::from_utf8_lossy(&copy.stderr)
+    );
+    let relocated = |reference: &str| -> Result<String> {
+        let (_, digest) = reference
+            .split_once('@')
+            .context("a release reference without digest")?;
+        Ok(format!("{private}@{digest}"))
+    };
+    let repository_tag = format!("{private}:{}", env!("CARGO_PKG_VERSION"));
+
     let repository = format!(
-        "apiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageRepository\nmetadata: {{name: holdfast}}\nspec:\n  fetch: {{imgpkgBundle: {{image: {}}}}}\n",
-        packaged.repository_tag
+        "apiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageRepository\nmetadata: {{name: holdfast}}\nspec:\n  fetch: {{imgpkgBundle: {{image: {repository_tag}}}}}\n"
     );
     let created = create_all(&client, &ns, &repository).await?;
     let stored = &created[0];
     ensure!(
-        stored.data["spec"]["fetch"]["imgpkgBundle"]["image"] == packaged.repository.as_str(),
-        "the PackageRepository was stored as {}, not pinned to {}",
+        stored.data["spec"]["fetch"]["imgpkgBundle"]["image"] == relocated(&packaged.repository)?.as_str(),
+        "the PackageRepository was stored as {}, not pinned to the copy of {}",
         stored.data["spec"]["fetch"]["imgpkgBundle"]["image"],
         packaged.repository
     );
@@ -61,8 +89,9 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
         &ns,
     )?;
     ensure!(
-        package["spec"]["template"]["spec"]["fetch"][0]["imgpkgBundle"]["image"] == packaged.bundle.as_str(),
-        "the Package fetches {}, not the bundle by digest {}",
+        package["spec"]["template"]["spec"]["fetch"][0]["imgpkgBundle"]["image"]
+            == relocated(&packaged.bundle)?.as_str(),
+        "the Package fetches {}, not the copy of the bundle by digest {}",
         package["spec"]["template"]["spec"]["fetch"][0],
         packaged.bundle
     );
@@ -87,7 +116,8 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
 
     // What a user sets: their registry over plain HTTP, one webhook replica, a stricter policy.
     let settings = Settings {
-        image: Some((packaged.image.repository.clone(), packaged.image.digest.clone())),
+        // The copy of the image, by the digest the release's ImagesLock names.
+        image: Some((private.clone(), packaged.image.digest.clone())),
         insecure_registries: vec![env.registry().to_string()],
         webhook_replicas: Some(1),
         policy: Some(holdfast_manifest_checks::chart::Policy {
