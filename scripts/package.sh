@@ -13,7 +13,8 @@
 #                                      PackageMetadata and the Package (its valuesSchema is
 #                                      charts/holdfast/values.schema.json), which fetches the
 #                                      package bundle by digest; its own ImagesLock
-#   PREFIX/charts/holdfast:<version>   the chart as an OCI artefact (`helm push`)
+#   PREFIX/charts/holdfast:<version>   the chart as an OCI artefact (`helm push`), whose default
+#                                      image is the release's, by digest
 #
 # Writes target/package/{bundle,repository,chart} (the pushed references, by digest). Tools:
 # helm, imgpkg, kbld from `make deps` ($HOLDFAST_CACHE/peers/).
@@ -112,9 +113,12 @@ spec:
       - imgpkgBundle:
           image: $BUNDLE
       template:
-      # The chart, with the image by digest; a PackageInstall's values come after these.
+      # The chart, with the image by digest; a PackageInstall's values come after these. Rendered
+      # for the cluster's Kubernetes version (the chart needs >= 1.30; helm's own default is
+      # the version it was built against).
       - helmTemplate:
           path: config/chart
+          kubernetesVersion: {}
           valuesFrom:
           - path: config/image-values.yaml
       # Relocation: the image from the bundle's ImagesLock (where imgpkg copy put it).
@@ -137,8 +141,14 @@ REPOSITORY=$(sed -n 's/^ *image: //p' "$OUT/repository.lock.yml")
 echo "$REPOSITORY" >"$OUT/repository"
 log "repository bundle $REPOSITORY"
 
-# The chart as an OCI artefact.
-"$HELM" package "$ROOT/charts/holdfast" --destination "$OUT" >/dev/null 2>&1
+# The chart as an OCI artefact, its default image the release's, by digest (so that `helm
+# install` of it needs no image values).
+chart="$OUT/chart-dir/holdfast"
+mkdir -p "$OUT/chart-dir"
+cp -rL "$ROOT/charts/holdfast" "$chart"
+sed -i -e "s|^  repository: holdfast$|  repository: $IMAGE_REPO|" -e "s|^  digest: \"\"$|  digest: $IMAGE_DIGEST|" "$chart/values.yaml"
+grep -q "digest: $IMAGE_DIGEST" "$chart/values.yaml" || { echo "package: could not set the chart's image" >&2; exit 1; }
+"$HELM" package "$chart" --destination "$OUT" >/dev/null 2>&1
 "$HELM" push "$OUT/holdfast-$VERSION.tgz" "oci://$PREFIX/charts" ${PLAIN:+--plain-http} >"$OUT/chart.log" 2>&1
 CHART="$PREFIX/charts/holdfast@$(sed -n 's/^Digest: //p' "$OUT/chart.log")"
 echo "$CHART" >"$OUT/chart"

@@ -1,5 +1,5 @@
 //! The Helm chart on the control plane: `helm install` of the chart `make package` pushed to the
-//! registry (an OCI artefact) creates exactly the objects `kubectl kustomize` renders of
+//! registry (an OCI artefact, whose default image is the release's by digest) creates exactly the objects `kubectl kustomize` renders of
 //! manifests/ for the same settings — differing only by what `chart::HELM_ADDS` lists — with the
 //! webhook configurations calling the installed Service; `helm upgrade` to other settings
 //! changes what the kustomize overlay of those changes and keeps what holdfast itself wrote: its
@@ -81,7 +81,10 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
     // `helm install` or `helm upgrade` of the chart with these settings, checked.
     let release = |verb: &str, settings: &Settings| -> Result<Vec<Value>> {
         let args = [verb, "holdfast", &chart, "--version", version, "--plain-http"];
-        helm(&env, &args, Some(&settings.values()))?;
+        // The image is the released chart's default: a user sets none.
+        let mut values = settings.values();
+        values.as_object_mut().context("values")?.remove("image");
+        helm(&env, &args, Some(&values))?;
         let manifest = helm(&env, &["get", "manifest", "holdfast"], None)?;
         check_installed(&env, settings, &manifest)
     };
