@@ -2,8 +2,8 @@
 //! musl binaries, umoci, skopeo), pulled back from the registry it was pushed to: its config is
 //! what manifests/ assume (user, entrypoint, the commands the Deployments run), it holds the two
 //! binaries and the CA bundle and nothing else, and the binaries taken out of its layers run —
-//! `--help`, and the webhook serving the API server's reviews (an App written with a tag is
-//! stored pinned); signed with cosign against a key the test creates, with a CycloneDX SBOM of
+//! `--help`, and the webhook, on a file system remounted read-only, serving the API server's
+//! reviews (an App written with a tag is stored pinned); signed with cosign against a key the test creates, with a CycloneDX SBOM of
 //! each binary attested, which verification with another key refuses.
 
 use std::{collections::BTreeMap, io::Read as _, path::Path, sync::Arc};
@@ -240,8 +240,15 @@ async fn the_image_is_what_the_manifests_run(env: Arc<Env>) -> Result<()> {
     Ok(())
 }
 
-/// The webhook binary from the image, as a process against the local control plane with the
-/// shipped webhook configurations (called by URL, scoped to this test's namespace): it issues
+/// `sh -c` script: remounts every mount read-only, fails unless writing `$1` fails, then runs
+/// the rest of its arguments.
+const READ_ONLY: &str = "set -e; probe=$1; shift; \
+    for m in $(awk '{print $2}' /proc/self/mounts | sort -u); do mount -o remount,bind,ro \"$m\" 2>/dev/null || true; done; \
+    if touch \"$probe\" 2>/dev/null; then echo \"$probe is still writable\" >&2; exit 97; fi; \
+    exec \"$@\"";
+
+/// The webhook binary from the image, as a process on a read-only file system against the local
+/// control plane with the shipped webhook configurations (called by URL, scoped to this test's namespace): it issues
 /// its certificate, injects the caBundle, and the API server's review of an App with a tag comes
 /// back pinned.
 async fn the_webhook_binary_from_the_image_pins_an_app(env: Arc<Env>) -> Result<()> {
@@ -273,18 +280,36 @@ async fn the_webhook_binary_from_the_image_pins_an_app(env: Arc<Env>) -> Result<
     Api::<ValidatingWebhookConfiguration>::all(client.clone())
         .create(&PostParams::default(), &validating)
         .await?;
+    // Run as readOnlyRootFilesystem runs it: in a mount namespace of its own where every file
+    // system is remounted read-only (checked: writing beside the binary fails), so a webhook
+    // that needed to write a file would not get ready.
+    let mut args: Vec<String> = [
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        READ_ONLY,
+        "sh",
+    ]
+    .map(String::from)
+    .into();
+    args.push(dir.path().join("probe").display().to_string());
+    args.push(binary.display().to_string());
+    args.extend([
+        format!("--addr=127.0.0.1:{port}"),
+        format!("--admin-addr=127.0.0.1:{admin}"),
+        format!("--namespace={system}"),
+        "--tls-ip=127.0.0.1".into(),
+        format!("--mutating-webhook-configurations={name}"),
+        format!("--validating-webhook-configurations={name}"),
+        format!("--insecure-registry={}", env.registry()),
+    ]);
     let mut webhook = ServerProcess::spawn(
         "holdfast-webhook-from-image",
-        &binary,
-        &[
-            format!("--addr=127.0.0.1:{port}"),
-            format!("--admin-addr=127.0.0.1:{admin}"),
-            format!("--namespace={system}"),
-            "--tls-ip=127.0.0.1".into(),
-            format!("--mutating-webhook-configurations={name}"),
-            format!("--validating-webhook-configurations={name}"),
-            format!("--insecure-registry={}", env.registry()),
-        ],
+        Path::new("unshare"),
+        &args,
         &[("KUBECONFIG", env.kubeconfig())],
         dir.path().join("webhook.log"),
     )?;
