@@ -69,8 +69,9 @@ bench-mirror:
 ## image: the container image of both binaries, without a Docker engine (scripts/image.sh: static
 ## musl binaries, umoci): an OCI layout in target/image/oci and, tagged $(IMAGE), the archive
 ## target/image/holdfast.tar (kind load image-archive); pushed to $(IMAGE_REPO) by digest when set
+## (after `source .holdfast/env`: the local registry of `make up`)
 IMAGE ?= holdfast:dev
-IMAGE_REPO ?=
+IMAGE_REPO ?= $(if $(HOLDFAST_REGISTRY),$(HOLDFAST_REGISTRY)/holdfast)
 .PHONY: image sbom sign package
 image:
 	@scripts/image.sh build
