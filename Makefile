@@ -27,7 +27,7 @@ demo: up
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	shellcheck e2e/kind/*.sh scripts/fuzz.sh
+	shellcheck e2e/kind/*.sh scripts/fuzz.sh scripts/install-deps.sh scripts/image.sh scripts/package.sh scripts/sign.sh
 
 fmt:
 	$(CARGO) fmt --all
@@ -51,6 +51,7 @@ bench-admission:
 ## default 1,10,50) x without/with holdfast/with --delete-org-spaces, the no-churn and empty-org floors, BENCH_DELETION_REPEATS (3)
 ## times each; last line speedup_n10_v016=… created_after_delete_with=… with_over_nochurn_n10=… with_over_nochurn_n50=… with_over_empty_n10=…
 bench-deletion:
+	@scripts/install-deps.sh --bench
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-deletion
 
 ## bench-pinning: registry requests and failed syncs in a registry outage of 200 Apps over 10 tags (BENCH_PINNING_APPS,
@@ -67,11 +68,32 @@ bench-mirror:
 	$(CARGO) build --release -q -p holdfast-e2e --bin holdfast-mirror-copy
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-mirror
 
-## image: build the container image of both binaries (Dockerfile) as $(IMAGE); needs a Docker engine with BuildKit
+## image: the container image of both binaries, without a Docker engine (scripts/image.sh: static
+## musl binaries, umoci): an OCI layout in target/image/oci and, tagged $(IMAGE), the archive
+## target/image/holdfast.tar (kind load image-archive); pushed to $(IMAGE_REPO) by digest when set
+## (after `source .holdfast/env`: the local registry of `make up`)
 IMAGE ?= holdfast:dev
-.PHONY: image
+IMAGE_REPO ?= $(if $(HOLDFAST_REGISTRY),$(HOLDFAST_REGISTRY)/holdfast)
+.PHONY: image sbom sign package
 image:
-	@command -v docker >/dev/null 2>&1 || { echo "make image: 'docker' is not on PATH. Install Docker (with BuildKit) to build the image; nothing else in this repository needs it." >&2; exit 1; }
-	@docker info >/dev/null 2>&1 || { echo "make image: the docker CLI cannot reach a Docker engine (is the daemon running, and may you use its socket?). This machine may have no engine at all: build on one that has." >&2; exit 1; }
-	DOCKER_BUILDKIT=1 docker build --tag $(IMAGE) .
-	@echo "built $(IMAGE); on kind: kind load docker-image $(IMAGE) && kubectl apply -k manifests/overlays/kind"
+	@scripts/image.sh build
+	@scripts/image.sh archive $(IMAGE) >/dev/null
+	@if [ -n "$(IMAGE_REPO)" ]; then scripts/image.sh push $(IMAGE_REPO); fi
+
+## sbom: CycloneDX SBOMs of both binaries (target/image/sbom/)
+sbom:
+	@scripts/sign.sh sbom
+
+## sign: cosign signature and SBOM attestations for the pushed image (target/image/pushed) with
+## COSIGN_KEY (password in COSIGN_PASSWORD); README "Verifying a release"
+COSIGN_KEY ?= cosign.key
+sign: sbom
+	@scripts/sign.sh sign "$$(cat target/image/pushed)" $(COSIGN_KEY)
+
+## package: image pushed to $(PREFIX)/holdfast, then the Carvel package and repository bundles
+## and the OCI chart under $(PREFIX) (scripts/package.sh)
+PREFIX ?=
+package:
+	@[ -n "$(PREFIX)" ] || { echo "make package: set PREFIX=registry/path (e.g. PREFIX=\$$HOLDFAST_REGISTRY/holdfast)" >&2; exit 1; }
+	@$(MAKE) --no-print-directory image IMAGE_REPO=$(PREFIX)/holdfast
+	@scripts/package.sh $(PREFIX)

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything the local control plane and the real peers need, idempotently:
-#   - Debian packages: the OCI registry (Distribution), skopeo, openssl, shellcheck, iproute2;
+#   - Debian packages: the OCI registry (Distribution), skopeo, openssl, shellcheck, iproute2,
+#     and for the image (scripts/image.sh) musl-tools, jq; the rustup target
+#     x86_64-unknown-linux-musl (static binaries);
 #   - Go programs built from their Go modules, one module per program under e2e/peers/<name>/
 #     (a go.mod that requires the program, its go.sum pinning every hash): Kubernetes
 #     (kube-apiserver, kube-controller-manager, kube-scheduler), etcd, kwok, kapp-controller with
 #     the vendir/ytt/kapp/kbld it runs, kpack (v0.17.2; v0.17.1 for Korifi; v0.16.1 for the
-#     org-deletion benchmark), Korifi's
-#     controllers, local-path-provisioner.
+#     org-deletion benchmark only, with --bench), Korifi's controllers, local-path-provisioner;
+#     and the release tools: helm (the chart), imgpkg (the Carvel bundles), cosign (signing the
+#     image), umoci (the image's layout); cargo-cyclonedx from crates.io (the SBOMs).
 # Each build is cached outside the repository under $CACHE/peers/<name>-<hash of go.mod+go.sum>/
 # (bin/, the upstream CRDs the harness installs, crds/, and the upstream manifests it applies,
 # manifests/), and $CACHE/peers/<name> links to the
@@ -15,10 +18,17 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# --bench: also what only the benchmarks run (kpack v0.16.1 for make bench-deletion).
+WITH_BENCH_PEERS=false
+if [ "${1:-}" = "--bench" ]; then WITH_BENCH_PEERS=true; fi
 CACHE_DIR=${HOLDFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/holdfast}
 PEERS_DIR="$CACHE_DIR/peers"
 # iproute2: `ip link set lo up` in the network namespaces of peers with hard-coded ports.
-PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2)
+# musl-tools, jq: `make image` (scripts/image.sh) without a Docker engine (umoci: a Go build below;
+# bookworm's umoci 0.4.7 writes layer tars without their last padding and end-of-archive blocks).
+PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2 musl-tools jq)
+# The static binaries in the image.
+RUST_TARGET=x86_64-unknown-linux-musl
 # The Go toolchain of this machine kind (Kubernetes 1.37's go.mod says go 1.26.0).
 GO_MIN_MINOR=26
 
@@ -157,7 +167,17 @@ k8s_ldflags() {
 
 required_version() { (cd "$ROOT/e2e/peers/$1" && "$GO" list -m -f "{{.Version}}" "$2"); }
 
+install_rust_target() {
+  if rustup target list --installed 2>/dev/null | grep -qx "$RUST_TARGET"; then
+    log "rustup target $RUST_TARGET already installed"
+    return
+  fi
+  log "installing the rustup target $RUST_TARGET"
+  rustup target add "$RUST_TARGET" >/dev/null
+}
+
 install_packages
+install_rust_target
 check_go
 mkdir -p "$PEERS_DIR"
 K8S_VERSION=$(required_version kubernetes k8s.io/kubernetes)
@@ -193,9 +213,12 @@ collect_manifests kpack github.com/pivotal/kpack config/webhook.yaml config/conf
 build_peer kpack-0.17.1 "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
   github.com/pivotal/kpack/cmd/webhook=kpack-webhook
 # The last kpack release before kpack#1820 (Images and Builds being deleted still reconciled): the
-# org-deletion benchmark's "v0.16" pair. Same v1alpha2 CRDs as v0.17.
-build_peer kpack-0.16.1 "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
-  github.com/pivotal/kpack/cmd/webhook=kpack-webhook
+# org-deletion benchmark's "v0.16" pair (`--bench`, as `make bench-deletion` calls it; no test
+# needs it). Same v1alpha2 CRDs as v0.17.
+if [ "$WITH_BENCH_PEERS" = true ]; then
+  build_peer kpack-0.16.1 "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
+    github.com/pivotal/kpack/cmd/webhook=kpack-webhook
+fi
 build_peer korifi "-s -w" code.cloudfoundry.org/korifi/controllers=korifi-controllers
 collect_crds korifi code.cloudfoundry.org/korifi 'helm/korifi/controllers/crds/*.yaml'
 collect_manifests korifi code.cloudfoundry.org/korifi helm/korifi/controllers/manifests.yaml \
@@ -205,4 +228,25 @@ collect_manifests korifi code.cloudfoundry.org/korifi helm/korifi/controllers/ma
 # The dynamic volume provisioner kind ships: kpack's build cache volumes (PVCs) are bound through it.
 build_peer local-path-provisioner "-s -w" github.com/rancher/local-path-provisioner=local-path-provisioner
 collect_manifests local-path-provisioner github.com/rancher/local-path-provisioner deploy/local-path-storage.yaml
+# Release tools: the chart (make chart, tests/dist.rs), the Carvel bundles (make package), signing.
+# As helm's own Makefile links it: its version, and the Kubernetes version of its client-go as
+# the default capabilities (else `helm template` assumes 1.20 and the chart's kubeVersion fails).
+HELM_K8S_MINOR=$(required_version helm k8s.io/client-go | cut -d. -f2)
+HELM_LD="-s -w -X helm.sh/helm/v3/internal/version.version=$(required_version helm helm.sh/helm/v3)"
+for pkg in chartutil lint/rules; do
+  HELM_LD+=" -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMinor=$HELM_K8S_MINOR"
+done
+build_peer helm "$HELM_LD" helm.sh/helm/v3/cmd/helm=helm
+build_peer imgpkg "-s -w -X carvel.dev/imgpkg/pkg/imgpkg/cmd.Version=$(required_version imgpkg carvel.dev/imgpkg)" \
+  carvel.dev/imgpkg/cmd/imgpkg=imgpkg
+build_peer cosign "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$(required_version cosign github.com/sigstore/cosign/v2)" \
+  github.com/sigstore/cosign/v2/cmd/cosign=cosign
+build_peer umoci "-s -w -X github.com/opencontainers/umoci.version=$(required_version umoci github.com/opencontainers/umoci)" \
+  github.com/opencontainers/umoci/cmd/umoci=umoci
+# cargo-cyclonedx (the SBOMs, scripts/sign.sh) from crates.io, into the cache.
+CYCLONEDX_VERSION=0.5.9
+if [ "$("$CACHE_DIR/cargo-tools/bin/cargo-cyclonedx" cyclonedx --version 2>/dev/null | awk '{print $2}')" != "$CYCLONEDX_VERSION" ]; then
+  log "installing cargo-cyclonedx $CYCLONEDX_VERSION from crates.io"
+  cargo install --quiet --locked cargo-cyclonedx --version "$CYCLONEDX_VERSION" --root "$CACHE_DIR/cargo-tools"
+fi
 log "ready: docker-registry $(command -v docker-registry); peers in $PEERS_DIR: $(cd "$PEERS_DIR" && find . -maxdepth 1 -type l -printf '%f ' )"

@@ -91,7 +91,8 @@ peers_up() {
 holdfast_up() {
   log "image $IMAGE (make image), loaded into $CLUSTER"
   make -C "$REPO" image IMAGE="$IMAGE"
-  kind load docker-image "$IMAGE" --name "$CLUSTER"
+  # make image writes the image tagged $IMAGE as an archive (no Docker engine is involved).
+  kind load image-archive "${CARGO_TARGET_DIR:-$REPO/target}/image/holdfast.tar" --name "$CLUSTER"
   log "manifests/overlays/kind (+ the suite's registry)"
   k apply -k "$HERE/overlay"
   k -n holdfast-system rollout status deployment/holdfast-webhook --timeout=300s

@@ -6,6 +6,7 @@ pub mod accounts;
 pub mod audit;
 pub mod control_plane;
 pub mod controller;
+pub mod dist;
 pub mod images;
 pub mod mirror;
 pub mod netns;

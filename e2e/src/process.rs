@@ -109,3 +109,27 @@ pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding a free port")?;
     Ok(listener.local_addr()?.port())
 }
+
+/// Polls `url` (a readiness endpoint: a process has nothing to watch) until it answers 2xx, as a
+/// kubelet's probe would; `check` runs between attempts (e.g. [`ServerProcess::check_running`],
+/// to fail at once when the process died).
+pub async fn until_http_ok(
+    url: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Ok(rsp) = http.get(url).send().await
+            && rsp.status().is_success()
+        {
+            return Ok(());
+        }
+        check()?;
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("{url} did not answer 2xx within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

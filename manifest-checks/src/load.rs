@@ -77,6 +77,24 @@ pub fn base() -> Result<Vec<Value>> {
     Ok(objects)
 }
 
+/// A Go build `make deps` (scripts/install-deps.sh) cached: `$HOLDFAST_CACHE/peers/<name>`, the
+/// cache defaulting as the e2e harness's does (`holdfast_e2e::tools::cache_dir`:
+/// `$XDG_CACHE_HOME/holdfast`, then `~/.cache/holdfast`). Read here, not through the harness, so
+/// that these checks build without it.
+pub fn peer_dir(name: &str) -> Option<PathBuf> {
+    let cache = match (
+        std::env::var_os("HOLDFAST_CACHE"),
+        std::env::var_os("XDG_CACHE_HOME"),
+        std::env::var_os("HOME"),
+    ) {
+        (Some(cache), _, _) => PathBuf::from(cache),
+        (None, Some(xdg), _) => Path::new(&xdg).join("holdfast"),
+        (None, None, Some(home)) => Path::new(&home).join(".cache/holdfast"),
+        (None, None, None) => PathBuf::from("/root/.cache/holdfast"),
+    };
+    Some(cache.join("peers").join(name)).filter(|dir| dir.exists())
+}
+
 /// `kubectl` on the PATH, if any: the renderings are checked only with it.
 pub fn kubectl() -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
@@ -122,7 +140,7 @@ pub fn render_with_components(kubectl: &Path, components: &[impl AsRef<str>]) ->
 }
 
 /// A recursive copy of a directory.
-fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+pub fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;

@@ -2,37 +2,16 @@
 //! fence must hold every field of their fetch entries, so a field a new kapp-controller adds fails
 //! a test instead of passing the fence unchecked.
 
-use std::{
-    collections::BTreeSet,
-    path::{Path, PathBuf},
-};
+use std::collections::BTreeSet;
 
 use anyhow::Result;
 
 use crate::load::read;
 
-/// Where `make deps` (scripts/install-deps.sh) leaves kapp-controller's build:
-/// `$HOLDFAST_CACHE/peers/kapp-controller`, the cache defaulting as the e2e harness's does
-/// (`holdfast_e2e::tools::cache_dir`: `$XDG_CACHE_HOME/holdfast`, then `~/.cache/holdfast`). Read
-/// here, not through the harness, so that these checks build without it.
-fn kapp_controller_dir() -> Option<PathBuf> {
-    let cache = match (
-        std::env::var_os("HOLDFAST_CACHE"),
-        std::env::var_os("XDG_CACHE_HOME"),
-        std::env::var_os("HOME"),
-    ) {
-        (Some(cache), _, _) => PathBuf::from(cache),
-        (None, Some(xdg), _) => Path::new(&xdg).join("holdfast"),
-        (None, None, Some(home)) => Path::new(&home).join(".cache/holdfast"),
-        (None, None, None) => PathBuf::from("/root/.cache/holdfast"),
-    };
-    Some(cache.join("peers/kapp-controller")).filter(|dir| dir.exists())
-}
-
 /// The properties of the fetch entries of kapp-controller's upstream CRDs (the peer's module,
 /// collected by `make deps`), per resource: the entry's fields and each source's.
 pub fn upstream_fetch_schema() -> Result<Option<Vec<(String, serde_json::Value)>>> {
-    let Some(dir) = kapp_controller_dir() else {
+    let Some(dir) = crate::load::peer_dir("kapp-controller") else {
         return Ok(None);
     };
     let mut found = Vec::new();

@@ -10,7 +10,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use holdfast_e2e::{Env, images, objects, process::free_port, webhook::shipped_configurations};
+use holdfast_e2e::{
+    Env, images, objects,
+    process::{free_port, until_http_ok},
+    webhook::shipped_configurations,
+};
 use k8s_openapi::api::{
     admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
     core::v1::Namespace,
@@ -255,21 +259,13 @@ async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
         ],
         &[("KUBECONFIG", kubeconfig.as_path())],
     )?;
-    let ready = format!("http://127.0.0.1:{admin_port}/readyz");
-    let http = reqwest::Client::new();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    // Readiness polled, as a kubelet would: the process has nothing to watch.
-    loop {
-        if let Ok(rsp) = http.get(&ready).send().await
-            && rsp.status().is_success()
-        {
-            break;
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("holdfast-webhook not ready after 60 s; see its log in the environment directory");
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    until_http_ok(
+        &format!("http://127.0.0.1:{admin_port}/readyz"),
+        std::time::Duration::from_secs(60),
+        || Ok(()),
+    )
+    .await
+    .context("holdfast-webhook not ready; see its log in the environment directory")?;
     Ok(LocalWebhook {
         addr: format!("127.0.0.1:{port}"),
         admin: format!("127.0.0.1:{admin_port}"),

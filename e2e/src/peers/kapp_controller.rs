@@ -1,4 +1,4 @@
-//! The real kapp-controller (`e2e/peers/kapp-controller`, with vendir, ytt, kapp and kbld on its `PATH`)
+//! The real kapp-controller (`e2e/peers/kapp-controller`, with vendir, ytt, kapp, kbld and helm on its `PATH`)
 //! as two processes against the local control plane, the way its Deployment runs it: the
 //! controller with its aggregated API server for `data.packaging.carvel.dev` (Package,
 //! PackageMetadata), and the sidecar that runs vendir/ytt/kapp/kbld for it.
@@ -48,6 +48,8 @@ impl KappController {
             peer_bin("ytt", "ytt")?,
             peer_bin("kapp", "kapp")?,
             peer_bin("kbld", "kbld")?,
+            // Packages that template a Helm chart (helmTemplate), as holdfast's own does.
+            peer_bin("helm", "helm")?,
         ])?;
         let api_port = free_port()?;
         for ns in [NAMESPACE, GLOBAL_NAMESPACE] {

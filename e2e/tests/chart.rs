@@ -1,0 +1,191 @@
+//! The Helm chart on the control plane: `helm install` of the chart `make package` pushed to the
+//! registry (an OCI artefact, whose default image is the release's by digest) creates exactly the objects `kubectl kustomize` renders of
+//! manifests/ for the same settings — differing only by what `chart::HELM_ADDS` lists — with the
+//! webhook configurations calling the installed Service; `helm upgrade` to other settings
+//! changes what the kustomize overlay of those changes and keeps what holdfast itself wrote: its
+//! TLS Secret's data, the caBundle it injected, and the digest cache entries. (holdfast's pods
+//! run on kwok's nodes, without containers: the objects are what is checked.)
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result, ensure};
+use holdfast_e2e::{Env, dist, e2e_main};
+use holdfast_manifest_checks::{
+    chart::{self, HELM_ADDS, Settings, differences},
+    load::kubectl,
+};
+use serde_json::{Value, json};
+
+e2e_main!(helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast_wrote);
+
+const NAMESPACE: &str = "holdfast-system";
+
+fn helm(env: &Env, args: &[&str], values: Option<&Value>) -> Result<String> {
+    let scratch = tempfile::tempdir()?;
+    let mut command = std::process::Command::new(chart::helm()?);
+    command.env("KUBECONFIG", env.kubeconfig()).args(args);
+    if let Some(values) = values {
+        let file = scratch.path().join("values.json");
+        std::fs::write(&file, serde_json::to_vec(values)?)?;
+        command.arg("--values").arg(file);
+    }
+    let out = command.output().context("running helm")?;
+    ensure!(
+        out.status.success(),
+        "helm {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// Installed objects vs the kustomize rendering of `settings`; returns the installed ones.
+fn check_installed(env: &Env, settings: &Settings, release_manifest: &str) -> Result<Vec<Value>> {
+    let expected = settings.kustomize(&kubectl().context("kubectl is not on PATH")?)?;
+    // Helm installs crds/ but leaves them out of the release's manifest.
+    let without_crds: Vec<Value> = expected
+        .iter()
+        .filter(|o| o["kind"] != "CustomResourceDefinition")
+        .cloned()
+        .collect();
+    let released = chart::parse(release_manifest)?;
+    let drift = differences(&without_crds, &released);
+    ensure!(
+        drift.is_empty(),
+        "the release's manifest is not the kustomize rendering:\n{}",
+        drift.join("\n")
+    );
+    let drift = dist::installed_differences(env, &expected, HELM_ADDS)?;
+    ensure!(
+        drift.is_empty(),
+        "installed objects differ from the rendering:\n{}",
+        drift.join("\n")
+    );
+    let installed = dist::installed(env, &expected)?;
+    let webhooks = dist::webhooks_call_the_service(&installed)?;
+    ensure!(webhooks == 5, "{webhooks} webhooks checked, the chart has 5");
+    Ok(installed)
+}
+
+async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast_wrote(
+    env: Arc<Env>,
+) -> Result<()> {
+    let packaged = dist::package(&env)?;
+    let (chart_repository, _) = packaged.chart.split_once('@').context("chart without digest")?;
+    let chart = format!("oci://{chart_repository}");
+    let version = env!("CARGO_PKG_VERSION");
+    let settings = Settings {
+        image: Some((packaged.image.repository.clone(), packaged.image.digest.clone())),
+        insecure_registries: vec![env.registry().to_string()],
+        ..Settings::recommended()
+    };
+    // `helm install` or `helm upgrade` of the chart with these settings, checked.
+    let release = |verb: &str, settings: &Settings| -> Result<Vec<Value>> {
+        let args = [verb, "holdfast", &chart, "--version", version, "--plain-http"];
+        // The image is the released chart's default: a user sets none.
+        let mut values = settings.values();
+        values.as_object_mut().context("values")?.remove("image");
+        helm(&env, &args, Some(&values))?;
+        let manifest = helm(&env, &["get", "manifest", "holdfast"], None)?;
+        check_installed(&env, settings, &manifest)
+    };
+    release("install", &settings)?;
+
+    // What the webhook writes when it runs: its certificates into the Secret, the caBundle into
+    // the configurations; and a digest cache entry the controller would have written.
+    let pem = |what: &str| format!("-----BEGIN {what}-----\nAAAA\n-----END {what}-----\n");
+    let tls = json!({"stringData": {"ca.crt": pem("CERTIFICATE"), "ca.key": pem("PRIVATE KEY"), "tls.crt": pem("CERTIFICATE"), "tls.key": pem("PRIVATE KEY"), "ca-bundle.crt": pem("CERTIFICATE")}});
+    let kubectl_ok = |args: &[&str]| holdfast_e2e::accounts::kubectl_ok(&env, args);
+    kubectl_ok(&[
+        "patch",
+        "secret",
+        "holdfast-webhook-tls",
+        "-n",
+        NAMESPACE,
+        "--type=merge",
+        "-p",
+        &tls.to_string(),
+    ])?;
+    let bundle = "Y2EtYnVuZGxl";
+    for kind in ["mutatingwebhookconfiguration", "validatingwebhookconfiguration"] {
+        let configuration: Value =
+            serde_json::from_str(&kubectl_ok(&["get", kind, "holdfast", "-o", "json"])?)?;
+        let count = configuration["webhooks"].as_array().map_or(0, Vec::len);
+        let ops: Vec<Value> = (0..count)
+            .map(|i| json!({"op": "add", "path": format!("/webhooks/{i}/clientConfig/caBundle"), "value": bundle}))
+            .collect();
+        kubectl_ok(&[
+            "patch",
+            kind,
+            "holdfast",
+            "--type=json",
+            "-p",
+            &Value::from(ops).to_string(),
+        ])?;
+    }
+    env.kubectl_apply(
+        NAMESPACE,
+        "apiVersion: holdfast.dev/v1alpha1\nkind: DigestCacheEntry\nmetadata: {name: kept}\nspec: {reference: registry.example/app:1.0.0, scope: anonymous, digest: 'sha256:0000000000000000000000000000000000000000000000000000000000000000', state: Fresh, checkedAt: '2026-01-01T00:00:00Z', resolvedAt: '2026-01-01T00:00:00Z'}\n",
+    )?;
+    let secret_before = env.kubectl_get("secret", "holdfast-webhook-tls", NAMESPACE)?;
+    let entry_before = env.kubectl_get("digestcacheentries.holdfast.dev", "kept", NAMESPACE)?;
+
+    // Other settings: one webhook replica, a policy in audit mode allowing one registry.
+    let upgraded = Settings {
+        webhook_replicas: Some(1),
+        policy: Some(chart::Policy {
+            allowed_registries: vec![env.registry().to_string()],
+            require_digests_label: "holdfast.dev/require-digests".into(),
+            mode: "audit".into(),
+        }),
+        ..settings.clone()
+    };
+    let installed = release("upgrade", &upgraded)?;
+
+    let secret_after = env.kubectl_get("secret", "holdfast-webhook-tls", NAMESPACE)?;
+    ensure!(
+        secret_after["data"] == secret_before["data"] && secret_before["data"]["tls.key"].is_string(),
+        "helm upgrade changed the TLS Secret's data: {} -> {}",
+        secret_before["data"],
+        secret_after["data"]
+    );
+    for configuration in installed.iter().filter(|o| {
+        o["kind"]
+            .as_str()
+            .is_some_and(|k| k.ends_with("WebhookConfiguration"))
+    }) {
+        for webhook in configuration["webhooks"].as_array().into_iter().flatten() {
+            ensure!(
+                webhook["clientConfig"]["caBundle"] == bundle,
+                "helm upgrade dropped the injected caBundle of {}",
+                webhook["name"]
+            );
+        }
+    }
+    let entry_after = env.kubectl_get("digestcacheentries.holdfast.dev", "kept", NAMESPACE)?;
+    ensure!(
+        entry_after["metadata"]["uid"] == entry_before["metadata"]["uid"]
+            && entry_after["spec"] == entry_before["spec"],
+        "helm upgrade replaced the digest cache entry"
+    );
+    // The old policy ConfigMap went with the old release revision.
+    let configmaps: Value = serde_json::from_str(&kubectl_ok(&[
+        "get",
+        "configmaps",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "json",
+    ])?)?;
+    let policies: Vec<&str> = configmaps["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["metadata"]["name"].as_str())
+        .filter(|n| n.starts_with("holdfast-policy-"))
+        .collect();
+    ensure!(
+        policies.len() == 1,
+        "policy ConfigMaps after the upgrade: {policies:?}"
+    );
+    Ok(())
+}

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# holdfast's container image, built without a Docker engine (`make image`):
+#
+#   scripts/image.sh build         static (musl) release binaries of holdfast-webhook and
+#                                  holdfast-controller, and an OCI image layout holding them on
+#                                  nothing else (a `FROM scratch` image), made with umoci:
+#                                    /usr/local/bin/holdfast-webhook     (the entrypoint)
+#                                    /usr/local/bin/holdfast-controller
+#                                    /etc/ssl/certs/ca-certificates.crt  (SSL_CERT_FILE)
+#                                  user 65532:65532, no shell, nothing written at run time (a
+#                                  read-only root file system is fine), OCI annotations
+#                                  org.opencontainers.image.{source,revision,version,licenses}.
+#                                  Prints the layout's path and the manifest digest.
+#   scripts/image.sh archive NAME  writes the image as a docker-archive tarball tagged NAME
+#                                  (target/image/holdfast.tar), for `kind load image-archive`
+#   scripts/image.sh push REPO     copies the layout to REPO:<version> with skopeo (plain HTTP
+#                                  when REPO's registry is a loopback address) and prints
+#                                  REPO@sha256:… — what manifests, the chart and the package name.
+#
+# Outputs, under $CARGO_TARGET_DIR (target/): image/oci (the layout, tag <version>),
+# image/digest, image/pushed (the last REPO@digest pushed). Tools: `make deps` installs skopeo
+# and musl-tools from Debian, the rustup target x86_64-unknown-linux-musl, and umoci built from its
+# Go module ($HOLDFAST_CACHE/peers/umoci).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+OUT="$TARGET_DIR/image"
+LAYOUT="$OUT/oci"
+TRIPLE=x86_64-unknown-linux-musl
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
+LICENSE=$(sed -n 's/^license = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
+REVISION=${HOLDFAST_REVISION:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)}
+# Where the source lives: HOLDFAST_SOURCE_URL, else the clone's origin remote.
+SOURCE_URL=${HOLDFAST_SOURCE_URL:-$(git -C "$ROOT" config --get remote.origin.url 2>/dev/null || echo unknown)}
+BINARIES=(holdfast-webhook holdfast-controller)
+CACHE_DIR=${HOLDFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/holdfast}
+UMOCI="$CACHE_DIR/peers/umoci/bin/umoci"
+umoci() {
+  [ -x "$UMOCI" ] || { echo "image: $UMOCI is missing: run \`make deps\` first" >&2; exit 1; }
+  "$UMOCI" "$@"
+}
+
+log() { printf '[image %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+build_binaries() {
+  log "building ${BINARIES[*]} for $TRIPLE (release, static)"
+  # ring's C and assembly: musl-gcc from Debian's musl-tools. Symbols stripped: the image
+  # carries no debugger, and the SBOM (make sbom) says what went in.
+  # Run from a test, cargo's variables for the test (CARGO_MANIFEST_DIR, CARGO_PKG_*, …) would
+  # reach this build, and ring's build script reruns when CARGO_MANIFEST_DIR changes: every
+  # switch between a shell and a test would rebuild everything. The build sees what a shell sees.
+  local name unset=()
+  for name in $(compgen -e); do
+    case "$name" in
+      CARGO_HOME | CARGO_TARGET_DIR) ;;
+      CARGO | CARGO_*) unset+=(-u "$name") ;;
+    esac
+  done
+  (cd "$ROOT" && env "${unset[@]}" CC_x86_64_unknown_linux_musl=musl-gcc CARGO_PROFILE_RELEASE_STRIP=symbols \
+    cargo build --release --locked --target "$TRIPLE" -p holdfast-webhook -p holdfast-controller --bins)
+  local bin
+  for bin in "${BINARIES[@]}"; do
+    if readelf -d "$TARGET_DIR/$TRIPLE/release/$bin" 2>/dev/null | grep -q NEEDED ||
+      readelf -l "$TARGET_DIR/$TRIPLE/release/$bin" | grep -q INTERP; then
+      echo "image: $bin is not statically linked" >&2
+      exit 1
+    fi
+  done
+}
+
+build_layout() {
+  local rootfs="$OUT/rootfs" epoch
+  rm -rf "$rootfs" "$LAYOUT"
+  mkdir -p "$rootfs/usr/local/bin" "$rootfs/etc/ssl/certs"
+  install -m 0755 "${BINARIES[@]/#/$TARGET_DIR/$TRIPLE/release/}" "$rootfs/usr/local/bin/"
+  install -m 0644 /etc/ssl/certs/ca-certificates.crt "$rootfs/etc/ssl/certs/ca-certificates.crt"
+  # Same sources, same layer: every file dated at the commit, owned by root (the user cannot
+  # change them), nothing writable by 65532.
+  epoch=$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null || echo 0)
+  find "$rootfs" -exec touch -h -d "@$epoch" {} +
+  local created
+  created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
+  umoci init --layout "$LAYOUT"
+  umoci new --image "$LAYOUT:$VERSION"
+  # History dated at the commit too: the same commit builds the same digest.
+  umoci insert --image "$LAYOUT:$VERSION" --history.created "$created" \
+    --history.created_by "scripts/image.sh: /usr/local/bin" "$rootfs/usr" /usr
+  umoci insert --image "$LAYOUT:$VERSION" --history.created "$created" \
+    --history.created_by "scripts/image.sh: the CA bundle" "$rootfs/etc" /etc
+  local annotations=(
+    "org.opencontainers.image.source=$SOURCE_URL"
+    "org.opencontainers.image.revision=$REVISION"
+    "org.opencontainers.image.version=$VERSION"
+    "org.opencontainers.image.licenses=$LICENSE"
+    "org.opencontainers.image.title=holdfast"
+    "org.opencontainers.image.description=holdfast-webhook and holdfast-controller (static, non-root)"
+  )
+  local flags=() a
+  for a in "${annotations[@]}"; do
+    flags+=(--manifest.annotation "$a" --config.label "$a")
+  done
+  # 8443: admission (TLS); 8080: the webhook's admin port; 8081: the controller's.
+  umoci config --image "$LAYOUT:$VERSION" \
+    --os linux --architecture amd64 --author holdfast \
+    --created "$created" --history.created "$created" \
+    --config.user 65532:65532 \
+    --config.entrypoint /usr/local/bin/holdfast-webhook \
+    --config.env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    --config.exposedports 8443/tcp --config.exposedports 8080/tcp --config.exposedports 8081/tcp \
+    --config.workingdir / \
+    "${flags[@]}"
+  umoci gc --layout "$LAYOUT"
+  rm -rf "$rootfs"
+  local digest
+  digest=$(jq -r --arg v "$VERSION" \
+    '.manifests[] | select(.annotations["org.opencontainers.image.ref.name"] == $v) | .digest' \
+    "$LAYOUT/index.json")
+  echo "$digest" >"$OUT/digest"
+  log "built $LAYOUT:$VERSION ($digest, $(du -sk "$LAYOUT/blobs" | cut -f1) KiB of blobs)"
+  echo "$LAYOUT:$VERSION $digest"
+}
+
+push() {
+  local repo=$1 registry tls=()
+  registry=${repo%%/*}
+  case "$registry" in
+    127.*|localhost|localhost:*|\[::1\]*) tls=(--dest-tls-verify=false) ;;
+  esac
+  [ -f "$OUT/digest" ] || { echo "image: run \`scripts/image.sh build\` first" >&2; exit 1; }
+  skopeo copy -q --preserve-digests "${tls[@]}" --digestfile "$OUT/pushed.digest" \
+    "oci:$LAYOUT:$VERSION" "docker://$repo:$VERSION"
+  local digest
+  digest=$(cat "$OUT/pushed.digest")
+  if [ "$digest" != "$(cat "$OUT/digest")" ]; then
+    echo "image: $repo stored $digest, the layout holds $(cat "$OUT/digest")" >&2
+    exit 1
+  fi
+  echo "$repo@$digest" | tee "$OUT/pushed"
+}
+
+archive() {
+  [ -f "$OUT/digest" ] || { echo "image: run \`scripts/image.sh build\` first" >&2; exit 1; }
+  rm -f "$OUT/holdfast.tar"
+  skopeo copy -q "oci:$LAYOUT:$VERSION" "docker-archive:$OUT/holdfast.tar:$1"
+  echo "$OUT/holdfast.tar"
+}
+
+case "${1:-}" in
+  archive) [ $# -eq 2 ] || { echo "usage: $0 archive NAME" >&2; exit 2; }; archive "$2" ;;
+  build) mkdir -p "$OUT"; build_binaries; build_layout ;;
+  push) [ $# -eq 2 ] || { echo "usage: $0 push REPO" >&2; exit 2; }; push "$2" ;;
+  *) echo "usage: $0 build | archive NAME | push REPO" >&2; exit 2 ;;
+esac
