@@ -270,5 +270,6 @@ async fn an_org_deletion_completes_when_holdfast_is_killed_midway(_shared: Arc<E
         "killed holdfast once the first CFApp was being deleted; the org was deleted in {:.1?} all the same",
         deletion.total()
     );
-    Ok(())
+    // Its configurations and background tasks go before the environment does.
+    holdfast.stop().await
 }

@@ -13,7 +13,9 @@
 //!   (the chart's `kpackImageBuilder.clusterBuilderName`: an existing builder instead of the
 //!   paketo one it would create), `containerRepositoryPrefix` is the local registry's
 //!   `korifi/`, and **`disableRouteController: true`**: the route controller needs the Gateway API
-//!   (HTTPRoute CRDs, a Gateway), which is not installed; no scenario here has routes.
+//!   (HTTPRoute CRDs, a Gateway), which is not installed; no scenario here has routes. Its
+//!   `namespaceLabels` carry [`SCOPE`], so that a test webhook can serve the org and space
+//!   namespaces Korifi makes.
 //! - **Fixed ports in a network namespace of its own** ([`Netns`]): v0.18.0's `main` never calls
 //!   `flag.Parse`, so the Deployment's flags are ignored and it always serves metrics on `:8080`
 //!   (as kpack's webhook serves probes), probes on `:8081` and webhooks on `:9443`. Inside the
