@@ -3,7 +3,7 @@ SHELL := /bin/bash
 STATE := .holdfast
 CARGO ?= cargo
 
-.PHONY: deps build up down demo test lint fmt fuzz-smoke bench-admission bench-deletion bench-pinning bench-mirror
+.PHONY: deps build up down demo test lint fmt fuzz-smoke bench-admission bench-apiserver bench-scale bench-deletion bench-pinning bench-mirror
 
 ## deps: install the registry, skopeo, shellcheck; build and cache Kubernetes 1.37, etcd, kwok and the peers from their Go modules
 deps:
@@ -46,6 +46,22 @@ fuzz-smoke:
 ## bench-admission: holdfast vs a bare axum+rustls handler over TLS; last line ratio=… p99_ms=… rss_mib=…
 bench-admission:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-admission
+
+## bench-apiserver: App CREATE/UPDATE, kpack Build CREATE and build-pod CREATE through the real kube-apiserver at
+## concurrency 1, 16, 64: holdfast (the release holdfast-webhook, shipped configurations) vs a bare allow-all webhook
+## with the same configurations vs no webhook, in alternating turns; last line create_p50_overhead_ms=…
+## throughput_ratio_c16=… vs_bare_webhook_c16=… p99_c64_ms=…
+bench-apiserver: deps
+	$(CARGO) build --release -q -p holdfast-webhook -p holdfast-e2e --bin holdfast-webhook --bin holdfast-bench-apiserver
+	target/release/holdfast-bench-apiserver
+
+## bench-scale: RSS, CPU per write, restart-to-ready and admission p99 of the release holdfast-webhook and
+## holdfast-controller as the cluster grows through BENCH_SCALE_LEVELS (1000,10000,100000 objects: Apps with kapp-sized
+## statuses, PackageRepositories, kpack Images and Builds, pods); last line webhook_rss_mib=… controller_rss_mib=…
+## ready_s=… admission_p99_ratio=…
+bench-scale: deps
+	$(CARGO) build --release -q -p holdfast-webhook -p holdfast-controller -p holdfast-e2e --bin holdfast-webhook --bin holdfast-controller --bin holdfast-bench-scale
+	target/release/holdfast-bench-scale
 
 ## bench-deletion: Korifi org deletion on the real Korifi v0.18.0 + kpack v0.16.1/v0.17.1: N apps (BENCH_DELETION_APPS,
 ## default 1,10,50) x without/with holdfast/with --delete-org-spaces, the no-churn and empty-org floors, BENCH_DELETION_REPEATS (3)

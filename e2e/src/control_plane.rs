@@ -272,6 +272,34 @@ impl Env {
         Ok(())
     }
 
+    /// Stops the process started as `name` (SIGTERM, then SIGKILL after `grace`), e.g. to start
+    /// it again with [`Env::spawn_with_env`].
+    pub fn stop_process(&mut self, name: &str, grace: Duration) -> Result<()> {
+        let index = self
+            .processes
+            .iter()
+            .position(|p| p.name() == name)
+            .with_context(|| format!("no process {name} in this environment"))?;
+        self.processes.remove(index).stop(grace);
+        Ok(())
+    }
+
+    /// The log file of the process started as `name`.
+    pub fn log_path(&self, name: &str) -> Option<&Path> {
+        self.processes
+            .iter()
+            .find(|p| p.name() == name)
+            .map(ServerProcess::log_path)
+    }
+
+    /// The process id of the process started as `name`.
+    pub fn pid_of(&self, name: &str) -> Option<u32> {
+        self.processes
+            .iter()
+            .find(|p| p.name() == name)
+            .map(ServerProcess::pid)
+    }
+
     fn dir(&self) -> Result<&Path> {
         self.dir
             .as_ref()

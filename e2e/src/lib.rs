@@ -8,6 +8,7 @@ pub mod control_plane;
 pub mod controller;
 pub mod dist;
 pub mod images;
+pub mod installed;
 pub mod mirror;
 pub mod netns;
 pub mod objects;

@@ -104,6 +104,64 @@ impl Drop for ServerProcess {
     }
 }
 
+/// What the kernel counts for a process (`/proc/<pid>/status` and `stat`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    /// Resident set size now.
+    pub rss_kib: u64,
+    /// The largest resident set size so far (VmHWM).
+    pub peak_rss_kib: u64,
+    /// User plus system CPU time so far, in clock ticks.
+    pub cpu_ticks: u64,
+}
+
+/// `/proc/<pid>/stat` counts CPU time in clock ticks of 1/USER_HZ s; USER_HZ is 100 on Linux.
+pub const TICKS_PER_SECOND: f64 = 100.0;
+
+impl Usage {
+    /// The usage of process `pid` (`None`: this process).
+    pub fn of(pid: Option<u32>) -> Result<Self> {
+        let dir = match pid {
+            Some(pid) => format!("/proc/{pid}"),
+            None => "/proc/self".into(),
+        };
+        let status = std::fs::read_to_string(format!("{dir}/status"))
+            .with_context(|| format!("reading {dir}/status"))?;
+        let kib = |field: &str| -> Result<u64> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.split_whitespace().next())
+                .with_context(|| format!("no {field} in {dir}/status"))?
+                .parse()
+                .map_err(Into::into)
+        };
+        let stat = std::fs::read_to_string(format!("{dir}/stat"))?;
+        // Field 2, the command name, may hold spaces: count the fields after its closing ')',
+        // from field 3 on. utime and stime are fields 14 and 15.
+        let (_, after) = stat.rsplit_once(')').context("malformed stat")?;
+        let mut fields = after.split_whitespace().skip(14 - 3);
+        let mut next = || -> Result<u64> { Ok(fields.next().context("short stat")?.parse()?) };
+        Ok(Self {
+            rss_kib: kib("VmRSS:")?,
+            peak_rss_kib: kib("VmHWM:")?,
+            cpu_ticks: next()? + next()?,
+        })
+    }
+
+    pub fn rss_mib(&self) -> f64 {
+        self.rss_kib as f64 / 1024.0
+    }
+
+    pub fn peak_rss_mib(&self) -> f64 {
+        self.peak_rss_kib as f64 / 1024.0
+    }
+
+    pub fn cpu_seconds(&self) -> f64 {
+        self.cpu_ticks as f64 / TICKS_PER_SECOND
+    }
+}
+
 /// A loopback TCP port that was free a moment ago.
 pub fn free_port() -> Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding a free port")?;

@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, ensure};
 use holdfast_e2e::{
-    Env, e2e_main,
+    Env, e2e_main, images,
     objects::{api_for, parse_documents},
     webhook::{LocalWebhook, Registration, rule},
 };
@@ -18,26 +18,131 @@ e2e_main!(
     kubectl_apply_comes_back_patched_over_tls,
     rotation_under_load_fails_no_admission,
     the_shipped_configurations_decide_what_reaches_holdfast,
+    the_shipped_match_conditions_send_only_what_the_pin_rule_could_change,
 );
 
-/// Pod CREATEs holdfast has answered so far: the terminating guard is the only rule for pods, and
-/// these tests create no kpack Builds, so its CREATE count is the pods' count.
-fn guard_creates(webhook: &LocalWebhook) -> Result<u64> {
+/// Reviews of `rule` holdfast has answered so far (every operation).
+fn rule_calls(webhook: &LocalWebhook, rule: &str) -> Result<u64> {
     let metrics = webhook
         .running
         .as_ref()
         .context("webhook stopped")?
         .metrics
         .encode()?;
+    let rule = format!("rule=\"{rule}\"");
     Ok(metrics
         .lines()
-        .filter(|l| {
-            l.starts_with("holdfast_webhook_admission_duration_seconds_count{")
-                && l.contains("rule=\"terminating-guard\"")
-                && l.contains("operation=\"CREATE\"")
-        })
+        .filter(|l| l.starts_with("holdfast_webhook_admission_duration_seconds_count{") && l.contains(&rule))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum())
+}
+
+/// Pod CREATEs holdfast has answered so far: the terminating guard is the only rule for pods, and
+/// these tests create no kpack Builds and no Images, so its count is the pods' count.
+fn guard_creates(webhook: &LocalWebhook) -> Result<u64> {
+    rule_calls(webhook, "terminating-guard")
+}
+
+fn app_yaml(name: &str, source: &str) -> String {
+    format!(
+        "apiVersion: kappctrl.k14s.io/v1alpha1\nkind: App\nmetadata: {{name: {name}}}\nspec:\n  serviceAccountName: default\n  fetch: [{{{source}}}]\n  template: [{{ytt: {{}}}}]\n  deploy: [{{kapp: {{}}}}]\n"
+    )
+}
+
+/// With the shipped configurations (`components/match-conditions`' `something-to-pin`), the API
+/// server calls the pinning rule only where it could change something: a tag, a tagSelection, a
+/// changed spec or `holdfast.dev/original-refs` annotation — and not for a metadata-only update
+/// of a pinned App, nor for an object that names digests only. Each expectation is a count of
+/// the rule's reviews, so a condition that skipped too much (a tag left unpinned) or too little
+/// fails here; every branch of the expression (App, PackageRepository; CREATE, UPDATE) is taken.
+async fn the_shipped_match_conditions_send_only_what_the_pin_rule_could_change(env: Arc<Env>) -> Result<()> {
+    let image = images::Image::with_files(&[("config.yml", b"conditions: true\n")])?;
+    let digest = images::push(env.registry(), "conditions/config", "1.0.0", &image).await?;
+    let tag = format!("{}/conditions/config:1.0.0", env.registry());
+    let pinned = format!("{}/conditions/config@{digest}", env.registry());
+    let webhook = LocalWebhook::start(env.clone(), Registration::shipped()).await?;
+    let ns = webhook.namespace("conditions").await?;
+    let calls = || rule_calls(&webhook, "pin-fetch-refs");
+    let url = |kind: &str, name: &str| -> Result<String> {
+        let object = env.kubectl_get(kind, name, &ns)?;
+        let spec = &object["spec"]["fetch"];
+        Ok(spec[0]["image"]["url"]
+            .as_str()
+            .or(spec["imgpkgBundle"]["image"].as_str())
+            .unwrap_or_default()
+            .to_owned())
+    };
+    // step: what to apply, whether holdfast is called, and where the reference ends up.
+    let steps: Vec<(&str, String, u64)> = vec![
+        (
+            "a tag is pinned",
+            app_yaml("tagged", &format!("image: {{url: {tag}}}")),
+            1,
+        ),
+        (
+            "a metadata-only update of a pinned App is not sent",
+            app_yaml("tagged", &format!("image: {{url: {tag}}}"))
+                .replace("name: tagged}", "name: tagged, labels: {team: a}}"),
+            0,
+        ),
+        (
+            "a digest-only App is not sent",
+            app_yaml("digest", &format!("image: {{url: {pinned}}}")),
+            0,
+        ),
+        (
+            "a spec change to a tag is sent",
+            app_yaml("digest", &format!("image: {{url: {tag}}}")),
+            1,
+        ),
+        (
+            "a digest beside a tagSelection is sent (the rule warns)",
+            app_yaml(
+                "selection",
+                &format!("image: {{url: {pinned}, tagSelection: {{semver: {{constraints: '>=1.0.0'}}}}}}"),
+            ),
+            1,
+        ),
+        (
+            "a PackageRepository's tag is pinned",
+            format!(
+                "apiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageRepository\nmetadata: {{name: repo}}\nspec:\n  fetch: {{imgpkgBundle: {{image: {tag}}}}}\n"
+            ),
+            1,
+        ),
+        (
+            "a metadata-only update of a pinned PackageRepository is not sent",
+            format!(
+                "apiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageRepository\nmetadata: {{name: repo, labels: {{team: a}}}}\nspec:\n  fetch: {{imgpkgBundle: {{image: {tag}}}}}\n"
+            ),
+            0,
+        ),
+    ];
+    for (step, yaml, sent) in steps {
+        let before = calls()?;
+        // Client-side apply, as most GitOps tools do: a re-apply whose spec is what was last
+        // applied patches only what changed (here, labels), so the stored pin is not sent back.
+        env.kubectl_apply(&ns, &yaml)?;
+        let after = calls()?;
+        ensure!(
+            after - before == sent,
+            "{step}: holdfast was called {} time(s), expected {sent}",
+            after - before
+        );
+    }
+    ensure!(
+        url("apps.kappctrl.k14s.io", "tagged")? == pinned,
+        "the tagged App is not pinned"
+    );
+    ensure!(
+        url("apps.kappctrl.k14s.io", "digest")? == pinned,
+        "the re-tagged App is not pinned"
+    );
+    ensure!(
+        url("packagerepositories.packaging.carvel.dev", "repo")? == pinned,
+        "the PackageRepository is not pinned"
+    );
+    webhook.stop().await
 }
 
 fn pod_yaml(name: &str, labels: &str) -> String {

@@ -25,6 +25,7 @@ use anyhow::{Context, Result};
 use axum::{Router, routing::post};
 use axum_server::tls_rustls::RustlsConfig;
 use holdfast_certs::{CaOptions, CertificateAuthority, ServingOptions, SwappableCert, server_config};
+use holdfast_e2e::process::{TICKS_PER_SECOND, Usage};
 use holdfast_pins::Pinner;
 use holdfast_registry::{
     Digest, Reference, Resolver, ResolverConfig,
@@ -45,8 +46,6 @@ const WARMUP: Duration = Duration::from_millis(500);
 /// Per server and concurrency, in [`ROUNDS`] turns.
 const MEASURE: Duration = Duration::from_secs(3);
 const ROUNDS: u32 = 6;
-/// `/proc/<pid>/stat` counts CPU time in clock ticks of 1/USER_HZ s; USER_HZ is 100 on Linux.
-const TICKS_PER_SECOND: f64 = 100.0;
 
 struct Figures {
     per_second: f64,
@@ -136,9 +135,9 @@ async fn run() -> Result<()> {
             let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
             for i in order {
                 let (_, client, url, tally) = &mut servers[i];
-                let ticks = cpu_ticks()?;
+                let ticks = Usage::of(None)?.cpu_ticks;
                 let latencies = drive(client, url, &body, concurrency, MEASURE / ROUNDS).await?;
-                tally.cpu_ticks += cpu_ticks()? - ticks;
+                tally.cpu_ticks += Usage::of(None)?.cpu_ticks - ticks;
                 tally.latencies.extend(latencies);
             }
         }
@@ -173,7 +172,7 @@ async fn run() -> Result<()> {
     println!(
         "ratio={ratio:.2} p99_ms={:.3} rss_mib={:.1}",
         pair[0].p99_ms,
-        peak_rss_mib()?
+        Usage::of(None)?.peak_rss_mib()
     );
     Ok(())
 }
@@ -212,11 +211,11 @@ async fn pin_phase(
         .build()?;
     let url = format!("https://127.0.0.1:{}/mutate", holdfast.addr.port());
     drive(&client, &url, &body, PIN_CONCURRENCY, WARMUP).await?;
-    let ticks = cpu_ticks()?;
+    let ticks = Usage::of(None)?.cpu_ticks;
     let latencies = drive(&client, &url, &body, PIN_CONCURRENCY, MEASURE).await?;
     let client = figures(Tally {
         latencies,
-        cpu_ticks: cpu_ticks()? - ticks,
+        cpu_ticks: Usage::of(None)?.cpu_ticks - ticks,
     });
     let metrics = reqwest::get(format!("http://{}/metrics", holdfast.admin_addr))
         .await?
@@ -385,26 +384,4 @@ fn figures(tally: Tally) -> Figures {
         p99_ms: at(0.99) * 1e3,
         cpu_us: tally.cpu_ticks as f64 / TICKS_PER_SECOND * 1e6 / all.len().max(1) as f64,
     }
-}
-
-/// User plus system CPU time of this whole process so far, in clock ticks.
-fn cpu_ticks() -> Result<u64> {
-    let stat = std::fs::read_to_string("/proc/self/stat")?;
-    // Field 2, the command name, may hold spaces: count the fields after its closing ')', from
-    // field 3 on. utime and stime are fields 14 and 15.
-    let (_, after) = stat.rsplit_once(')').context("malformed /proc/self/stat")?;
-    let mut fields = after.split_whitespace().skip(14 - 3);
-    let mut next = || -> Result<u64> { Ok(fields.next().context("short /proc/self/stat")?.parse()?) };
-    Ok(next()? + next()?)
-}
-
-fn peak_rss_mib() -> Result<f64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .context("no VmHWM in /proc/self/status")?
-        .parse()?;
-    Ok(kib / 1024.0)
 }

@@ -10,20 +10,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use holdfast_e2e::{
-    Env, images, objects,
-    process::{free_port, until_http_ok},
-    webhook::shipped_configurations,
-};
-use k8s_openapi::api::{
-    admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
-    core::v1::Namespace,
-};
+use holdfast_e2e::{Env, images, installed, objects};
 use kube::ResourceExt;
-use kube::{
-    Api,
-    api::{ObjectMeta, PostParams},
-};
 use serde_json::Value;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -61,7 +49,15 @@ async fn up(state: &Path) -> Result<()> {
     let mut interrupt = signal(SignalKind::interrupt())?;
 
     let mut env = Env::start().await?;
-    let webhook = start_webhook(&mut env).await?;
+    // The controller catches up on objects admitted unpinned and follows moved tags.
+    let webhook = installed::start(
+        &mut env,
+        installed::Options {
+            scope: None,
+            controller: Some(vec!["--refresh-seconds=30".into()]),
+        },
+    )
+    .await?;
     // The real kapp-controller (and its packaging API) reconciles what the demo applies.
     env.kapp_controller().await?;
     let kubeconfig = state.join("kubeconfig");
@@ -77,7 +73,7 @@ async fn up(state: &Path) -> Result<()> {
         kubeconfig.display(),
         env.registry(),
         webhook.admin,
-        webhook.controller_admin
+        webhook.controller_admin.as_deref().unwrap_or_default()
     );
     let partial = state.join("env.partial");
     std::fs::write(&partial, exports)?;
@@ -192,83 +188,4 @@ fn fetch_refs(data: &Value) -> Vec<(String, String)> {
         walk(spec, "/spec", "", &mut out);
     }
     out
-}
-
-const NAMESPACE: &str = "holdfast-system";
-
-struct LocalWebhook {
-    addr: String,
-    admin: String,
-    /// The controller's admin port.
-    controller_admin: String,
-}
-
-/// Runs `holdfast-webhook` (and `holdfast-controller`) as processes of the environment, with the
-/// webhook configurations `manifests/overlays/recommended` ships (named `holdfast`, called by URL
-/// instead of through the Service) and its self-managed certificate (caBundle injected).
-async fn start_webhook(env: &mut Env) -> Result<LocalWebhook> {
-    let client = env.client().await?;
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(NAMESPACE.into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await?;
-    let (port, admin_port, controller_admin_port) = (free_port()?, free_port()?, free_port()?);
-    let (mutating, validating) =
-        shipped_configurations("holdfast", &format!("https://127.0.0.1:{port}"), None)?;
-    Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &mutating)
-        .await?;
-    Api::<ValidatingWebhookConfiguration>::all(client)
-        .create(&PostParams::default(), &validating)
-        .await?;
-
-    let binary = std::env::current_exe()?.with_file_name("holdfast-webhook");
-    let kubeconfig = env.kubeconfig().to_path_buf();
-    env.spawn_with_env(
-        "holdfast-webhook",
-        &binary,
-        &[
-            format!("--addr=127.0.0.1:{port}"),
-            format!("--admin-addr=127.0.0.1:{admin_port}"),
-            format!("--namespace={NAMESPACE}"),
-            "--tls-ip=127.0.0.1".into(),
-            "--mutating-webhook-configurations=holdfast".into(),
-            "--validating-webhook-configurations=holdfast".into(),
-            // The local registry speaks plain HTTP.
-            format!("--insecure-registry={}", env.registry()),
-        ],
-        &[("KUBECONFIG", kubeconfig.as_path())],
-    )?;
-    // The controller catches up on objects admitted unpinned and follows moved tags.
-    env.spawn_with_env(
-        "holdfast-controller",
-        &binary.with_file_name("holdfast-controller"),
-        &[
-            format!("--namespace={NAMESPACE}"),
-            "--refresh-seconds=30".into(),
-            format!("--admin-addr=127.0.0.1:{controller_admin_port}"),
-            format!("--insecure-registry={}", env.registry()),
-        ],
-        &[("KUBECONFIG", kubeconfig.as_path())],
-    )?;
-    until_http_ok(
-        &format!("http://127.0.0.1:{admin_port}/readyz"),
-        std::time::Duration::from_secs(60),
-        || Ok(()),
-    )
-    .await
-    .context("holdfast-webhook not ready; see its log in the environment directory")?;
-    Ok(LocalWebhook {
-        addr: format!("127.0.0.1:{port}"),
-        admin: format!("127.0.0.1:{admin_port}"),
-        controller_admin: format!("127.0.0.1:{controller_admin_port}"),
-    })
 }

@@ -1,0 +1,584 @@
+//! `make bench-apiserver`: what a user's writes cost with holdfast in the admission chain, measured
+//! where they feel it — requests to the real kube-apiserver of the local control plane (Kubernetes
+//! 1.37, etcd, the garbage collector; see `e2e/src/control_plane.rs`).
+//!
+//! Three arms, each a namespace of its own, in alternating turns of one run (A B C, B C A, …):
+//!
+//! - `holdfast`: served by holdfast's webhook configurations exactly as
+//!   `manifests/overlays/recommended` ships them (rules, selectors, matchConditions; only the
+//!   clientConfig points at a loopback URL), answered by the `holdfast-webhook` binary of the same
+//!   build running as a process with its defaults (`holdfast_e2e::installed`, as `make up` runs it);
+//! - `bare`: the same configurations pointed at a bare axum + rustls handler that allows
+//!   everything — what any webhook costs the API server, the floor for holdfast's own kinds;
+//! - `none`: a namespace no webhook serves.
+//!
+//! Four requests, each at concurrency 1, 16 and 64: App CREATE (a tag the digest cache holds:
+//! holdfast patches it to the digest), App UPDATE (a label on a pinned App, as kapp-controller's
+//! metadata writes are), kpack Build CREATE (the terminating guard: always called) and Pod
+//! CREATE with the `kpack.io/build` label (the guard's pod webhook; the pods name a scheduler
+//! that does not exist, so they stay unscheduled and cost nothing after the write).
+//!
+//! The load comes from this process's own kube client on a runtime of its own; the bare handler
+//! runs on another runtime of this process; holdfast, the API server, etcd, the controller
+//! manager and the scheduler are separate processes. Everything shares the machine's cores.
+//! The last line is `create_p50_overhead_ms=… throughput_ratio_c16=… vs_bare_webhook_c16=…
+//! p99_c64_ms=…` (App CREATE against `none` at concurrency 1 and 16; the lowest holdfast/bare
+//! throughput ratio of the four requests at 16; holdfast's App CREATE p99 at 64), then more
+//! fields.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddr,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, ensure};
+use axum::{Json, Router, routing::post};
+use axum_server::tls_rustls::RustlsConfig;
+use holdfast_certs::{CaOptions, CertificateAuthority, ServingOptions, SwappableCert, server_config};
+use holdfast_e2e::{
+    Env,
+    control_plane::unique_name,
+    images::{self, Image},
+    installed::{self, Installed},
+    webhook::{SCOPE_LABEL, shipped_configurations},
+};
+use k8s_openapi::{
+    api::{
+        admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
+        core::v1::Pod,
+    },
+    apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement,
+};
+use kube::{
+    Api, Client,
+    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
+};
+use serde_json::{Value, json};
+
+const CONCURRENCY: [usize; 3] = [1, 16, 64];
+/// Per arm, request and concurrency, before the measured turns (opens connections, fills caches).
+const WARMUP: Duration = Duration::from_millis(700);
+/// Per arm, request and concurrency, in [`ROUNDS`] turns.
+const MEASURE: Duration = Duration::from_secs(6);
+const ROUNDS: u32 = 6;
+const ARMS: [Arm; 3] = [Arm::Holdfast, Arm::Bare, Arm::None];
+const REQUESTS: [Request; 4] = [
+    Request::AppCreate,
+    Request::AppUpdate,
+    Request::BuildCreate,
+    Request::PodCreate,
+];
+/// Build pods name this scheduler, which nobody runs: they are stored and never scheduled.
+const NO_SCHEDULER: &str = "holdfast-bench-unscheduled";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Arm {
+    Holdfast,
+    Bare,
+    None,
+}
+
+impl Arm {
+    fn name(self) -> &'static str {
+        match self {
+            Arm::Holdfast => "holdfast",
+            Arm::Bare => "bare",
+            Arm::None => "none",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Request {
+    AppCreate,
+    AppUpdate,
+    BuildCreate,
+    PodCreate,
+}
+
+impl Request {
+    fn name(self) -> &'static str {
+        match self {
+            Request::AppCreate => "App CREATE",
+            Request::AppUpdate => "App UPDATE",
+            Request::BuildCreate => "Build CREATE",
+            Request::PodCreate => "Pod CREATE",
+        }
+    }
+}
+
+struct Figures {
+    per_second: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+fn main() -> Result<()> {
+    holdfast_e2e::init();
+    // The servers (holdfast, the bare handler) and the load have a runtime each, as they would
+    // be separate processes: neither's tasks wait in the other's queues.
+    let servers = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("servers")
+        .enable_all()
+        .build()?;
+    let load = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("load")
+        .enable_all()
+        .build()?;
+    let mut env = servers.block_on(Env::start())?;
+    let scope = unique_name("holdfast");
+    let holdfast = servers.block_on(installed::start(
+        &mut env,
+        installed::Options {
+            scope: Some(scope_requirement(&scope)),
+            controller: None,
+        },
+    ))?;
+    let env = Arc::new(env);
+    let result = run(&servers, &load, env.clone(), &holdfast, &scope);
+    drop(env);
+    result
+}
+
+fn scope_requirement(scope: &str) -> LabelSelectorRequirement {
+    LabelSelectorRequirement {
+        key: SCOPE_LABEL.into(),
+        operator: "In".into(),
+        values: Some(vec![scope.into()]),
+    }
+}
+
+/// What the arms need: the namespaces, the objects the requests refer to, and how to stop.
+struct Setup {
+    namespaces: BTreeMap<Arm, String>,
+    /// Per arm: the Image the Builds name as owner, the Build the pods name.
+    owners: BTreeMap<Arm, (Value, Value)>,
+    /// The App every CREATE sends (a tag holdfast's cache holds).
+    app_tag: String,
+    /// The pinned App (spec and annotations as holdfast stored it) the UPDATE targets copy.
+    pinned: Value,
+}
+
+fn run(
+    servers: &tokio::runtime::Runtime,
+    load: &tokio::runtime::Runtime,
+    env: Arc<Env>,
+    holdfast: &Installed,
+    scope: &str,
+) -> Result<()> {
+    let (bare_addr, bare_ca) = servers.block_on(bare_server())?;
+    let bare_scope = unique_name("bare");
+    let bare_config = servers.block_on(register_bare(&env, &bare_scope, bare_addr, &bare_ca))?;
+    let outcome = load.block_on(async {
+        let client = env.client().await?;
+        let setup = set_up(&env, &client, scope, &bare_scope).await?;
+        measure(&client, holdfast, &setup).await
+    });
+    servers.block_on(async {
+        let client = env.client().await?;
+        Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .delete(&bare_config, &DeleteParams::default())
+            .await?;
+        Api::<ValidatingWebhookConfiguration>::all(client)
+            .delete(&bare_config, &DeleteParams::default())
+            .await?;
+        anyhow::Ok(())
+    })?;
+    outcome
+}
+
+/// A handler that allows every review (echoing its uid, as the API server requires) on a TLS
+/// server of its own; its address and CA.
+async fn bare_server() -> Result<(SocketAddr, String)> {
+    let ca = CertificateAuthority::generate(&CaOptions::default())?;
+    let leaf =
+        ca.issue_serving(&ServingOptions::for_service("bare", "bench").with_ip([127, 0, 0, 1].into()))?;
+    let resolver = Arc::new(SwappableCert::new(&leaf)?);
+    async fn allow(Json(review): Json<Value>) -> Json<Value> {
+        Json(json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "response": {"uid": review["request"]["uid"], "allowed": true}
+        }))
+    }
+    let app = Router::new()
+        .route("/mutate", post(allow))
+        .route("/validate", post(allow));
+    let tls = RustlsConfig::from_config(Arc::new(server_config(resolver)?));
+    let handle = axum_server::Handle::<SocketAddr>::new();
+    let server = axum_server::bind_rustls(SocketAddr::from(([127, 0, 0, 1], 0)), tls).handle(handle.clone());
+    tokio::spawn(async move { server.serve(app.into_make_service()).await });
+    let addr = handle.listening().await.context("bare server did not bind")?;
+    Ok((addr, ca.cert_pem().to_owned()))
+}
+
+/// holdfast's shipped configurations, pointed at the bare handler and scoped to `scope`.
+async fn register_bare(env: &Env, scope: &str, addr: SocketAddr, ca_pem: &str) -> Result<String> {
+    let name = unique_name("bench-bare");
+    let (mut mutating, mut validating) = shipped_configurations(
+        &name,
+        &format!("https://127.0.0.1:{}", addr.port()),
+        Some(scope_requirement(scope)),
+    )?;
+    let bundle = k8s_openapi::ByteString(ca_pem.as_bytes().to_vec());
+    for w in mutating.webhooks.iter_mut().flatten() {
+        w.client_config.ca_bundle = Some(bundle.clone());
+    }
+    for w in validating.webhooks.iter_mut().flatten() {
+        w.client_config.ca_bundle = Some(bundle.clone());
+    }
+    let client = env.client().await?;
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &mutating)
+        .await?;
+    Api::<ValidatingWebhookConfiguration>::all(client)
+        .create(&PostParams::default(), &validating)
+        .await?;
+    Ok(name)
+}
+
+fn app_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("kappctrl.k14s.io", "v1alpha1", "App"))
+}
+
+fn kpack_resource(kind: &str) -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("kpack.io", "v1alpha2", kind))
+}
+
+fn app(name: &str, url: &str) -> Value {
+    json!({
+        "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
+        "metadata": {"name": name},
+        "spec": {"serviceAccountName": "default", "fetch": [{"image": {"url": url}}],
+                 "template": [{"ytt": {}}], "deploy": [{"kapp": {}}]}
+    })
+}
+
+fn owner(object: &Value) -> Value {
+    json!({"apiVersion": object["apiVersion"], "kind": object["kind"],
+           "name": object["metadata"]["name"], "uid": object["metadata"]["uid"], "controller": true})
+}
+
+fn build(name: &str, image: &Value, registry: &str) -> Value {
+    json!({
+        "apiVersion": "kpack.io/v1alpha2", "kind": "Build",
+        "metadata": {"name": name, "labels": {"image.kpack.io/image": image["metadata"]["name"]},
+                     "ownerReferences": [owner(image)]},
+        "spec": {"tags": [format!("{registry}/bench/droplet")], "builder": {"image": format!("{registry}/bench/builder")},
+                 "serviceAccountName": "default", "source": {"registry": {"image": format!("{registry}/bench/source")}}}
+    })
+}
+
+fn build_pod(name: &str, build: &Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"kpack.io/build": build["metadata"]["name"]},
+                     "ownerReferences": [owner(build)]},
+        "spec": {"schedulerName": NO_SCHEDULER, "restartPolicy": "Never", "automountServiceAccountToken": false,
+                 "containers": [{"name": "build", "image": "example.invalid/builder:1"}]}
+    })
+}
+
+async fn create(client: &Client, namespace: &str, resource: &ApiResource, object: &Value) -> Result<Value> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, resource);
+    let object: DynamicObject = serde_json::from_value(object.clone())?;
+    Ok(serde_json::to_value(
+        api.create(&PostParams::default(), &object).await?,
+    )?)
+}
+
+async fn set_up(env: &Env, client: &Client, scope: &str, bare_scope: &str) -> Result<Setup> {
+    let registry = env.registry().to_string();
+    images::push(
+        &registry,
+        "bench/config",
+        "v1",
+        &Image::with_files(&[("config.yml", b"a: 1\n")])?,
+    )
+    .await?;
+    let app_tag = format!("{registry}/bench/config:v1");
+    let mut namespaces = BTreeMap::new();
+    namespaces.insert(
+        Arm::Holdfast,
+        env.namespace_with_labels("bench-holdfast", &[(SCOPE_LABEL, scope)])
+            .await?,
+    );
+    namespaces.insert(
+        Arm::Bare,
+        env.namespace_with_labels("bench-bare", &[(SCOPE_LABEL, bare_scope)])
+            .await?,
+    );
+    namespaces.insert(Arm::None, env.namespace("bench-none").await?);
+    // The first App holdfast pins resolves the tag: after it, every CREATE is a cache hit.
+    let pinned = create(
+        client,
+        &namespaces[&Arm::Holdfast],
+        &app_resource(),
+        &app("pinned", &app_tag),
+    )
+    .await?;
+    let url = pinned["spec"]["fetch"][0]["image"]["url"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(
+        url.contains("@sha256:"),
+        "holdfast did not pin the first App through the API server: {url}"
+    );
+    let mut owners = BTreeMap::new();
+    for (arm, namespace) in &namespaces {
+        let image = json!({
+            "apiVersion": "kpack.io/v1alpha2", "kind": "Image",
+            "metadata": {"name": "bench-app"},
+            "spec": {"tag": format!("{registry}/bench/droplet"), "serviceAccountName": "default",
+                     "builder": {"kind": "ClusterBuilder", "name": "bench"},
+                     "source": {"registry": {"image": format!("{registry}/bench/source")}}}
+        });
+        let image = create(client, namespace, &kpack_resource("Image"), &image).await?;
+        let build = create(
+            client,
+            namespace,
+            &kpack_resource("Build"),
+            &build("bench-app-build-1", &image, &registry),
+        )
+        .await?;
+        owners.insert(*arm, (image, build));
+        // The UPDATE targets: copies of the pinned App, one per worker.
+        for worker in 0..CONCURRENCY[CONCURRENCY.len() - 1] {
+            let mut copy = app(&format!("update-{worker}"), url);
+            copy["spec"] = pinned["spec"].clone();
+            copy["metadata"]["annotations"] = pinned["metadata"]["annotations"].clone();
+            create(client, namespace, &app_resource(), &copy).await?;
+        }
+    }
+    Ok(Setup {
+        namespaces,
+        owners,
+        app_tag,
+        pinned,
+    })
+}
+
+/// Calls holdfast has answered so far (every rule and operation), from its own metrics.
+async fn holdfast_calls(holdfast: &Installed) -> Result<u64> {
+    let metrics = reqwest::get(format!("http://{}/metrics", holdfast.admin))
+        .await?
+        .error_for_status()?
+        .text()
+        .await?;
+    Ok(metrics
+        .lines()
+        .filter(|l| l.starts_with("holdfast_webhook_admission_duration_seconds_count{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum())
+}
+
+async fn measure(client: &Client, holdfast: &Installed, setup: &Setup) -> Result<()> {
+    println!(
+        "{:<13} {:>4} {:<9} {:>9} {:>9} {:>9} {:>15}",
+        "request", "conc", "arm", "writes/s", "p50_ms", "p99_ms", "holdfast_calls"
+    );
+    let mut results: BTreeMap<(Request, usize, Arm), Figures> = BTreeMap::new();
+    let mut sequence = 0u64;
+    for concurrency in CONCURRENCY {
+        for request in REQUESTS {
+            let mut latencies: BTreeMap<Arm, Vec<Duration>> = BTreeMap::new();
+            let mut calls: BTreeMap<Arm, u64> = BTreeMap::new();
+            for arm in ARMS {
+                drive(client, setup, arm, request, concurrency, WARMUP, &mut sequence).await?;
+            }
+            for round in 0..ROUNDS as usize {
+                // Rotated order: a drift in the machine's load favours no arm.
+                for i in 0..ARMS.len() {
+                    let arm = ARMS[(round + i) % ARMS.len()];
+                    let before = holdfast_calls(holdfast).await?;
+                    let turn = drive(
+                        client,
+                        setup,
+                        arm,
+                        request,
+                        concurrency,
+                        MEASURE / ROUNDS,
+                        &mut sequence,
+                    )
+                    .await?;
+                    *calls.entry(arm).or_default() += holdfast_calls(holdfast).await? - before;
+                    latencies.entry(arm).or_default().extend(turn);
+                }
+            }
+            for arm in ARMS {
+                let figures = figures(latencies.remove(&arm).unwrap_or_default());
+                println!(
+                    "{:<13} {concurrency:>4} {:<9} {:>9.0} {:>9.2} {:>9.2} {:>15}",
+                    request.name(),
+                    arm.name(),
+                    figures.per_second,
+                    figures.p50_ms,
+                    figures.p99_ms,
+                    calls.get(&arm).copied().unwrap_or_default()
+                );
+                results.insert((request, concurrency, arm), figures);
+            }
+        }
+    }
+    let get = |request, concurrency, arm| {
+        results
+            .get(&(request, concurrency, arm))
+            .context("a cell was not measured")
+    };
+    let create_p50_overhead_ms =
+        get(Request::AppCreate, 1, Arm::Holdfast)?.p50_ms - get(Request::AppCreate, 1, Arm::None)?.p50_ms;
+    let throughput_ratio_c16 = get(Request::AppCreate, 16, Arm::Holdfast)?.per_second
+        / get(Request::AppCreate, 16, Arm::None)?.per_second;
+    let update_throughput_ratio_c16 = get(Request::AppUpdate, 16, Arm::Holdfast)?.per_second
+        / get(Request::AppUpdate, 16, Arm::None)?.per_second;
+    let mut vs_bare_c16 = f64::INFINITY;
+    let mut vs_bare_min = f64::INFINITY;
+    let mut p99_vs_bare_max: f64 = 0.0;
+    for request in REQUESTS {
+        for concurrency in CONCURRENCY {
+            let (ours, bare) = (
+                get(request, concurrency, Arm::Holdfast)?,
+                get(request, concurrency, Arm::Bare)?,
+            );
+            let ratio = ours.per_second / bare.per_second;
+            if concurrency == 16 {
+                vs_bare_c16 = vs_bare_c16.min(ratio);
+            }
+            vs_bare_min = vs_bare_min.min(ratio);
+            p99_vs_bare_max = p99_vs_bare_max.max(ours.p99_ms / bare.p99_ms);
+        }
+    }
+    let p99_c64_ms = get(Request::AppCreate, 64, Arm::Holdfast)?.p99_ms;
+    // The pin the CREATEs got is the pinned App's: the arm measured what it claims.
+    let last = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &setup.namespaces[&Arm::Holdfast],
+        &app_resource(),
+    )
+    .list(&Default::default())
+    .await?;
+    let unpinned = last
+        .items
+        .iter()
+        .filter(|a| {
+            a.data["spec"]["fetch"][0]["image"]["url"].as_str()
+                != setup.pinned["spec"]["fetch"][0]["image"]["url"].as_str()
+        })
+        .count();
+    ensure!(
+        unpinned == 0,
+        "{unpinned} of {} Apps created through holdfast were not pinned to {}'s digest",
+        last.items.len(),
+        setup.app_tag
+    );
+    println!(
+        "create_p50_overhead_ms={create_p50_overhead_ms:.2} throughput_ratio_c16={throughput_ratio_c16:.2} \
+         vs_bare_webhook_c16={vs_bare_c16:.2} p99_c64_ms={p99_c64_ms:.1} update_throughput_ratio_c16={update_throughput_ratio_c16:.2} \
+         vs_bare_webhook_min={vs_bare_min:.2} p99_vs_bare_max={p99_vs_bare_max:.2}"
+    );
+    Ok(())
+}
+
+/// Keeps `concurrency` requests of one kind in flight against one arm for `period`; the
+/// latencies of those sent within it. Any failed write fails the benchmark.
+async fn drive(
+    client: &Client,
+    setup: &Setup,
+    arm: Arm,
+    request: Request,
+    concurrency: usize,
+    period: Duration,
+    sequence: &mut u64,
+) -> Result<Vec<Duration>> {
+    let namespace = setup.namespaces[&arm].clone();
+    let (_, build) = &setup.owners[&arm];
+    *sequence += 1;
+    let turn = *sequence;
+    let end = Instant::now() + period;
+    let mut workers = Vec::new();
+    for worker in 0..concurrency {
+        let client = client.clone();
+        let namespace = namespace.clone();
+        let (app_tag, build, registry_image) =
+            (setup.app_tag.clone(), build.clone(), setup.owners[&arm].0.clone());
+        workers.push(tokio::spawn(async move {
+            let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &app_resource());
+            let builds: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &namespace, &kpack_resource("Build"));
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+            let mut latencies = Vec::new();
+            let mut n = 0u64;
+            loop {
+                let sent = Instant::now();
+                if sent >= end {
+                    break;
+                }
+                n += 1;
+                let name = format!("t{turn}-w{worker}-{n}");
+                match request {
+                    Request::AppCreate => {
+                        apps.create(
+                            &PostParams::default(),
+                            &serde_json::from_value(app(&name, &app_tag))?,
+                        )
+                        .await
+                        .with_context(|| format!("App CREATE in {namespace}"))?;
+                    }
+                    Request::AppUpdate => {
+                        let patch = json!({"metadata": {"labels": {"bench.holdfast.dev/turn": name}}});
+                        apps.patch(
+                            &format!("update-{worker}"),
+                            &PatchParams::default(),
+                            &Patch::Merge(&patch),
+                        )
+                        .await
+                        .with_context(|| format!("App UPDATE in {namespace}"))?;
+                    }
+                    Request::BuildCreate => {
+                        let registry = app_tag.split('/').next().unwrap_or_default();
+                        builds
+                            .create(
+                                &PostParams::default(),
+                                &serde_json::from_value(self::build(&name, &registry_image, registry))?,
+                            )
+                            .await
+                            .with_context(|| format!("Build CREATE in {namespace}"))?;
+                    }
+                    Request::PodCreate => {
+                        pods.create(
+                            &PostParams::default(),
+                            &serde_json::from_value(build_pod(&name, &build))?,
+                        )
+                        .await
+                        .with_context(|| format!("Pod CREATE in {namespace}"))?;
+                    }
+                }
+                latencies.push(sent.elapsed());
+            }
+            anyhow::Ok(latencies)
+        }));
+    }
+    let mut all = Vec::new();
+    for worker in workers {
+        all.extend(worker.await??);
+    }
+    Ok(all)
+}
+
+fn figures(mut all: Vec<Duration>) -> Figures {
+    all.sort();
+    let at = |q: f64| {
+        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    Figures {
+        per_second: all.len() as f64 / MEASURE.as_secs_f64(),
+        p50_ms: at(0.50) * 1e3,
+        p99_ms: at(0.99) * 1e3,
+    }
+}

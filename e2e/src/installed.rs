@@ -1,0 +1,181 @@
+//! holdfast's own binaries (`holdfast-webhook`, `holdfast-controller`) run as processes of the
+//! environment, as `make up` runs them: the webhook configurations `manifests/overlays/recommended`
+//! ships (named `holdfast`, called by URL instead of through the Service), the self-managed
+//! certificate with its caBundle injected, and the digest cache in holdfast's namespace. The
+//! binaries are taken from beside the running executable (the same cargo profile's `target/`).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use k8s_openapi::{
+    api::{
+        admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
+        core::v1::Namespace,
+    },
+    apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement,
+};
+use kube::{
+    Api,
+    api::{ObjectMeta, PostParams},
+};
+
+use crate::{
+    Env,
+    process::{free_port, until_http_ok},
+    webhook::shipped_configurations,
+};
+
+/// holdfast's namespace, as the manifests install it.
+pub const NAMESPACE: &str = "holdfast-system";
+
+/// What to run.
+pub struct Options {
+    /// Also required of every namespace the webhooks serve (none: every namespace the shipped
+    /// selectors take).
+    pub scope: Option<LabelSelectorRequirement>,
+    /// `holdfast-controller`'s extra arguments; none: no controller.
+    pub controller: Option<Vec<String>>,
+}
+
+/// Where the running processes answer.
+pub struct Installed {
+    /// The webhook's TLS address.
+    pub addr: String,
+    /// The webhook's admin address (`/metrics`, `/readyz`).
+    pub admin: String,
+    /// The controller's admin address, when it runs.
+    pub controller_admin: Option<String>,
+    webhook_args: Vec<String>,
+    controller_args: Option<Vec<String>>,
+}
+
+/// The process names in the environment ([`Env::pid_of`]).
+pub const WEBHOOK: &str = "holdfast-webhook";
+pub const CONTROLLER: &str = "holdfast-controller";
+
+fn binary(name: &str) -> Result<PathBuf> {
+    let path = std::env::current_exe()?.with_file_name(name);
+    anyhow::ensure!(
+        path.exists(),
+        "{} is missing: build it with the same profile (cargo build --bins)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// Creates holdfast's namespace and webhook configurations and starts the processes; returns
+/// once the webhook is ready (its caches synced, its certificate served).
+pub async fn start(env: &mut Env, options: Options) -> Result<Installed> {
+    let client = env.client().await?;
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(NAMESPACE.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await?;
+    let (port, admin_port) = (free_port()?, free_port()?);
+    let (mutating, validating) =
+        shipped_configurations("holdfast", &format!("https://127.0.0.1:{port}"), options.scope)?;
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &mutating)
+        .await?;
+    Api::<ValidatingWebhookConfiguration>::all(client)
+        .create(&PostParams::default(), &validating)
+        .await?;
+
+    let webhook_args = vec![
+        format!("--addr=127.0.0.1:{port}"),
+        format!("--admin-addr=127.0.0.1:{admin_port}"),
+        format!("--namespace={NAMESPACE}"),
+        "--tls-ip=127.0.0.1".into(),
+        "--mutating-webhook-configurations=holdfast".into(),
+        "--validating-webhook-configurations=holdfast".into(),
+        // The local registry speaks plain HTTP.
+        format!("--insecure-registry={}", env.registry()),
+    ];
+    let (controller_admin, controller_args) = match options.controller {
+        Some(extra) => {
+            let admin = format!("127.0.0.1:{}", free_port()?);
+            let mut args = vec![
+                format!("--namespace={NAMESPACE}"),
+                format!("--admin-addr={admin}"),
+                format!("--insecure-registry={}", env.registry()),
+            ];
+            args.extend(extra);
+            (Some(admin), Some(args))
+        }
+        None => (None, None),
+    };
+    let installed = Installed {
+        addr: format!("127.0.0.1:{port}"),
+        admin: format!("127.0.0.1:{admin_port}"),
+        controller_admin,
+        webhook_args,
+        controller_args,
+    };
+    installed.spawn(env, WEBHOOK)?;
+    if installed.controller_args.is_some() {
+        installed.spawn(env, CONTROLLER)?;
+    }
+    installed.webhook_ready().await?;
+    Ok(installed)
+}
+
+impl Installed {
+    /// Starts the process `name` ([`WEBHOOK`] or [`CONTROLLER`]) with its arguments.
+    fn spawn(&self, env: &mut Env, name: &'static str) -> Result<()> {
+        let args = match name {
+            WEBHOOK => &self.webhook_args,
+            _ => self
+                .controller_args
+                .as_ref()
+                .context("no controller in this installation")?,
+        };
+        let kubeconfig = env.kubeconfig().to_path_buf();
+        env.spawn_with_env(
+            name,
+            &binary(name)?,
+            args,
+            &[("KUBECONFIG", kubeconfig.as_path())],
+        )
+    }
+
+    /// Stops the process `name` (SIGTERM, as a pod's deletion does) and starts it again.
+    pub fn restart(&self, env: &mut Env, name: &'static str) -> Result<()> {
+        env.stop_process(name, std::time::Duration::from_secs(30))?;
+        self.spawn(env, name)
+    }
+
+    /// Returns once the webhook's `/readyz` answers 2xx (caches synced, certificate served).
+    pub async fn webhook_ready(&self) -> Result<()> {
+        until_http_ok(
+            &format!("http://{}/readyz", self.admin),
+            std::time::Duration::from_secs(120),
+            || Ok(()),
+        )
+        .await
+        .context("holdfast-webhook not ready; see its log in the environment directory")
+    }
+
+    /// Returns once the controller's `/readyz` answers 2xx (its digest cache synced, and it
+    /// leads with its Lease renewals on time or follows).
+    pub async fn controller_ready(&self) -> Result<()> {
+        let admin = self
+            .controller_admin
+            .as_ref()
+            .context("no controller in this installation")?;
+        until_http_ok(
+            &format!("http://{admin}/readyz"),
+            std::time::Duration::from_secs(120),
+            || Ok(()),
+        )
+        .await
+        .context("holdfast-controller not ready; see its log in the environment directory")
+    }
+}
