@@ -2,8 +2,9 @@
 //!
 //! - [`pinning`]: pins App, PackageRepository and Package fetch references admitted unpinned
 //!   (webhook down, registry down) and moves `follow` pins when their tags move.
-//! - [`refresher`]: asks the registry once per unique tag (the digest cache's keys) on an
-//!   interval, then has every tracked object reconciled from the refreshed cache.
+//! - [`refresher`]: asks the registry once per unique tag (the digest cache's keys) that the
+//!   watched objects name, on an interval, then has the objects naming a tag that moved
+//!   reconciled from the refreshed cache; deletes the entries no object names.
 //! - [`finalizer`]: the fast finalizer: deletes an app's kpack Image as soon as the app (or its
 //!   last BuildWorkload, or its namespace) is being deleted, and the pods of terminating Builds;
 //!   [`deletable`] is the one table of what it may delete and when.

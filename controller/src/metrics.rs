@@ -106,7 +106,7 @@ impl Metrics {
         let refresh_rounds = Family::<ResultLabels, Counter>::default();
         registry.register(
             "refresh_rounds",
-            "Refresh rounds by result: ok, failed (listing the pinned objects failed; nothing refreshed)",
+            "Refresh rounds by result: ok, failed (skipped: not every pinned kind listed yet; nothing refreshed)",
             refresh_rounds.clone(),
         );
         let refresh_tags_checked = Counter::default();
@@ -216,7 +216,7 @@ impl Metrics {
         self.refresh_entries_collected.inc_by(count(collected));
     }
 
-    /// A refresh round that could not list the pinned objects.
+    /// A refresh round skipped: the watches had not listed every pinned kind yet.
     pub fn refresh_failed(&self) {
         self.refresh_rounds
             .get_or_create(&ResultLabels { result: "failed" })

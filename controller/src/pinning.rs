@@ -60,13 +60,15 @@ struct Ctx {
 }
 
 /// Runs a controller for each kind `watched` follows, driven by its watch, until `cancel`.
-/// Every object is reconciled again after each refresh round (`rounds` changes).
+/// The refresher hands it the objects naming a tag that moved, through the same triggers
+/// ([`crate::watched::WatchedKind::trigger`]); every object is reconciled again when
+/// `reconcile_all` changes (the mirror, after a copy).
 pub async fn run(
     client: Client,
     own_namespace: String,
     pinner: Arc<Pinner>,
     watched: Arc<Watched>,
-    rounds: watch::Receiver<u64>,
+    reconcile_all: watch::Receiver<u64>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
 ) {
@@ -88,7 +90,7 @@ pub async fn run(
             metrics: metrics.clone(),
         });
         let controller = Controller::for_shared_stream_with(trigger, followed.store.clone(), resource)
-            .reconcile_all_on(round_ends(rounds.clone()))
+            .reconcile_all_on(changes(reconcile_all.clone()))
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
             .run(reconcile, error_policy, ctx)
             .for_each(|result| async move {
@@ -114,9 +116,9 @@ pub async fn installed_kinds(client: &Client) -> Vec<(PinnedKind, ApiResource)> 
     installed
 }
 
-fn round_ends(rounds: watch::Receiver<u64>) -> impl Stream<Item = ()> + Send {
-    futures::stream::unfold(rounds, |mut rounds| async move {
-        rounds.changed().await.ok().map(|()| ((), rounds))
+fn changes(counter: watch::Receiver<u64>) -> impl Stream<Item = ()> + Send {
+    futures::stream::unfold(counter, |mut counter| async move {
+        counter.changed().await.ok().map(|()| ((), counter))
     })
 }
 

@@ -17,7 +17,7 @@
 //! private copy (with `--mirror-pull-secret`) as well as the public one.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     sync::{Arc, Mutex},
 };
 
@@ -30,7 +30,7 @@ use kube::{
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::watched::Watched;
+use crate::watched::{Index, Watched, as_value};
 
 /// Adds the mirror copies `object`'s fetch references name to `into` (see the module docs);
 /// `selected`: whether the mirror selects the object's namespace.
@@ -74,54 +74,11 @@ pub fn referenced_by(
     }
 }
 
-/// Each object's references, kept from one reading to the next: an object whose
-/// `resourceVersion` and namespace selection are unchanged is not read again (serialising every
-/// object on every wake-up was most of the mirror's time on a large cluster).
-#[derive(Debug, Default)]
-struct Index {
-    /// By uid: the version and selection the references were read at, and the references.
-    objects: HashMap<String, (String, bool, Vec<String>)>,
-    /// Objects read (not reused) so far, for tests.
-    reads: usize,
-}
-
-impl Index {
-    /// The union of the references of `objects` (kind, object, whether the mirror selects its
-    /// namespace); objects no longer among them are forgotten.
-    fn references<'a>(
-        &mut self,
-        objects: impl IntoIterator<Item = (PinnedKind, &'a DynamicObject, bool)>,
-        mirror: &MirrorPins,
-    ) -> HashSet<String> {
-        let mut referenced = HashSet::new();
-        let mut seen = HashSet::new();
-        for (kind, object, selected) in objects {
-            let (Some(uid), Some(version)) = (&object.metadata.uid, &object.metadata.resource_version) else {
-                // Without a uid and a version there is nothing to key on: read it every time.
-                self.reads += 1;
-                referenced_by(kind, &as_value(object), mirror, selected, &mut referenced);
-                continue;
-            };
-            seen.insert(uid.clone());
-            match self.objects.get(uid) {
-                Some((at, was_selected, refs)) if at == version && *was_selected == selected => {
-                    referenced.extend(refs.iter().cloned());
-                }
-                _ => {
-                    self.reads += 1;
-                    let mut refs = HashSet::new();
-                    referenced_by(kind, &as_value(object), mirror, selected, &mut refs);
-                    referenced.extend(refs.iter().cloned());
-                    self.objects.insert(
-                        uid.clone(),
-                        (version.clone(), selected, refs.into_iter().collect()),
-                    );
-                }
-            }
-        }
-        self.objects.retain(|uid, _| seen.contains(uid));
-        referenced
-    }
+/// The mirror copies `object`'s fetch references name, each once ([`referenced_by`]).
+fn references_of(kind: PinnedKind, object: &Value, mirror: &MirrorPins, selected: bool) -> Vec<String> {
+    let mut references = HashSet::new();
+    referenced_by(kind, object, mirror, selected, &mut references);
+    references.into_iter().collect()
 }
 
 /// The pinned objects and the namespaces' labels, read from the term's one watch of each
@@ -130,7 +87,8 @@ pub struct References {
     client: Client,
     mirror: MirrorPins,
     watched: Arc<Watched>,
-    index: Mutex<Index>,
+    /// Each object's references, by the kind and the mirror's selection of its namespace.
+    index: Mutex<Index<String, (PinnedKind, bool)>>,
 }
 
 impl References {
@@ -170,7 +128,7 @@ impl References {
     }
 
     /// The mirror copies the followed objects reference (each object read again only when it
-    /// changed, [`Index`]).
+    /// changed, or its namespace's selection did: [`Index`]).
     pub fn in_stores(&self) -> HashSet<String> {
         let objects: Vec<(PinnedKind, Arc<DynamicObject>, bool)> = self
             .watched
@@ -188,10 +146,10 @@ impl References {
                 (kind, object, selected)
             })
             .collect();
-        self.index
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .references(objects.iter().map(|(k, o, s)| (*k, o.as_ref(), *s)), &self.mirror)
+        self.index.lock().unwrap_or_else(|p| p.into_inner()).union(
+            objects.iter().map(|(k, o, s)| (o.as_ref(), (*k, *s))),
+            |object, (kind, selected)| references_of(kind, object, &self.mirror, selected),
+        )
     }
 
     /// The mirror copies the objects reference, from a fresh list of every kind (the check
@@ -207,11 +165,6 @@ impl References {
         }
         Ok(referenced)
     }
-}
-
-/// An object as the pins crate reads it: metadata and spec in one document.
-fn as_value(object: &DynamicObject) -> Value {
-    serde_json::to_value(object).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -250,35 +203,38 @@ mod tests {
         let copy = |d: &str| format!("cache.corp.com:5000/m/registry.corp.com/team/app@{d}");
         let (a, b) = (stored("a", "1", &copy(D1)), stored("b", "1", &copy(D2)));
         let mut index = Index::default();
-        fn all<'a>(objects: &[&'a DynamicObject]) -> Vec<(PinnedKind, &'a DynamicObject, bool)> {
-            objects.iter().map(|o| (PinnedKind::App, *o, true)).collect()
+        fn references(
+            index: &mut Index<String, (PinnedKind, bool)>,
+            objects: &[(&DynamicObject, bool)],
+        ) -> HashSet<String> {
+            index.union(
+                objects.iter().map(|(o, s)| (*o, (PinnedKind::App, *s))),
+                |object, (kind, selected)| references_of(kind, object, &mirror(), selected),
+            )
         }
-        let first = index.references(all(&[&a, &b]), &mirror());
+        let first = references(&mut index, &[(&a, true), (&b, true)]);
         assert_eq!(first, HashSet::from([copy(D1), copy(D2)]));
-        assert_eq!(index.reads, 2);
+        assert_eq!(index.reads(), 2);
 
         // Nothing changed: nothing read, same answer.
-        assert_eq!(index.references(all(&[&a, &b]), &mirror()), first);
-        assert_eq!(index.reads, 2);
+        assert_eq!(references(&mut index, &[(&a, true), (&b, true)]), first);
+        assert_eq!(index.reads(), 2);
 
         // `a` moved to D2 (a new version): only `a` is read.
         let a2 = stored("a", "2", &copy(D2));
         assert_eq!(
-            index.references(all(&[&a2, &b]), &mirror()),
+            references(&mut index, &[(&a2, true), (&b, true)]),
             HashSet::from([copy(D2)])
         );
-        assert_eq!(index.reads, 3);
+        assert_eq!(index.reads(), 3);
 
         // `b` is gone: its references go with it, and so does its entry.
-        assert_eq!(
-            index.references(all(&[&a2]), &mirror()),
-            HashSet::from([copy(D2)])
-        );
-        assert_eq!(index.objects.len(), 1);
+        assert_eq!(references(&mut index, &[(&a2, true)]), HashSet::from([copy(D2)]));
+        assert_eq!(index.len(), 1);
 
         // The selection of `a`'s namespace changed: read again.
-        let _ = index.references([(PinnedKind::App, &a2, false)], &mirror());
-        assert_eq!(index.reads, 4);
+        let _ = references(&mut index, &[(&a2, false)]);
+        assert_eq!(index.reads(), 4);
     }
 
     #[test]

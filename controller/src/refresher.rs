@@ -1,8 +1,11 @@
 //! The refresher: one registry check per unique cache key per round, never one per object, and
-//! only for keys that live objects name — read from a fresh list of every pinned kind, never
-//! from the entries (whoever can write an entry must not make the controller read a Secret).
-//! Entries that no object names are deleted after a grace period (garbage collection), so the
-//! cache holds what the cluster's objects use and nothing is refreshed forever for nobody.
+//! only for keys that live objects name — read off the term's watch of every pinned kind
+//! ([`Watched`]), never from the entries (whoever can write an entry must not make the
+//! controller read a Secret). After a round only the objects naming a key whose digest moved are
+//! reconciled, so a round costs what changed, not what the cluster holds. Entries that no object
+//! names are deleted after a grace period, or at once while the cache is full (garbage
+//! collection), so the cache holds what the cluster's objects use and nothing is refreshed
+//! forever for nobody.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -14,38 +17,59 @@ use holdfast_pins::{
     PinnedKind, Pinner,
     resolve::{RefreshReport, named_keys},
 };
-use holdfast_registry::cache::CacheKey;
-use kube::{
-    Api, Client,
-    api::{ApiResource, DynamicObject, ListParams},
+use holdfast_registry::{
+    Digest,
+    cache::{CacheEntry, CacheKey, DigestCache},
 };
-use tokio::sync::watch;
+use kube::api::DynamicObject;
 
-use crate::metrics::Metrics;
+use crate::{
+    metrics::Metrics,
+    watched::{Index, Watched},
+};
 use tokio_util::sync::CancellationToken;
 
-/// One round's refresh and what it collected.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Before its first complete list a store holds part of its kind or nothing: the entries
+    /// only the missing objects name would look unnamed and be collected.
+    #[error("the watches have not listed every pinned kind yet; nothing refreshed or collected")]
+    NotListed,
+}
+
+/// One round's refresh, what it had reconciled and what it collected.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RoundReport {
     pub refresh: RefreshReport,
-    /// Entries deleted: no object named them for the grace period.
+    /// Objects handed to their pinning controller ([`Refresher::round`] says which).
+    pub triggered: usize,
+    /// Entries deleted: no object named them for the grace period, or the cache was full.
     pub collected: usize,
 }
 
-/// The refresher's state across rounds: the pinned kinds it lists, and since when each entry
+/// The refresher's state across a leader's term: the watches it reads the named keys from,
+/// what each object names, the digests held after the last round, and since when each entry
 /// has been unnamed.
 pub struct Refresher {
-    client: Client,
-    kinds: Vec<(PinnedKind, ApiResource)>,
+    watched: Arc<Watched>,
+    /// The cache keys each object names, read again only when the object changed.
+    index: Index<CacheKey, PinnedKind>,
+    /// Each held key's digest as of the end of the last round (or the term's start): an entry
+    /// also moves between rounds, when a reconcile finds it older than the cache's `max_age`
+    /// and asks the registry; the other objects naming it must follow.
+    digests: HashMap<CacheKey, Digest>,
     collector: Collector,
     metrics: Arc<Metrics>,
 }
 
 impl Refresher {
-    pub fn new(client: Client, kinds: Vec<(PinnedKind, ApiResource)>, grace: Duration) -> Self {
+    /// For a term that starts with `cache` as it holds now: what moves from here on is
+    /// reconciled (the watches' first lists have every object reconciled once).
+    pub fn new(watched: Arc<Watched>, cache: &DigestCache, grace: Duration) -> Self {
         Self {
-            client,
-            kinds,
+            watched,
+            index: Index::default(),
+            digests: digests(&cache.entries()),
             collector: Collector::new(grace),
             metrics: Arc::default(),
         }
@@ -57,46 +81,109 @@ impl Refresher {
         self
     }
 
-    /// One round: lists every pinned object, refreshes the keys they name, deletes the entries
-    /// unnamed for the grace period. A failed list refreshes and deletes nothing.
+    /// Resolves once every kind has been listed in full (a round before that is skipped).
+    pub async fn ready(&self) {
+        self.watched.ready().await;
+    }
+
+    /// One round: refreshes the keys the stored objects name; has the objects reconciled that
+    /// name a key whose digest moved since the last round (in this round's refresh or by a
+    /// reconcile's lookup in between) or a key the cache does not hold (refused past
+    /// `max_entries`, or never resolved: their reconcile asks the registry, as before); deletes
+    /// the entries due for collection ([`Collector::due`]). Skipped, refreshing and deleting
+    /// nothing, until the watches have listed every kind ([`Error::NotListed`]): it does not
+    /// wait, so a kind that cannot be listed shows as skipped rounds.
     #[tracing::instrument(skip_all)]
-    pub async fn round(&mut self, pinner: &Pinner) -> Result<RoundReport, kube::Error> {
-        let named = match self.named().await {
-            Ok(named) => named,
-            Err(error) => {
-                self.metrics.refresh_failed();
-                return Err(error);
-            }
+    pub async fn round(&mut self, pinner: &Pinner) -> Result<RoundReport, Error> {
+        if !self.watched.fully_listed() {
+            self.metrics.refresh_failed();
+            return Err(Error::NotListed);
+        }
+        let named = {
+            let objects = self.objects();
+            self.index.union(
+                objects.iter().map(|(kind, object)| (object.as_ref(), *kind)),
+                |object, kind| named_keys(kind, object),
+            )
         };
         let refresh = pinner.refresh_all(&named).await;
         let cache = pinner.cache();
+        let entries = cache.entries();
+        let held = digests(&entries);
+        let mut moved: HashSet<&CacheKey> = refresh.moved_keys.iter().collect();
+        moved.extend(
+            held.iter()
+                .filter(|(key, digest)| self.digests.get(*key) != Some(*digest))
+                .map(|(key, _)| key),
+        );
+        let triggered = if moved.is_empty() && named.iter().all(|key| held.contains_key(key)) {
+            0
+        } else {
+            self.trigger(|key| moved.contains(key) || !held.contains_key(key))
+                .await
+        };
         let keep: HashSet<CacheKey> = cache.recorded_copies().into_iter().map(|(key, _)| key).collect();
-        let held: Vec<CacheKey> = cache.entries().into_iter().map(|e| e.key).collect();
-        let due = self.collector.due(held, &named, &keep, Instant::now());
+        let due = self
+            .collector
+            .due(&entries, &named, &keep, cache.max_entries(), Instant::now());
         for key in &due {
             tracing::info!(reference = %key.reference, scope = %key.scope, "deleted a digest cache entry no object names");
             cache.remove(key);
         }
+        self.digests = held;
         self.metrics
             .refresh_round(refresh.checked, refresh.moved, due.len());
         Ok(RoundReport {
             refresh,
+            triggered,
             collected: due.len(),
         })
     }
 
-    /// The cache keys the objects of every pinned kind name, from a fresh list.
-    async fn named(&self) -> Result<HashSet<CacheKey>, kube::Error> {
-        let mut named = HashSet::new();
-        for (kind, resource) in &self.kinds {
-            let api: Api<DynamicObject> = Api::all_with(self.client.clone(), resource);
-            for object in api.list(&ListParams::default()).await? {
-                let value = serde_json::to_value(&object).unwrap_or_default();
-                named.extend(named_keys(*kind, &value));
+    /// Every stored object with its kind.
+    fn objects(&self) -> Vec<(PinnedKind, Arc<DynamicObject>)> {
+        self.watched
+            .kinds()
+            .iter()
+            .flat_map(|watched| {
+                watched
+                    .store
+                    .state()
+                    .into_iter()
+                    .map(move |object| (watched.kind, object))
+            })
+            .collect()
+    }
+
+    /// Hands every stored object naming a key `concerns` to its pinning controller, through the
+    /// trigger its watch events take; returns how many. Read from the stores as they are now:
+    /// an object that came or changed during the round is reconciled by its own watch event.
+    async fn trigger(&mut self, concerns: impl Fn(&CacheKey) -> bool) -> usize {
+        let watched = self.watched.clone();
+        let mut triggered = 0;
+        for kind in watched.kinds() {
+            for object in kind.store.state() {
+                let concerned = self
+                    .index
+                    .read(&object, kind.kind, |object, kind| named_keys(kind, object))
+                    .iter()
+                    .any(&concerns);
+                if concerned {
+                    kind.trigger(object).await;
+                    triggered += 1;
+                }
             }
         }
-        Ok(named)
+        triggered
     }
+}
+
+/// Each entry's digest, by key.
+fn digests(entries: &[CacheEntry]) -> HashMap<CacheKey, Digest> {
+    entries
+        .iter()
+        .map(|entry| (entry.key.clone(), entry.digest.clone()))
+        .collect()
 }
 
 /// Garbage collection's clock: since when each held entry has been named by no object.
@@ -115,25 +202,48 @@ impl Collector {
     }
 
     /// The keys of `held` to delete at `now`: unnamed (not in `named`) since at least the grace
-    /// period, and recording no mirror copy (`keep`: retention deletes those copies first). An
-    /// entry named again starts over; a restart starts every clock again (a deletion comes
-    /// later, never earlier).
+    /// period; and while the cache is full (at least `max_entries` held: it refuses new keys),
+    /// the other unnamed ones at once, unnamed the longest (then checked the longest ago) first,
+    /// until there is room for one. Never an entry recording a mirror copy (`keep`: retention
+    /// deletes those copies first). An entry named again starts over; a restart starts every
+    /// clock again (a deletion after the grace comes later, never earlier). An entry whose
+    /// object the watch has not shown yet may be evicted from a full cache: its next lookup
+    /// resolves it again.
     pub fn due(
         &mut self,
-        held: Vec<CacheKey>,
+        held: &[CacheEntry],
         named: &HashSet<CacheKey>,
         keep: &HashSet<CacheKey>,
+        max_entries: usize,
         now: Instant,
     ) -> Vec<CacheKey> {
-        let unnamed: HashSet<CacheKey> = held.into_iter().filter(|key| !named.contains(key)).collect();
-        self.unnamed_since.retain(|key, _| unnamed.contains(key));
+        let unnamed: Vec<&CacheEntry> = held.iter().filter(|e| !named.contains(&e.key)).collect();
+        let unnamed_keys: HashSet<&CacheKey> = unnamed.iter().map(|e| &e.key).collect();
+        self.unnamed_since.retain(|key, _| unnamed_keys.contains(key));
         let mut due = Vec::new();
-        for key in unnamed {
-            let since = *self.unnamed_since.entry(key.clone()).or_insert(now);
-            if now.duration_since(since) >= self.grace && !keep.contains(&key) {
-                self.unnamed_since.remove(&key);
-                due.push(key);
+        let mut evictable = Vec::new();
+        for entry in unnamed {
+            let since = *self.unnamed_since.entry(entry.key.clone()).or_insert(now);
+            if keep.contains(&entry.key) {
+                continue;
             }
+            if now.duration_since(since) >= self.grace {
+                due.push(entry.key.clone());
+            } else {
+                evictable.push((since, entry.checked_at, &entry.key));
+            }
+        }
+        evictable.sort();
+        let mut left = held.len() - due.len();
+        for (_, _, key) in evictable {
+            if left < max_entries {
+                break;
+            }
+            due.push(key.clone());
+            left -= 1;
+        }
+        for key in &due {
+            self.unnamed_since.remove(key);
         }
         due.sort();
         due
@@ -142,13 +252,7 @@ impl Collector {
 
 /// Rounds start `interval` apart, each shifted by up to a tenth of it so that replicas and
 /// restarts do not synchronise on the registry.
-pub async fn run(
-    refresher: &mut Refresher,
-    pinner: &Pinner,
-    interval: Duration,
-    rounds: watch::Sender<u64>,
-    cancel: CancellationToken,
-) {
+pub async fn run(refresher: &mut Refresher, pinner: &Pinner, interval: Duration, cancel: CancellationToken) {
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -156,24 +260,23 @@ pub async fn run(
         }
         // A round asks the registry once per key, each ask bounded by the resolver's timeout:
         // with many keys and a registry down it can last minutes, so it must not hold up a
-        // shutdown or a lost Lease. Dropping it part-way loses nothing: the next round starts over.
+        // shutdown or a lost Lease. Dropping it part-way loses nothing: the cancellation ends
+        // the term, and the next term's watches have every object reconciled once.
         let report = tokio::select! {
             _ = cancel.cancelled() => return,
             report = refresher.round(pinner) => report,
         };
         match report {
-            Ok(report) => {
-                rounds.send_modify(|n| *n += 1);
-                tracing::info!(
-                    checked = report.refresh.checked,
-                    moved = report.refresh.moved,
-                    failed = report.refresh.failed,
-                    unnamed = report.refresh.unnamed,
-                    collected = report.collected,
-                    "refresh round"
-                );
-            }
-            Err(error) => tracing::warn!(%error, "refresh round skipped: listing the pinned objects failed"),
+            Ok(report) => tracing::info!(
+                checked = report.refresh.checked,
+                moved = report.refresh.moved,
+                failed = report.refresh.failed,
+                unnamed = report.refresh.unnamed,
+                triggered = report.triggered,
+                collected = report.collected,
+                "refresh round"
+            ),
+            Err(error) => tracing::warn!(%error, "refresh round skipped"),
         }
     }
 }
@@ -188,7 +291,16 @@ fn jitter(max: Duration) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use holdfast_registry::{Reference, cache::Scope};
+    use std::{collections::BTreeSet, sync::Mutex, time::SystemTime};
+
+    use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
+    use holdfast_pins::resolve::SecretSource;
+    use holdfast_registry::{
+        Credentials, Reference, ResolveError,
+        cache::{CacheConfig, Scope, Source},
+    };
+    use kube::ResourceExt;
+    use serde_json::json;
 
     use super::*;
 
@@ -199,28 +311,42 @@ mod tests {
         )
     }
 
+    /// `key`'s entry holding `digest`, checked at `at`.
+    fn entry(key: &CacheKey, digest: &Digest, at: SystemTime) -> CacheEntry {
+        CacheEntry::resolved(key.clone(), digest.clone(), at)
+    }
+
+    /// Entries of `keys`, all checked at the same time.
+    fn entries(keys: &[&CacheKey]) -> Vec<CacheEntry> {
+        let (digest, now) = (Digest::sha256_of(b"content"), SystemTime::now());
+        keys.iter().map(|key| entry(key, &digest, now)).collect()
+    }
+
     #[test]
     fn unnamed_entries_are_collected_after_the_grace_period_only() {
         let grace = Duration::from_secs(3600);
         let mut collector = Collector::new(grace);
         let start = Instant::now();
         let (named, unnamed) = (key("named"), key("forged"));
-        let held = || vec![named.clone(), unnamed.clone()];
+        let held = entries(&[&named, &unnamed]);
         let names = HashSet::from([named.clone()]);
         let none = HashSet::new();
-        assert!(collector.due(held(), &names, &none, start).is_empty());
-        assert!(collector.due(held(), &names, &none, start + grace / 2).is_empty());
+        let due = |collector: &mut Collector, names: &HashSet<CacheKey>, at| {
+            collector.due(&held, names, &none, usize::MAX, at)
+        };
+        assert!(due(&mut collector, &names, start).is_empty());
+        assert!(due(&mut collector, &names, start + grace / 2).is_empty());
         assert_eq!(
-            collector.due(held(), &names, &none, start + grace),
+            due(&mut collector, &names, start + grace),
             std::slice::from_ref(&unnamed)
         );
         // Named again within the grace: its clock starts over.
         let mut collector = Collector::new(grace);
-        collector.due(held(), &names, &none, start);
+        due(&mut collector, &names, start);
         let both = HashSet::from([named.clone(), unnamed.clone()]);
-        collector.due(held(), &both, &none, start + grace / 2);
-        assert!(collector.due(held(), &names, &none, start + grace).is_empty());
-        assert_eq!(collector.due(held(), &names, &none, start + grace * 2), [unnamed]);
+        due(&mut collector, &both, start + grace / 2);
+        assert!(due(&mut collector, &names, start + grace).is_empty());
+        assert_eq!(due(&mut collector, &names, start + grace * 2), [unnamed]);
     }
 
     #[test]
@@ -228,15 +354,265 @@ mod tests {
         let mut collector = Collector::new(Duration::ZERO);
         let copied = key("copied");
         let keep = HashSet::from([copied.clone()]);
+        let (held, none) = (entries(&[&copied]), HashSet::new());
         let now = Instant::now();
-        assert!(
-            collector
-                .due(vec![copied.clone()], &HashSet::new(), &keep, now)
-                .is_empty()
-        );
+        assert!(collector.due(&held, &none, &keep, usize::MAX, now).is_empty());
+        assert_eq!(collector.due(&held, &none, &none, usize::MAX, now), [copied]);
+    }
+
+    /// A full cache (at `max_entries` it refuses new keys) loses its unnamed entries at once,
+    /// unnamed the longest first (then checked the longest ago), until there is room for one;
+    /// never a named one nor one recording a mirror copy.
+    #[test]
+    fn a_full_cache_evicts_unnamed_entries_at_once_oldest_first() {
+        let mut collector = Collector::new(Duration::from_secs(3600));
+        let start = Instant::now();
+        let minute = Duration::from_secs(60);
+        let (named, copied) = (key("named"), key("copied"));
+        let (old, newer, newest) = (key("old"), key("newer"), key("newest"));
+        let names = HashSet::from([named.clone()]);
+        let keep = HashSet::from([copied.clone()]);
+
+        // Three held, room for five: nothing before the grace; `old`'s clock starts.
+        let three = entries(&[&named, &copied, &old]);
+        assert!(collector.due(&three, &names, &keep, 5, start).is_empty());
+        // Five held: full. The one unnamed the longest goes, and that is room for one.
+        let five = entries(&[&named, &copied, &old, &newer, &newest]);
         assert_eq!(
-            collector.due(vec![copied.clone()], &HashSet::new(), &HashSet::new(), now),
-            [copied]
+            collector.due(&five, &names, &keep, 5, start + minute),
+            std::slice::from_ref(&old)
         );
+        // Unnamed since the same round: checked the longest ago goes first.
+        let (digest, now) = (Digest::sha256_of(b"content"), SystemTime::now());
+        let mut five = entries(&[&named, &copied]);
+        five.push(entry(&newer, &digest, now));
+        five.push(entry(&newest, &digest, now - minute));
+        five.push(entry(&old, &digest, now));
+        let mut collector = Collector::new(Duration::from_secs(3600));
+        assert_eq!(
+            collector.due(&five, &names, &keep, 5, start),
+            std::slice::from_ref(&newest)
+        );
+        // Over the bound (loaded from the store), down to room for one: three go at once.
+        let mut collector = Collector::new(Duration::from_secs(3600));
+        assert_eq!(collector.due(&five, &names, &keep, 3, start), {
+            let mut gone = vec![old, newer, newest];
+            gone.sort();
+            gone
+        });
+        // Nothing unnamed but a mirror copy: nothing to evict, however full.
+        let mut collector = Collector::new(Duration::from_secs(3600));
+        let held = entries(&[&named, &copied]);
+        assert!(collector.due(&held, &names, &keep, 1, start).is_empty());
+    }
+
+    /// A registry whose tags hold what the test last set, recording every ask.
+    #[derive(Default)]
+    struct Registry {
+        tags: Mutex<HashMap<String, Digest>>,
+        asked: Mutex<Vec<String>>,
+    }
+
+    impl Registry {
+        fn set(&self, key: &CacheKey, digest: &Digest) {
+            self.tags
+                .lock()
+                .unwrap()
+                .insert(key.reference.clone(), digest.clone());
+        }
+
+        fn asked(&self) -> Vec<String> {
+            let mut asked = self.asked.lock().unwrap().clone();
+            asked.sort();
+            asked
+        }
+    }
+
+    impl Source for Registry {
+        fn digest<'a>(
+            &'a self,
+            reference: &'a Reference,
+            _: &'a Credentials,
+        ) -> BoxFuture<'a, Result<Digest, ResolveError>> {
+            self.asked.lock().unwrap().push(reference.normalized());
+            let held = self.tags.lock().unwrap().get(&reference.normalized()).cloned();
+            let error = ResolveError::Timeout {
+                registry: reference.registry().to_owned(),
+                repository: reference.repository().to_owned(),
+                after: Duration::ZERO,
+            };
+            async move { held.ok_or(error) }.boxed()
+        }
+
+        fn tags<'a>(
+            &'a self,
+            _: &'a Reference,
+            _: &'a Credentials,
+        ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
+            unreachable!("no tag selection here")
+        }
+    }
+
+    /// Fails the test if any Secret is read.
+    struct NoSecrets;
+
+    impl SecretSource for NoSecrets {
+        fn secret(
+            &self,
+            namespace: &str,
+            name: &str,
+        ) -> BoxFuture<'static, Result<Option<k8s_openapi::api::core::v1::Secret>, String>> {
+            panic!("the refresher read Secret {namespace}/{name}")
+        }
+    }
+
+    /// A stored App named `name` fetching `registry.example/app:<tag>`.
+    fn app(name: &str, tag: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
+            "metadata": {"name": name, "namespace": "team", "uid": name, "resourceVersion": "1"},
+            "spec": {"fetch": [{"image": {"url": format!("registry.example/app:{tag}")}}]},
+        }))
+        .unwrap()
+    }
+
+    fn digest(n: u8) -> Digest {
+        Digest::sha256_of(&[n])
+    }
+
+    /// A term whose stores hold `apps` (listed in full or not) and whose cache holds `held`,
+    /// each tag holding `digest(1)` in the registry and in the cache; the Apps' controller's
+    /// triggers.
+    struct Term {
+        registry: Arc<Registry>,
+        pinner: Pinner,
+        refresher: Refresher,
+        triggered: std::pin::Pin<Box<dyn Stream<Item = Arc<DynamicObject>> + Send>>,
+    }
+
+    impl Term {
+        fn new(apps: Vec<DynamicObject>, held: &[&CacheKey], listed: bool) -> Self {
+            let registry = Arc::new(Registry::default());
+            let cache = Arc::new(DigestCache::new(registry.clone(), CacheConfig::default(), None));
+            for key in held {
+                registry.set(key, &digest(1));
+                cache.insert(entry(key, &digest(1), SystemTime::now()));
+            }
+            let watched = Arc::new(Watched::of(vec![(PinnedKind::App, apps)], listed));
+            let triggered = Box::pin(watched.take_trigger(0).unwrap());
+            let refresher = Refresher::new(watched, &cache, Duration::ZERO);
+            let pinner = Pinner::new(cache, Some(Arc::new(NoSecrets)));
+            Self {
+                registry,
+                pinner,
+                refresher,
+                triggered,
+            }
+        }
+
+        async fn round(&mut self) -> Result<RoundReport, Error> {
+            self.refresher.round(&self.pinner).await
+        }
+
+        /// The names of the objects handed to the controller so far.
+        fn triggered(&mut self) -> Vec<String> {
+            let mut names = Vec::new();
+            while let Some(Some(object)) = self.triggered.next().now_or_never() {
+                names.push(object.name_any());
+            }
+            names.sort();
+            names
+        }
+    }
+
+    #[tokio::test]
+    async fn a_round_reconciles_exactly_the_objects_naming_a_tag_that_moved() {
+        let (moving, still) = (key("moving"), key("still"));
+        let apps = vec![app("a1", "moving"), app("a2", "moving"), app("b", "still")];
+        let mut term = Term::new(apps, &[&moving, &still], true);
+        term.registry.set(&moving, &digest(2));
+        let report = term.round().await.unwrap();
+        assert_eq!(report.refresh.moved_keys, BTreeSet::from([moving]));
+        assert_eq!((report.refresh.checked, report.refresh.moved), (2, 1));
+        assert_eq!(report.triggered, 2);
+        assert_eq!(term.triggered(), ["a1", "a2"]);
+    }
+
+    #[tokio::test]
+    async fn a_round_where_nothing_moved_reconciles_nothing() {
+        let (moving, still) = (key("moving"), key("still"));
+        let apps = vec![app("a1", "moving"), app("a2", "moving"), app("b", "still")];
+        let mut term = Term::new(apps, &[&moving, &still], true);
+        let report = term.round().await.unwrap();
+        assert_eq!((report.refresh.checked, report.triggered), (2, 0));
+        assert!(term.triggered().is_empty());
+        // One ask per tag, not per object.
+        assert_eq!(term.registry.asked().len(), 2);
+    }
+
+    /// A reconcile found the entry older than the cache's `max_age` and moved it between
+    /// rounds: the round's own check sees no move, and yet the other objects naming it follow.
+    #[tokio::test]
+    async fn a_tag_moved_between_rounds_reconciles_the_objects_naming_it() {
+        let (moving, still) = (key("moving"), key("still"));
+        let apps = vec![app("a1", "moving"), app("a2", "moving"), app("b", "still")];
+        let mut term = Term::new(apps, &[&moving, &still], true);
+        term.registry.set(&moving, &digest(2));
+        let later = SystemTime::now() + Duration::from_secs(1);
+        term.pinner.cache().insert(entry(&moving, &digest(2), later));
+        let report = term.round().await.unwrap();
+        assert_eq!(report.refresh.moved, 0);
+        assert_eq!(term.triggered(), ["a1", "a2"]);
+        // Once followed, it is not moved again.
+        term.round().await.unwrap();
+        assert!(term.triggered().is_empty());
+    }
+
+    /// An object naming a key the cache does not hold (refused past `max_entries`, never
+    /// resolved) is reconciled each round, as before: its reconcile asks the registry.
+    #[tokio::test]
+    async fn objects_naming_a_key_the_cache_does_not_hold_are_reconciled() {
+        let still = key("still");
+        let apps = vec![app("b", "still"), app("c", "unheld")];
+        let mut term = Term::new(apps, &[&still], true);
+        term.round().await.unwrap();
+        assert_eq!(term.triggered(), ["c"]);
+        assert_eq!(term.registry.asked(), ["registry.example/app:still"]);
+    }
+
+    /// Issue 15's property, with the keys read off the watches' stores: an entry that no
+    /// stored object names (here, naming a Secret and a registry of its writer's choice) is
+    /// not refreshed, its Secret not read ([`NoSecrets`] fails the test), and it is collected.
+    #[tokio::test]
+    async fn named_keys_come_from_the_stores_and_an_entry_no_object_names_is_not_refreshed() {
+        let still = key("still");
+        let forged = CacheKey::tag(
+            &Reference::parse("attacker.example/exfil:1").unwrap(),
+            Scope::Secret {
+                namespace: "victim".into(),
+                name: "db-creds".into(),
+            },
+        );
+        let mut term = Term::new(vec![app("b", "still")], &[&still, &forged], true);
+        let report = term.round().await.unwrap();
+        assert_eq!(term.registry.asked(), ["registry.example/app:still"]);
+        assert_eq!((report.refresh.checked, report.refresh.unnamed), (1, 1));
+        assert!(term.triggered().is_empty());
+        // No grace in this term: the forged entry is collected at once, the named one stays.
+        assert_eq!(report.collected, 1);
+        assert!(term.pinner.cache().get(&forged).is_none());
+        assert!(term.pinner.cache().get(&still).is_some());
+    }
+
+    /// Before the watches' first complete list the stores are partial: the round is skipped,
+    /// nothing refreshed and, above all, nothing collected.
+    #[tokio::test]
+    async fn a_round_before_the_watches_listed_every_kind_is_skipped() {
+        let (still, unnamed) = (key("still"), key("unnamed"));
+        let mut term = Term::new(vec![app("b", "still")], &[&still, &unnamed], false);
+        assert!(matches!(term.round().await, Err(Error::NotListed)));
+        assert!(term.registry.asked().is_empty());
+        assert!(term.pinner.cache().get(&unnamed).is_some());
+        assert!(term.triggered().is_empty());
     }
 }

@@ -1,7 +1,8 @@
 //! The whole controller as `holdfast-controller` runs it: the shared digest cache followed from
-//! holdfast's namespace, then, while this replica holds the Lease, the refresher, the pinning
-//! reconcilers, the fast finalizer and (when a mirror is configured) the mirror copier. The
-//! binary and the e2e suites run this same function.
+//! holdfast's namespace, then, while this replica holds the Lease, the watches of the pinned
+//! kinds and, reading them, the refresher, the pinning reconcilers, the fast finalizer and (when
+//! a mirror is configured) the mirror copier. The binary and the e2e suites run this same
+//! function.
 
 use std::{
     sync::{Arc, atomic::Ordering},
@@ -113,10 +114,10 @@ pub async fn run_observed(
     let work = move |leading: CancellationToken| async move {
         // Dropped with the work, however it ends (a lost Lease aborts it).
         let _cache_writes = cache_writes.drop_guard();
-        let (rounds_tx, rounds) = tokio::sync::watch::channel(0);
+        let (reconcile_all_tx, reconcile_all) = tokio::sync::watch::channel(0);
         let kinds = crate::pinning::installed_kinds(&work_client).await;
-        let watched = Arc::new(Watched::start(&work_client, kinds.clone(), &leading));
-        // A completed copy has every object reconciled, as a refresh round does.
+        let watched = Arc::new(Watched::start(&work_client, kinds, &leading));
+        // A completed copy has every object reconciled (a refresh round only those it concerns).
         let copies = {
             let (client, namespace, pinner, mirror, watched) = (
                 work_client.clone(),
@@ -127,7 +128,7 @@ pub async fn run_observed(
             );
             let (resolver, reconcile, leading, metrics) = (
                 resolver_config.clone(),
-                rounds_tx.clone(),
+                reconcile_all_tx,
                 leading.clone(),
                 work_metrics.clone(),
             );
@@ -149,16 +150,16 @@ pub async fn run_observed(
             }
         };
         let refresher = {
-            let (client, pinner, leading, metrics) = (
-                work_client.clone(),
+            let (watched, pinner, leading, metrics) = (
+                watched.clone(),
                 pinner.clone(),
                 leading.clone(),
                 work_metrics.clone(),
             );
             async move {
                 let mut refresher =
-                    crate::refresher::Refresher::new(client, kinds, gc_grace).with_metrics(metrics);
-                crate::refresher::run(&mut refresher, &pinner, interval, rounds_tx, leading).await
+                    crate::refresher::Refresher::new(watched, pinner.cache(), gc_grace).with_metrics(metrics);
+                crate::refresher::run(&mut refresher, &pinner, interval, leading).await
             }
         };
         let pinning = crate::pinning::run(
@@ -166,7 +167,7 @@ pub async fn run_observed(
             namespace,
             pinner,
             watched,
-            rounds,
+            reconcile_all,
             work_metrics.clone(),
             leading.clone(),
         );

@@ -1,18 +1,23 @@
 //! One watch per pinned kind for a leader's term: a reflector whose store the pinning
 //! controller of the kind is driven by (kube's shared-stream controller: the store is the
-//! controller's, the watch's applied objects its triggers) and the mirror's reference index
-//! reads, and whose significant events (an object added, deleted or with a new spec, a re-list
-//! done) wake the mirror; plus the namespaces' labels, metadata only, which the pinners and the
-//! mirror's selection read instead of asking the API server. Objects are kept without
+//! controller's, the watch's applied objects its triggers) and the mirror's reference index and
+//! the refresher read, and whose significant events (an object added, deleted or with a new
+//! spec, a re-list done) wake the mirror; plus the namespaces' labels, metadata only, which the
+//! pinners and the mirror's selection read instead of asking the API server (a change of a
+//! namespace's labels triggers its objects). Objects are kept without
 //! `managedFields` and `status`: nothing here reads them, and kapp-controller's statuses carry
 //! deploy output.
 //!
 //! The triggers go through a channel of this module's, not kube's `ReflectHandle`: in kube 5 a
 //! `ReflectHandle` is a stream only for kinds with a static type, and the pinned kinds are
-//! discovered.
+//! discovered. The refresher sends into the same channels the objects a refresh round concerns.
+//!
+//! What is read off the stored objects (the mirror copies they reference, the cache keys they
+//! name) is kept per object by an [`Index`], read again only when the object changed.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    borrow::Cow,
+    collections::{BTreeMap, HashMap, HashSet},
     fmt::Debug,
     hash::{DefaultHasher, Hash, Hasher},
     sync::{Arc, Mutex},
@@ -44,6 +49,17 @@ pub struct WatchedKind {
     pub kind: PinnedKind,
     pub resource: ApiResource,
     pub store: Store<DynamicObject>,
+    /// The kind's pinning controller's triggers, which the watch feeds too.
+    trigger: mpsc::Sender<Arc<DynamicObject>>,
+}
+
+impl WatchedKind {
+    /// Has the kind's pinning controller reconcile `object` (the store's latest version of it),
+    /// as a watch event would. Waits while the controller is [`BUFFER`] triggers behind.
+    pub async fn trigger(&self, object: Arc<DynamicObject>) {
+        // A closed channel: the controller has stopped, with the term.
+        let _ = self.trigger.send(object).await;
+    }
 }
 
 /// The namespaces' labels, as the watch of their metadata keeps them.
@@ -102,19 +118,9 @@ impl Watched {
         let (changed, changes) = watch::channel(0u64);
         let namespace_resource = ApiResource::erase::<Namespace>(&());
         // An Api of PartialObjectMeta makes metadata-only list/watch requests.
-        let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), &namespace_resource);
-        let writer = Writer::new(namespace_resource.clone());
-        let store = writer.as_reader();
-        let mut listed = vec![spawn_watch(
-            api,
-            writer,
-            labels_fingerprint,
-            &changed,
-            None,
-            cancel,
-        )];
+        let mut listed = Vec::new();
         let mut triggers = Vec::new();
-        let kinds = kinds
+        let kinds: Vec<WatchedKind> = kinds
             .into_iter()
             .map(|(kind, resource)| {
                 let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
@@ -127,16 +133,34 @@ impl Watched {
                     writer,
                     spec_fingerprint,
                     &changed,
-                    Some(trigger),
+                    Some(trigger.clone()),
                     cancel,
                 ));
                 WatchedKind {
                     kind,
                     resource,
                     store,
+                    trigger,
                 }
             })
             .collect();
+        let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client.clone(), &namespace_resource);
+        let writer = Writer::new(namespace_resource.clone());
+        let store = writer.as_reader();
+        let (relabelled, namespaces) = mpsc::channel(BUFFER);
+        listed.push(spawn_watch(
+            api,
+            writer,
+            labels_fingerprint,
+            &changed,
+            Some(relabelled),
+            cancel,
+        ));
+        let objects = kinds
+            .iter()
+            .map(|watched| (watched.store.clone(), watched.trigger.clone()))
+            .collect();
+        tokio::spawn(trigger_relabelled(namespaces, objects));
         Self {
             kinds,
             listed,
@@ -183,10 +207,165 @@ impl Watched {
         }
     }
 
+    /// Whether every kind and the namespaces have been listed in full (before that, a store
+    /// is empty or partial: what its objects name is not all they name).
+    pub fn fully_listed(&self) -> bool {
+        self.listed.iter().all(|listed| *listed.borrow())
+    }
+
     /// Changes whenever what the objects reference may have changed (see [`significant`]).
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changes.clone()
     }
+
+    /// Stores holding `kinds`' objects, listed in full or not, without a watch or namespaces
+    /// (for tests of the readers).
+    #[cfg(test)]
+    pub(crate) fn of(kinds: Vec<(PinnedKind, Vec<DynamicObject>)>, listed: bool) -> Self {
+        let mut triggers = Vec::new();
+        let kinds = kinds
+            .into_iter()
+            .map(|(kind, objects)| {
+                let resource = ApiResource::from_gvk_with_plural(&kind.gvk(), kind.resource());
+                let mut writer = Writer::new(resource.clone());
+                for object in objects {
+                    writer.apply_watcher_event(&watcher::Event::Apply(object));
+                }
+                let (trigger, triggered) = mpsc::channel(BUFFER);
+                triggers.push(Some(triggered));
+                WatchedKind {
+                    kind,
+                    resource,
+                    store: writer.as_reader(),
+                    trigger,
+                }
+            })
+            .collect();
+        Self {
+            kinds,
+            listed: vec![watch::channel(listed).1],
+            triggers: Mutex::new(triggers),
+            namespaces: Namespaces::of(&[]),
+            changes: watch::channel(0).1,
+        }
+    }
+}
+
+/// Hands the pinned objects of a namespace whose labels changed to their controllers: the
+/// labels decide whether they are pinned at all (`holdfast.dev/ignore`) and whether to the
+/// mirror, and a refresh round reconciles only the objects naming a tag that moved. A namespace
+/// seen for the first time (listed, or new) triggers nothing: its objects' own watches do. Ends
+/// with the namespaces' watch.
+async fn trigger_relabelled(
+    mut namespaces: mpsc::Receiver<Arc<PartialObjectMeta<DynamicObject>>>,
+    kinds: Vec<(Store<DynamicObject>, mpsc::Sender<Arc<DynamicObject>>)>,
+) {
+    // Labels by namespace name, as last seen.
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    while let Some(namespace) = namespaces.recv().await {
+        let name = namespace.metadata.name.clone().unwrap_or_default();
+        let labels = labels_fingerprint(&namespace);
+        if seen
+            .insert(name.clone(), labels)
+            .is_none_or(|before| before == labels)
+        {
+            continue;
+        }
+        for (store, trigger) in &kinds {
+            for object in store.state() {
+                if object.metadata.namespace.as_deref() == Some(name.as_str()) {
+                    // A closed channel: the controller has stopped, with the term.
+                    let _ = trigger.send(object).await;
+                }
+            }
+        }
+    }
+}
+
+/// What was read off each stored object (the mirror copies it references, the cache keys it
+/// names), kept from one reading to the next: an object whose `resourceVersion` and context
+/// (`C`: what else the reading depends on) are unchanged is not read again (serialising every
+/// object on every pass was most of the mirror's time on a large cluster).
+#[derive(Debug)]
+pub(crate) struct Index<T, C> {
+    /// By uid: the version and context the object was read at, and what was read.
+    objects: HashMap<String, (String, C, Vec<T>)>,
+    /// Objects read (not reused) so far, for tests.
+    reads: usize,
+}
+
+impl<T, C> Default for Index<T, C> {
+    fn default() -> Self {
+        Self {
+            objects: HashMap::new(),
+            reads: 0,
+        }
+    }
+}
+
+impl<T: Clone + Eq + Hash, C: Copy + PartialEq> Index<T, C> {
+    /// What `read` finds in `object` (as one document, [`as_value`]) in `context`: read again
+    /// only when its version or the context changed.
+    pub fn read(
+        &mut self,
+        object: &DynamicObject,
+        context: C,
+        read: impl FnOnce(&Value, C) -> Vec<T>,
+    ) -> Cow<'_, [T]> {
+        let (Some(uid), Some(version)) = (&object.metadata.uid, &object.metadata.resource_version) else {
+            // Without a uid and a version there is nothing to key on: read it every time.
+            self.reads += 1;
+            return Cow::Owned(read(&as_value(object), context));
+        };
+        match self.objects.get(uid) {
+            Some((at, was, _)) if at == version && *was == context => {}
+            _ => {
+                self.reads += 1;
+                let found = read(&as_value(object), context);
+                self.objects
+                    .insert(uid.clone(), (version.clone(), context, found));
+            }
+        }
+        self.objects
+            .get(uid)
+            .map_or(Cow::Owned(Vec::new()), |(_, _, found)| Cow::Borrowed(found))
+    }
+
+    /// The union of what `read` finds in `objects` (each with its context); objects no longer
+    /// among them are forgotten.
+    pub fn union<'a>(
+        &mut self,
+        objects: impl IntoIterator<Item = (&'a DynamicObject, C)>,
+        mut read: impl FnMut(&Value, C) -> Vec<T>,
+    ) -> HashSet<T> {
+        let mut union = HashSet::new();
+        let mut seen = HashSet::new();
+        for (object, context) in objects {
+            if let Some(uid) = &object.metadata.uid {
+                seen.insert(uid.clone());
+            }
+            union.extend(self.read(object, context, &mut read).iter().cloned());
+        }
+        self.objects.retain(|uid, _| seen.contains(uid));
+        union
+    }
+
+    /// Objects read (not reused) so far.
+    #[cfg(test)]
+    pub(crate) fn reads(&self) -> usize {
+        self.reads
+    }
+
+    /// Objects remembered.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.objects.len()
+    }
+}
+
+/// An object as the pins crate reads it: metadata and spec in one document.
+pub(crate) fn as_value(object: &DynamicObject) -> Value {
+    serde_json::to_value(object).unwrap_or_default()
 }
 
 /// Keeps `writer`'s store by a watch of `api` until `cancel`, the objects without
@@ -365,6 +544,47 @@ mod tests {
         let a = namespace(json!({"holdfast.dev/mirror": "true"}));
         assert_eq!(labels_fingerprint(&a), labels_fingerprint(&a.clone()));
         assert_ne!(labels_fingerprint(&a), labels_fingerprint(&namespace(json!({}))));
+    }
+
+    /// A namespace's labels decide whether and where its objects are pinned: new labels hand
+    /// its objects (only) to their controller; a namespace seen for the first time, or again
+    /// with the same labels, triggers nothing.
+    #[tokio::test]
+    async fn a_namespaces_new_labels_trigger_its_objects_only() {
+        let mut writer = Writer::new(ApiResource::from_gvk_with_plural(&PinnedKind::App.gvk(), "apps"));
+        for (uid, namespace) in [("a", "team"), ("b", "other")] {
+            let mut app = object(uid, "1", "");
+            app.metadata.namespace = Some(namespace.into());
+            writer.apply_watcher_event(&watcher::Event::Apply(app));
+        }
+        let (trigger, mut triggered) = mpsc::channel(BUFFER);
+        let (namespaces, relabelled) = mpsc::channel(BUFFER);
+        let task = tokio::spawn(trigger_relabelled(
+            relabelled,
+            vec![(writer.as_reader(), trigger)],
+        ));
+        let namespace = |name: &str, labels: Value| -> Arc<PartialObjectMeta<DynamicObject>> {
+            Arc::new(
+                serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace",
+                    "metadata": {"name": name, "uid": name, "labels": labels}}))
+                .unwrap(),
+            )
+        };
+        for seen in [
+            namespace("team", json!({})),
+            namespace("other", json!({})),
+            namespace("team", json!({})),
+            namespace("team", json!({"holdfast.dev/ignore": "true"})),
+        ] {
+            namespaces.send(seen).await.unwrap();
+        }
+        drop(namespaces);
+        task.await.unwrap();
+        let mut names = Vec::new();
+        while let Ok(object) = triggered.try_recv() {
+            names.push(object.metadata.name.clone().unwrap_or_default());
+        }
+        assert_eq!(names, ["a"]);
     }
 
     #[test]

@@ -50,7 +50,6 @@ pub struct LocalController {
     pub namespace: String,
     pub pinner: Arc<Pinner>,
     refresher: tokio::sync::Mutex<Refresher>,
-    rounds: watch::Sender<u64>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -124,21 +123,22 @@ impl LocalController {
         let pinner = Arc::new(pinner);
         let kinds = holdfast_controller::pinning::installed_kinds(&client).await;
         // The e2e suites collect nothing behind a test's back: an hour's grace, as deployed.
-        let watched = Arc::new(Watched::start(&client, kinds.clone(), &cancel));
-        let refresher = Refresher::new(client.clone(), kinds, Duration::from_secs(3600)).into();
-        let (rounds, rounds_rx) = watch::channel(0u64);
+        let watched = Arc::new(Watched::start(&client, kinds, &cancel));
+        let refresher = Refresher::new(watched.clone(), pinner.cache(), Duration::from_secs(3600)).into();
+        // Bumped by the mirror after each copy: every object reconciled.
+        let (reconcile_all, reconcile_all_rx) = watch::channel(0u64);
         let pinning = holdfast_controller::pinning::run(
             client.clone(),
             namespace.clone(),
             pinner.clone(),
             watched.clone(),
-            rounds_rx,
+            reconcile_all_rx,
             Default::default(),
             cancel.clone(),
         );
         let copies = {
             let (namespace, reconcile, cancel, pinner) =
-                (namespace.clone(), rounds.clone(), cancel.clone(), pinner.clone());
+                (namespace.clone(), reconcile_all, cancel.clone(), pinner.clone());
             async move {
                 if let Some(mirror) = mirror {
                     holdfast_controller::mirror::Mirror {
@@ -163,17 +163,18 @@ impl LocalController {
             namespace,
             pinner,
             refresher,
-            rounds,
             cancel,
             task,
         })
     }
 
-    /// One refresh round, then every object reconciled from the refreshed cache, as the
-    /// controller's refresher does on its interval.
+    /// One refresh round once the watches have listed every kind, as the controller's refresher
+    /// runs it on its interval: the objects naming a tag that moved are reconciled from the
+    /// refreshed cache.
     pub async fn refresh(&self) -> Result<holdfast_pins::resolve::RefreshReport> {
-        let report = self.refresher.lock().await.round(&self.pinner).await?;
-        self.rounds.send_modify(|n| *n += 1);
+        let mut refresher = self.refresher.lock().await;
+        refresher.ready().await;
+        let report = refresher.round(&self.pinner).await?;
         Ok(report.refresh)
     }
 

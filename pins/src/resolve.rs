@@ -3,7 +3,7 @@
 //! registry must be asked. The decisions are this crate's pure functions.
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     sync::Arc,
 };
 
@@ -48,12 +48,15 @@ pub enum Change {
 
 /// One refresh round: keys answered by the registry, of which moved, keys that failed, and
 /// entries left alone because no live object names their key.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RefreshReport {
     pub checked: usize,
+    /// How many keys moved (`moved_keys.len()`, for the metrics and the round's log line).
     pub moved: usize,
     pub failed: usize,
     pub unnamed: usize,
+    /// The keys whose digest moved: only the objects naming them can need a re-pin.
+    pub moved_keys: BTreeSet<CacheKey>,
 }
 
 /// Reads the Secrets that `secretRef`s name: the API server through a kube [`Client`] (a
@@ -131,7 +134,8 @@ impl Pinner {
     /// selection and credential scope, however many objects use it). `named` holds the keys
     /// live objects name ([`named_keys`]): an entry no object names is not refreshed, so its
     /// Secret is not read, whatever the entry says (anyone who can write an entry must not
-    /// gain the controller's Secret access through it).
+    /// gain the controller's Secret access through it). The report names the keys that moved,
+    /// so that only the objects naming them are reconciled again.
     pub async fn refresh_all(&self, named: &HashSet<CacheKey>) -> RefreshReport {
         let entries = self.cache.entries();
         let held = entries.len();
@@ -154,6 +158,7 @@ impl Pinner {
                     if answer.digest != before {
                         tracing::info!(reference = %key.reference, from = %before, to = %answer.digest, "tag moved");
                         report.moved += 1;
+                        report.moved_keys.insert(key);
                     }
                 }
                 Err(error) => {

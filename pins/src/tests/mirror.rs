@@ -550,6 +550,76 @@ fn objects_name_the_keys_of_their_own_secret_and_namespace_only() {
     assert_eq!(report.unnamed, 1);
 }
 
+/// A registry whose tags hold what the test last set (anonymous content only).
+#[derive(Default)]
+struct MovingRegistry(std::sync::Mutex<BTreeMap<String, Digest>>);
+
+impl holdfast_registry::cache::Source for MovingRegistry {
+    fn digest<'a>(
+        &'a self,
+        reference: &'a holdfast_registry::Reference,
+        _: &'a holdfast_registry::Credentials,
+    ) -> futures::future::BoxFuture<'a, Result<Digest, holdfast_registry::ResolveError>> {
+        let held = self.0.lock().unwrap().get(&reference.normalized()).cloned();
+        Box::pin(futures::future::ready(held.ok_or_else(|| {
+            holdfast_registry::ResolveError::Timeout {
+                registry: reference.registry().to_owned(),
+                repository: reference.repository().to_owned(),
+                after: std::time::Duration::ZERO,
+            }
+        })))
+    }
+
+    fn tags<'a>(
+        &'a self,
+        _: &'a holdfast_registry::Reference,
+        _: &'a holdfast_registry::Credentials,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<String>, holdfast_registry::ResolveError>> {
+        unreachable!("no tag selection here")
+    }
+}
+
+/// The controller reconciles only the objects naming a key that moved: the report names them.
+#[test]
+fn a_refresh_reports_which_keys_moved() {
+    let registry = std::sync::Arc::new(MovingRegistry::default());
+    let (moving, still) = ("registry.corp.com/team/app:1", "registry.corp.com/team/other:1");
+    let cache = std::sync::Arc::new(holdfast_registry::cache::DigestCache::new(
+        registry.clone(),
+        Default::default(),
+        None,
+    ));
+    let entries = [
+        hand_made_entry(moving, holdfast_registry::cache::Scope::Anonymous),
+        hand_made_entry(still, holdfast_registry::cache::Scope::Anonymous),
+    ];
+    for entry in &entries {
+        registry
+            .0
+            .lock()
+            .unwrap()
+            .insert(entry.key.reference.clone(), digest(1));
+        cache.insert(entry.clone());
+    }
+    let named = entries.iter().map(|e| e.key.clone()).collect();
+    let pinner = Pinner::new(cache, None);
+    let report = futures::executor::block_on(pinner.refresh_all(&named));
+    assert_eq!((report.checked, report.moved), (2, 0));
+    assert!(report.moved_keys.is_empty());
+
+    registry
+        .0
+        .lock()
+        .unwrap()
+        .insert(entries[0].key.reference.clone(), digest(2));
+    let report = futures::executor::block_on(pinner.refresh_all(&named));
+    assert_eq!((report.checked, report.moved), (2, 1));
+    assert_eq!(
+        report.moved_keys,
+        std::collections::BTreeSet::from([entries[0].key.clone()])
+    );
+}
+
 #[test]
 fn refreshable_keys_are_the_named_ones_once_each() {
     let named_entry = hand_made_entry("registry.corp.com/team/app:1", secret_scope("team", "creds"));

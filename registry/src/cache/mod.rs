@@ -224,6 +224,8 @@ pub struct CacheConfig {
     pub negative_ttl: Duration,
     /// At most this many entries are held; a new key past it is answered but not kept (nor
     /// persisted), so forged reviews or a flood of objects cannot grow memory or etcd unbounded.
+    /// The controller's garbage collection makes room: a full cache loses its entries no object
+    /// names at once, not after the grace period.
     pub max_entries: usize,
     /// At most this many new keys are kept per minute (the same bound on the rate).
     pub new_entries_per_minute: u32,
@@ -401,6 +403,12 @@ impl DigestCache {
             .get(key)
             .or_else(|| entries.get(&key.anonymous()))
             .cloned()
+    }
+
+    /// [`CacheConfig::max_entries`]: the controller's garbage collection evicts unnamed entries
+    /// past it.
+    pub fn max_entries(&self) -> usize {
+        self.config.max_entries
     }
 
     /// How many entries are held (for metrics: no copies).
