@@ -8,7 +8,7 @@
 use std::{
     future::Future,
     sync::{Arc, OnceLock},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use holdfast_registry::{cache::DigestCache, metrics::CacheCollector};
@@ -62,6 +62,7 @@ pub struct Metrics {
     refresh_tags_checked: Counter,
     refresh_tags_moved: Counter,
     refresh_entries_collected: Counter,
+    refresh_round_durations: Histogram,
     mirror_copies: Family<ResultLabels, Counter>,
     mirror_copied_bytes: Counter,
     mirror_deletions: Family<ResultLabels, Counter>,
@@ -127,6 +128,16 @@ impl Metrics {
             "Digest cache entries deleted because no object named them for the grace period",
             refresh_entries_collected.clone(),
         );
+        // 10 ms to 20 min: a round asks the registry once per named key, within the per-registry
+        // budget, so it grows with the number of unique tags.
+        let refresh_round_durations = Histogram::new([
+            0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0,
+        ]);
+        registry.register(
+            "refresh_round_duration_seconds",
+            "How long each refresh round that ran took",
+            refresh_round_durations.clone(),
+        );
         let mirror_copies = Family::<ResultLabels, Counter>::default();
         registry.register(
             "mirror_copies",
@@ -156,6 +167,7 @@ impl Metrics {
             refresh_tags_checked,
             refresh_tags_moved,
             refresh_entries_collected,
+            refresh_round_durations,
             mirror_copies,
             mirror_copied_bytes,
             mirror_deletions,
@@ -207,7 +219,8 @@ impl Metrics {
     }
 
     /// A refresh round that ran: what it checked, found moved and collected.
-    pub fn refresh_round(&self, checked: usize, moved: usize, collected: usize) {
+    pub fn refresh_round(&self, checked: usize, moved: usize, collected: usize, took: Duration) {
+        self.refresh_round_durations.observe(took.as_secs_f64());
         self.refresh_rounds
             .get_or_create(&ResultLabels { result: "ok" })
             .inc();
@@ -281,7 +294,7 @@ mod tests {
         let failed: Result<(), ()> = metrics.reconcile("pinning", "App", async { Err(()) }).await;
         assert!(ok.is_ok() && failed.is_err());
         metrics.set_leader(true);
-        metrics.refresh_round(3, 1, 0);
+        metrics.refresh_round(3, 1, 0, Duration::from_millis(1500));
         metrics.mirror_copy("copied", 1024);
         let text = metrics.encode().unwrap();
         for expected in [
@@ -292,6 +305,7 @@ mod tests {
             "holdfast_controller_refresh_rounds_total{result=\"ok\"} 1",
             "holdfast_controller_refresh_tags_checked_total 3",
             "holdfast_controller_refresh_tags_moved_total 1",
+            "holdfast_controller_refresh_round_duration_seconds_count 1",
             "holdfast_controller_mirror_copies_total{result=\"copied\"} 1",
             "holdfast_controller_mirror_copied_bytes_total 1024",
         ] {

@@ -45,6 +45,8 @@ pub struct RoundReport {
     pub triggered: usize,
     /// Entries deleted: no object named them for the grace period, or the cache was full.
     pub collected: usize,
+    /// How long the round took (its registry checks dominate).
+    pub elapsed: Duration,
 }
 
 /// The refresher's state across a leader's term: the watches it reads the named keys from,
@@ -95,6 +97,7 @@ impl Refresher {
     /// wait, so a kind that cannot be listed shows as skipped rounds.
     #[tracing::instrument(skip_all)]
     pub async fn round(&mut self, pinner: &Pinner) -> Result<RoundReport, Error> {
+        let started = Instant::now();
         if !self.watched.fully_listed() {
             self.metrics.refresh_failed();
             return Err(Error::NotListed);
@@ -131,9 +134,11 @@ impl Refresher {
             cache.remove(key);
         }
         self.digests = held;
+        let elapsed = started.elapsed();
         self.metrics
-            .refresh_round(refresh.checked, refresh.moved, due.len());
+            .refresh_round(refresh.checked, refresh.moved, due.len(), elapsed);
         Ok(RoundReport {
+            elapsed,
             refresh,
             triggered,
             collected: due.len(),
@@ -274,6 +279,7 @@ pub async fn run(refresher: &mut Refresher, pinner: &Pinner, interval: Duration,
                 unnamed = report.refresh.unnamed,
                 triggered = report.triggered,
                 collected = report.collected,
+                elapsed_ms = report.elapsed.as_millis() as u64,
                 "refresh round"
             ),
             Err(error) => tracing::warn!(%error, "refresh round skipped"),
