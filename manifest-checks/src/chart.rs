@@ -196,6 +196,14 @@ impl Settings {
             k["replicas"] = json!(replicas);
         }
         if let Some(p) = &self.policy {
+            // The chart widens the policy webhook to every namespace once registries are
+            // restricted; kustomize users add the component.
+            if !p.allowed_registries.is_empty() {
+                k["components"]
+                    .as_array_mut()
+                    .context("components")?
+                    .push(json!("manifests/components/policy-all-namespaces"));
+            }
             std::fs::write(dir.join("policy.yaml"), policy_file(p)?)?;
             k["configMapGenerator"] = json!([{"name": "holdfast-policy", "namespace": crate::HOLDFAST_NAMESPACE, "behavior": "replace", "files": ["policy.yaml=policy.yaml"]}]);
         }
