@@ -1,8 +1,8 @@
 //! The read-only view of the cluster the rules consult: in-memory stores fed by metadata-only
 //! watches, so a lookup on the admission path is a map read. Two lookups may also ask the API
-//! server, each only where a watch a few milliseconds behind would give a wrong answer: an app
-//! the cache has not seen yet ([`ClusterView::image_owner`]), and whether the owners of a new
-//! Build or build pod are being deleted, or gone ([`ClusterView::presence_now`]).
+//! server, each only for an object the watch has not shown: an app the cache has not seen yet
+//! ([`ClusterView::image_owner`]), and whether the controller of a new Build or build pod that
+//! the cache does not know was just created or is gone ([`ClusterView::presence_now`]).
 
 use std::collections::BTreeMap;
 
@@ -38,11 +38,13 @@ pub trait ClusterView: Send + Sync {
     /// The metadata of a peer object (labels, ownerReferences), if known.
     fn metadata(&self, peer: Peer, namespace: &str, name: &str) -> Option<ObjectMeta>;
 
-    /// [`terminating`](Self::terminating), confirmed with the API server when the cache says the
-    /// object is live or does not know it. For the owners of a new Build or build pod: kpack
-    /// creates those after *its* watch showed the owner, so when the owner is already being
-    /// deleted (or gone) that is committed, and a read from the API server sees it even where
-    /// holdfast's own watch has not delivered it yet.
+    /// [`terminating`](Self::terminating), asked of the API server only when the cache does not
+    /// know the object. For the controller of a new Build or build pod: kpack creates those for
+    /// an owner *its* watch showed, so an owner missing from holdfast's watch was either created
+    /// a moment ago or is already gone (kpack's cache still had it), and only a read tells
+    /// which. An owner the cache knows is answered from memory: a read for every Build and
+    /// build pod would cost the API server a round trip per admission (bench-apiserver) to
+    /// narrow a window as wide as holdfast's watch lag (milliseconds).
     fn presence_now<'a>(&'a self, peer: Peer, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Presence>;
 }
 
@@ -210,7 +212,7 @@ impl ClusterView for Cluster {
     fn presence_now<'a>(&'a self, peer: Peer, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Presence> {
         async move {
             let cached = Presence::cached(self.terminating(peer, namespace, name));
-            if cached == Presence::Terminating {
+            if cached != Presence::Unknown {
                 return cached;
             }
             let Some((resource, _)) = self.peers.get(&peer) else {
@@ -275,7 +277,8 @@ pub struct StaticCluster {
     pub namespace_labels: Vec<(String, String, String)>,
     /// Peer objects being deleted: `(peer, namespace, name)`.
     pub terminating: Vec<(Peer, String, String)>,
-    /// Peer objects being deleted that only the API server knows of yet (the watch lags).
+    /// Peer objects being deleted that only the API server knows of (the watch has not shown
+    /// them at all yet).
     pub terminating_live: Vec<(Peer, String, String)>,
     /// Peer objects the API server no longer has (the watch lags).
     pub gone: Vec<(Peer, String, String)>,
@@ -309,7 +312,11 @@ impl ClusterView for StaticCluster {
             .terminating
             .iter()
             .any(|(p, ns, n)| *p == peer && ns == namespace && n == name);
-        hit.then_some(true)
+        if hit {
+            Some(true)
+        } else {
+            self.metadata(peer, namespace, name).map(|_| false)
+        }
     }
 
     fn presence_now<'a>(&'a self, peer: Peer, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Presence> {
@@ -317,14 +324,13 @@ impl ClusterView for StaticCluster {
             list.iter()
                 .any(|(p, ns, n)| *p == peer && ns == namespace && n == name)
         };
-        let presence = if listed(&self.terminating_live) || listed(&self.terminating) {
-            Presence::Terminating
-        } else if listed(&self.gone) {
-            Presence::Gone
-        } else if self.metadata(peer, namespace, name).is_some() {
-            Presence::Live
-        } else {
-            Presence::Unknown
+        // As the real view: memory first; the "API server" only for what memory lacks.
+        let presence = match self.terminating(peer, namespace, name) {
+            Some(true) => Presence::Terminating,
+            Some(false) => Presence::Live,
+            None if listed(&self.terminating_live) => Presence::Terminating,
+            None if listed(&self.gone) => Presence::Gone,
+            None => Presence::Unknown,
         };
         futures::future::ready(presence).boxed()
     }

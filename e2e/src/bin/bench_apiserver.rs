@@ -42,6 +42,7 @@ use holdfast_e2e::{
     control_plane::unique_name,
     images::{self, Image},
     installed::{self, Installed},
+    process::{TICKS_PER_SECOND, Usage},
     webhook::{SCOPE_LABEL, shipped_configurations},
 };
 use k8s_openapi::{
@@ -176,7 +177,10 @@ fn run(
     let outcome = load.block_on(async {
         let client = env.client().await?;
         let setup = set_up(&env, &client, scope, &bare_scope).await?;
-        measure(&client, holdfast, &setup).await
+        let pid = env
+            .pid_of(installed::WEBHOOK)
+            .context("holdfast-webhook is not running")?;
+        measure(&client, holdfast, pid, &setup).await
     });
     servers.block_on(async {
         let client = env.client().await?;
@@ -375,10 +379,11 @@ async fn holdfast_calls(holdfast: &Installed) -> Result<u64> {
         .sum())
 }
 
-async fn measure(client: &Client, holdfast: &Installed, setup: &Setup) -> Result<()> {
+/// `holdfast_cpu_us`: CPU time of the holdfast-webhook process per write of the arm's turns.
+async fn measure(client: &Client, holdfast: &Installed, pid: u32, setup: &Setup) -> Result<()> {
     println!(
-        "{:<13} {:>4} {:<9} {:>9} {:>9} {:>9} {:>15}",
-        "request", "conc", "arm", "writes/s", "p50_ms", "p99_ms", "holdfast_calls"
+        "{:<13} {:>4} {:<9} {:>9} {:>9} {:>9} {:>15} {:>16}",
+        "request", "conc", "arm", "writes/s", "p50_ms", "p99_ms", "holdfast_calls", "holdfast_cpu_us"
     );
     let mut results: BTreeMap<(Request, usize, Arm), Figures> = BTreeMap::new();
     let mut sequence = 0u64;
@@ -386,6 +391,7 @@ async fn measure(client: &Client, holdfast: &Installed, setup: &Setup) -> Result
         for request in REQUESTS {
             let mut latencies: BTreeMap<Arm, Vec<Duration>> = BTreeMap::new();
             let mut calls: BTreeMap<Arm, u64> = BTreeMap::new();
+            let mut ticks: BTreeMap<Arm, u64> = BTreeMap::new();
             for arm in ARMS {
                 drive(client, setup, arm, request, concurrency, WARMUP, &mut sequence).await?;
             }
@@ -394,6 +400,7 @@ async fn measure(client: &Client, holdfast: &Installed, setup: &Setup) -> Result
                 for i in 0..ARMS.len() {
                     let arm = ARMS[(round + i) % ARMS.len()];
                     let before = holdfast_calls(holdfast).await?;
+                    let cpu = Usage::of(Some(pid))?.cpu_ticks;
                     let turn = drive(
                         client,
                         setup,
@@ -404,20 +411,25 @@ async fn measure(client: &Client, holdfast: &Installed, setup: &Setup) -> Result
                         &mut sequence,
                     )
                     .await?;
+                    *ticks.entry(arm).or_default() += Usage::of(Some(pid))?.cpu_ticks - cpu;
                     *calls.entry(arm).or_default() += holdfast_calls(holdfast).await? - before;
                     latencies.entry(arm).or_default().extend(turn);
                 }
             }
             for arm in ARMS {
-                let figures = figures(latencies.remove(&arm).unwrap_or_default());
+                let turns = latencies.remove(&arm).unwrap_or_default();
+                let cpu_us = ticks.get(&arm).copied().unwrap_or_default() as f64 / TICKS_PER_SECOND * 1e6
+                    / turns.len().max(1) as f64;
+                let figures = figures(turns);
                 println!(
-                    "{:<13} {concurrency:>4} {:<9} {:>9.0} {:>9.2} {:>9.2} {:>15}",
+                    "{:<13} {concurrency:>4} {:<9} {:>9.0} {:>9.2} {:>9.2} {:>15} {:>16.0}",
                     request.name(),
                     arm.name(),
                     figures.per_second,
                     figures.p50_ms,
                     figures.p99_ms,
-                    calls.get(&arm).copied().unwrap_or_default()
+                    calls.get(&arm).copied().unwrap_or_default(),
+                    cpu_us
                 );
                 results.insert((request, concurrency, arm), figures);
             }
