@@ -520,14 +520,12 @@ impl Bench {
                         i += 1;
                     }
                     Some(done) = in_flight.next() => {
-                        done?;
-                        writes.fetch_add(1, Ordering::Relaxed);
+                        writes.fetch_add(done?, Ordering::Relaxed);
                     }
                 }
             }
             while let Some(done) = in_flight.next().await {
-                done?;
-                writes.fetch_add(1, Ordering::Relaxed);
+                writes.fetch_add(done?, Ordering::Relaxed);
             }
             anyhow::Ok(())
         };
@@ -536,13 +534,14 @@ impl Bench {
         Ok((latencies?, writes.load(Ordering::Relaxed)))
     }
 
-    /// One churn write: App status, App label, Image label, pod create, pod delete, in turn.
-    async fn churn_write(&self, set: &ChurnSet, round: usize, i: usize) -> Result<()> {
+    /// One churn turn: App status, App label, Image label, or a pod created and deleted, in
+    /// turn; the writes it made.
+    async fn churn_write(&self, set: &ChurnSet, round: usize, i: usize) -> Result<u64> {
         let ns = &set.namespace;
         let apps: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &app_resource());
         let label = json!({"metadata": {"labels": {"bench.holdfast.dev/churn": format!("r{round}-{i}")}}});
         let pod_name = |k: usize| format!("churn-{round}-{k}");
-        match i % 5 {
+        match i % 4 {
             0 => {
                 let mut status = self.status.clone();
                 status["status"]["deploy"]["updatedAt"] =
@@ -571,22 +570,20 @@ impl Bench {
                     )
                     .await?;
             }
-            3 => {
-                Api::<Pod>::namespaced(self.client.clone(), ns)
-                    .create(
-                        &PostParams::default(),
-                        &serde_json::from_value(Self::pod(&pod_name(i), None))?,
-                    )
-                    .await?;
-            }
             _ => {
-                // The pod the previous write created.
-                Api::<Pod>::namespaced(self.client.clone(), ns)
-                    .delete(&pod_name(i - 1), &DeleteParams::default().grace_period(0))
+                // A pod created and deleted in turn (two writes).
+                let pods = Api::<Pod>::namespaced(self.client.clone(), ns);
+                pods.create(
+                    &PostParams::default(),
+                    &serde_json::from_value(Self::pod(&pod_name(i), None))?,
+                )
+                .await?;
+                pods.delete(&pod_name(i), &DeleteParams::default().grace_period(0))
                     .await?;
+                return Ok(2);
             }
         }
-        Ok(())
+        Ok(1)
     }
 
     /// Everything measured at one size of the cluster.
