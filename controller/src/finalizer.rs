@@ -26,10 +26,10 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{
-        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-        PropagationPolicy,
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PartialObjectMeta, Patch,
+        PatchParams, PropagationPolicy,
     },
-    runtime::{Controller, controller::Action, watcher},
+    runtime::{Controller, WatchStreamExt, controller::Action, reflector, watcher},
 };
 use tokio_util::sync::CancellationToken;
 
@@ -209,7 +209,13 @@ pub async fn run(client: Client, options: Options, metrics: Arc<Metrics>, cancel
     futures::future::join_all(loops).await;
 }
 
-type Reconcile = fn(Arc<DynamicObject>, Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>>;
+/// What the fast finalizer keeps of the CFApps, BuildWorkloads and Builds it watches: their
+/// metadata without `managedFields`. Its reconcilers read names, labels, uids and deletion
+/// timestamps only; whole objects (a Build's spec and status, everyone's managedFields) were most
+/// of the controller's memory on a large cluster (BENCHMARKS.md, bench-scale).
+type Meta = PartialObjectMeta<DynamicObject>;
+
+type Reconcile = fn(Arc<Meta>, Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>>;
 
 fn dynamic(
     client: &Client,
@@ -218,7 +224,16 @@ fn dynamic(
     ctx: &Arc<Ctx>,
     reconcile: Reconcile,
 ) -> BoxFuture<'static, ()> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    // An Api of PartialObjectMeta makes metadata-only list/watch requests.
+    let api: Api<Meta> = Api::all_with(client.clone(), &resource);
+    let writer = reflector::store::Writer::new(resource.clone());
+    let reader = writer.as_reader();
+    let objects = reflector(
+        writer,
+        watcher(api, watcher::Config::default()).modify(|meta| meta.metadata.managed_fields = None),
+    )
+    .default_backoff()
+    .applied_objects();
     // The kinds are the discovered ones of a fixed list: known names for the metrics' label.
     let kind: &'static str = match resource.kind.as_str() {
         "CFApp" => "CFApp",
@@ -227,7 +242,7 @@ fn dynamic(
         _ => "other",
     };
     Box::pin(
-        Controller::new_with(api, watcher::Config::default(), resource)
+        Controller::for_stream_with(objects, reader, resource)
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
             .run(
                 move |object, ctx: Arc<Ctx>| async move {
@@ -278,7 +293,7 @@ async fn delete_image(
 }
 
 #[tracing::instrument(skip_all, fields(namespace = app.metadata.namespace.as_deref(), name = %app.name_any()))]
-async fn app_deleting(app: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn app_deleting(app: Arc<Meta>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     if let (true, Some(namespace), Some(uid)) = (deleting(app.as_ref()), app.namespace(), app.uid()) {
         let owner = [Observed {
             uid: &uid,
@@ -382,7 +397,7 @@ async fn delete_children(
 }
 
 #[tracing::instrument(skip_all, fields(namespace = workload.metadata.namespace.as_deref(), name = %workload.name_any()))]
-async fn build_workload_deleting(workload: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn build_workload_deleting(workload: Arc<Meta>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let (true, Some(namespace), Some(app)) = (
         deleting(workload.as_ref()),
         workload.namespace(),
@@ -425,7 +440,7 @@ async fn build_workload_deleting(workload: Arc<DynamicObject>, ctx: Arc<Ctx>) ->
 }
 
 #[tracing::instrument(skip_all, fields(namespace = build.metadata.namespace.as_deref(), name = %build.name_any()))]
-async fn build_deleting(build: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn build_deleting(build: Arc<Meta>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let (true, Some(namespace), Some(uid)) = (deleting(build.as_ref()), build.namespace(), build.uid())
     else {
         return Ok(Action::await_change());
@@ -577,7 +592,7 @@ mod tests {
     }
 
     /// An object of `api_version`/`kind` in the test namespace, being deleted.
-    fn terminating(api_version: &str, kind: &str, name: &str, uid: &str) -> Arc<DynamicObject> {
+    fn terminating(api_version: &str, kind: &str, name: &str, uid: &str) -> Arc<Meta> {
         let object = json!({
             "apiVersion": api_version,
             "kind": kind,
@@ -844,7 +859,7 @@ mod tests {
             "kind": "CFApp",
             "metadata": {"name": "app-guid", "namespace": NAMESPACE, "uid": "app-1"},
         });
-        let app: DynamicObject = serde_json::from_value(live).unwrap_or_else(|e| panic!("{e}"));
+        let app: Meta = serde_json::from_value(live).unwrap_or_else(|e| panic!("{e}"));
         let reconciled = app_deleting(Arc::new(app), ctx).await;
         finish(reconciled, server).await;
     }

@@ -167,13 +167,13 @@ async fn main() -> Result<()> {
     let churn = bench.churn_set().await?;
 
     println!(
-        "{:>8} {:>10} {:>22} {:>22} {:>16} {:>14} {:>16} {:>10}",
+        "{:>8} {:>10} {:>22} {:>22} {:>16} {:>24} {:>16} {:>10}",
         "objects",
         "create_s",
         "webhook MiB now/peak",
         "controller MiB now/peak",
         "cpu_ms/write w/c",
-        "probe p50/p99",
+        "probe p50/p99/floor p99",
         "ready_s w/bare/c",
         "refresh_s"
     );
@@ -199,7 +199,7 @@ async fn main() -> Result<()> {
     println!(
         "webhook_rss_mib={:.1} controller_rss_mib={:.1} ready_s={:.2} admission_p99_ratio={:.2} objects={} \
          webhook_steady_mib={:.1} controller_steady_mib={:.1} bare_reflector_s={:.2} ready_ratio={:.2} \
-         controller_ready_s={:.2} refresh_round_s={} tags={tags}",
+         controller_ready_s={:.2} refresh_round_s={} tags={tags} floor_p99_ratio={:.2}",
         last.webhook.peak_rss_mib(),
         last.controller.peak_rss_mib(),
         last.ready_s,
@@ -211,6 +211,7 @@ async fn main() -> Result<()> {
         last.ready_s / last.bare_s,
         last.controller_ready_s,
         last.refresh_s.map_or("n/a".into(), |s| format!("{s:.1}")),
+        last.floor_p99_ms / first.floor_p99_ms,
     );
     Ok(())
 }
@@ -224,6 +225,8 @@ struct Row {
     controller_cpu_ms_per_write: f64,
     probe_p50_ms: f64,
     probe_p99_ms: f64,
+    /// The probe's p99 in a namespace holdfast ignores (the same API server's floor).
+    floor_p99_ms: f64,
     ready_s: f64,
     bare_s: f64,
     controller_ready_s: f64,
@@ -233,7 +236,7 @@ struct Row {
 impl Row {
     fn print(&self) {
         println!(
-            "{:>8} {:>10.1} {:>22} {:>22} {:>16} {:>14} {:>16} {:>10}",
+            "{:>8} {:>10.1} {:>22} {:>22} {:>16} {:>24} {:>16} {:>10}",
             self.objects,
             self.create_s,
             format!("{:.1}/{:.1}", self.webhook.rss_mib(), self.webhook.peak_rss_mib()),
@@ -246,9 +249,12 @@ impl Row {
                 "{:.3}/{:.3}",
                 self.webhook_cpu_ms_per_write, self.controller_cpu_ms_per_write
             ),
-            format!("{:.1}/{:.1}", self.probe_p50_ms, self.probe_p99_ms),
             format!(
                 "{:.1}/{:.1}/{:.1}",
+                self.probe_p50_ms, self.probe_p99_ms, self.floor_p99_ms
+            ),
+            format!(
+                "{:.2}/{:.2}/{:.2}",
                 self.ready_s, self.bare_s, self.controller_ready_s
             ),
             self.refresh_s.map_or("n/a".into(), |s| format!("{s:.1}")),
@@ -298,6 +304,8 @@ struct Bench {
 struct ChurnSet {
     namespace: String,
     probe_namespace: String,
+    /// Labelled `holdfast.dev/ignore=true`: no webhook of holdfast's serves it.
+    floor_namespace: String,
 }
 
 fn owner(object: &Value) -> Value {
@@ -459,9 +467,19 @@ impl Bench {
         let set = ChurnSet {
             namespace: "scale-churn".into(),
             probe_namespace: "scale-probe".into(),
+            floor_namespace: "scale-probe-floor".into(),
         };
         self.namespace(&set.namespace).await?;
         self.namespace(&set.probe_namespace).await?;
+        self.namespace(&set.floor_namespace).await?;
+        let ignore = json!({"metadata": {"labels": {"holdfast.dev/ignore": "true"}}});
+        Api::<Namespace>::all(self.client.clone())
+            .patch(
+                &set.floor_namespace,
+                &PatchParams::default(),
+                &Patch::Merge(&ignore),
+            )
+            .await?;
         for i in 0..CHURN_APPS {
             self.create(
                 &set.namespace,
@@ -483,26 +501,36 @@ impl Bench {
 
     /// Writes at a fixed rate for the churn window while the probe creates Apps one at a time;
     /// the probe's latencies and the writes made (the probe's included).
-    async fn churn(&self, set: &ChurnSet, settings: &Settings, round: usize) -> Result<(Vec<Duration>, u64)> {
+    async fn churn(
+        &self,
+        set: &ChurnSet,
+        settings: &Settings,
+        round: usize,
+    ) -> Result<([Vec<Duration>; 2], u64)> {
         let writes = Arc::new(AtomicU64::new(0));
         let end = Instant::now() + settings.churn;
         let probe = {
-            let (client, namespace, writes) =
-                (self.client.clone(), set.probe_namespace.clone(), writes.clone());
+            let (client, writes) = (self.client.clone(), writes.clone());
+            let namespaces = [set.probe_namespace.clone(), set.floor_namespace.clone()];
             let app = self.app("probe", 0);
             async move {
-                let api: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &app_resource());
-                let mut latencies = Vec::new();
+                let apis = namespaces
+                    .map(|ns| Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &app_resource()));
+                let mut latencies = [Vec::new(), Vec::new()];
                 let mut i = 0;
                 while Instant::now() < end {
                     let mut object = app.clone();
                     object["metadata"]["name"] = json!(format!("probe-{round}-{i}"));
+                    // Alternately served by holdfast and ignored by it: the floor of the same
+                    // API server at the same size.
+                    let arm = i % 2;
                     i += 1;
                     let sent = Instant::now();
-                    api.create(&PostParams::default(), &serde_json::from_value(object)?)
+                    apis[arm]
+                        .create(&PostParams::default(), &serde_json::from_value(object)?)
                         .await
                         .context("probe App CREATE")?;
-                    latencies.push(sent.elapsed());
+                    latencies[arm].push(sent.elapsed());
                     writes.fetch_add(1, Ordering::Relaxed);
                 }
                 anyhow::Ok(latencies)
@@ -613,7 +641,9 @@ impl Bench {
         let per_write = |before: &Usage, after: &Usage| {
             (after.cpu_ticks - before.cpu_ticks) as f64 / TICKS_PER_SECOND * 1e3 / writes.max(1) as f64
         };
-        let (p50, p99) = percentiles(latencies);
+        let [served, floor] = latencies;
+        let (p50, p99) = percentiles(served);
+        let (_, floor_p99) = percentiles(floor);
         let bare_s = bare_reflector(&self.client).await?;
         let restarted = Instant::now();
         holdfast.restart(env, WEBHOOK)?;
@@ -639,6 +669,7 @@ impl Bench {
             controller_cpu_ms_per_write: per_write(&controller, &controller_after),
             probe_p50_ms: p50,
             probe_p99_ms: p99,
+            floor_p99_ms: floor_p99,
             ready_s,
             bare_s,
             controller_ready_s,
