@@ -72,57 +72,98 @@ async fn the_shipped_match_conditions_send_only_what_the_pin_rule_could_change(e
             .unwrap_or_default()
             .to_owned())
     };
-    // step: what to apply, whether holdfast is called, and where the reference ends up.
-    let steps: Vec<(&str, String, u64)> = vec![
+    // Each step: what is written (a manifest applied, or a label set with `kubectl label`, a
+    // metadata-only write such as kapp-controller's), and how often holdfast must be called.
+    // (`kubectl apply` of a CRD sends back every field that differs from the live object, so a
+    // re-apply of a tag is a spec change, and is sent.)
+    let apply = |yaml: String| {
+        vec![
+            "apply".to_string(),
+            "-n".into(),
+            ns.clone(),
+            "-f".into(),
+            "-".into(),
+            yaml,
+        ]
+    };
+    let label = |resource: &str| {
+        vec![
+            "label".to_string(),
+            "-n".into(),
+            ns.clone(),
+            resource.into(),
+            "team=a".into(),
+            "--overwrite".into(),
+        ]
+    };
+    let repository = format!(
+        "apiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageRepository\nmetadata: {{name: repo}}\nspec:\n  fetch: {{imgpkgBundle: {{image: {tag}}}}}\n"
+    );
+    let steps: Vec<(&str, Vec<String>, u64)> = vec![
         (
             "a tag is pinned",
-            app_yaml("tagged", &format!("image: {{url: {tag}}}")),
+            apply(app_yaml("tagged", &format!("image: {{url: {tag}}}"))),
             1,
         ),
         (
             "a metadata-only update of a pinned App is not sent",
-            app_yaml("tagged", &format!("image: {{url: {tag}}}"))
-                .replace("name: tagged}", "name: tagged, labels: {team: a}}"),
+            label("apps.kappctrl.k14s.io/tagged"),
             0,
         ),
         (
+            "a re-apply of the tag is sent and pins the same digest",
+            apply(app_yaml("tagged", &format!("image: {{url: {tag}}}"))),
+            1,
+        ),
+        (
             "a digest-only App is not sent",
-            app_yaml("digest", &format!("image: {{url: {pinned}}}")),
+            apply(app_yaml("digest", &format!("image: {{url: {pinned}}}"))),
             0,
         ),
         (
             "a spec change to a tag is sent",
-            app_yaml("digest", &format!("image: {{url: {tag}}}")),
+            apply(app_yaml("digest", &format!("image: {{url: {tag}}}"))),
             1,
         ),
         (
             "a digest beside a tagSelection is sent (the rule warns)",
-            app_yaml(
+            apply(app_yaml(
                 "selection",
                 &format!("image: {{url: {pinned}, tagSelection: {{semver: {{constraints: '>=1.0.0'}}}}}}"),
-            ),
+            )),
             1,
         ),
-        (
-            "a PackageRepository's tag is pinned",
-            format!(
-                "apiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageRepository\nmetadata: {{name: repo}}\nspec:\n  fetch: {{imgpkgBundle: {{image: {tag}}}}}\n"
-            ),
-            1,
-        ),
+        ("a PackageRepository's tag is pinned", apply(repository), 1),
         (
             "a metadata-only update of a pinned PackageRepository is not sent",
-            format!(
-                "apiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageRepository\nmetadata: {{name: repo, labels: {{team: a}}}}\nspec:\n  fetch: {{imgpkgBundle: {{image: {tag}}}}}\n"
-            ),
+            label("packagerepositories.packaging.carvel.dev/repo"),
             0,
         ),
     ];
-    for (step, yaml, sent) in steps {
+    for (step, mut args, sent) in steps {
         let before = calls()?;
-        // Client-side apply, as most GitOps tools do: a re-apply whose spec is what was last
-        // applied patches only what changed (here, labels), so the stored pin is not sent back.
-        env.kubectl_apply(&ns, &yaml)?;
+        let input = if args[0] == "apply" { args.pop() } else { None };
+        let mut kubectl = env.kubectl();
+        kubectl
+            .args(&args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = kubectl.spawn()?;
+        if let Some(input) = input {
+            use std::io::Write as _;
+            child
+                .stdin
+                .take()
+                .context("kubectl stdin")?
+                .write_all(input.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        ensure!(
+            out.status.success(),
+            "{step}: kubectl {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let after = calls()?;
         ensure!(
             after - before == sent,
