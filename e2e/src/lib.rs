@@ -9,6 +9,7 @@ pub mod controller;
 pub mod dist;
 pub mod images;
 pub mod installed;
+pub mod latency;
 pub mod mirror;
 pub mod netns;
 pub mod objects;

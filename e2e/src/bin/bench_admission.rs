@@ -370,18 +370,12 @@ async fn drive(
 }
 
 fn figures(tally: Tally) -> Figures {
-    let mut all = tally.latencies;
-    all.sort();
-    let at = |q: f64| {
-        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-            .as_secs_f64()
-    };
+    let count = tally.latencies.len();
+    let (p50_ms, p99_ms) = holdfast_e2e::latency::p50_p99_ms(tally.latencies);
     Figures {
-        per_second: all.len() as f64 / MEASURE.as_secs_f64(),
-        p50_ms: at(0.50) * 1e3,
-        p99_ms: at(0.99) * 1e3,
-        cpu_us: tally.cpu_ticks as f64 / TICKS_PER_SECOND * 1e6 / all.len().max(1) as f64,
+        per_second: count as f64 / MEASURE.as_secs_f64(),
+        p50_ms,
+        p99_ms,
+        cpu_us: tally.cpu_ticks as f64 / TICKS_PER_SECOND * 1e6 / count.max(1) as f64,
     }
 }

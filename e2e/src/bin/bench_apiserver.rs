@@ -42,6 +42,7 @@ use holdfast_e2e::{
     control_plane::unique_name,
     images::{self, Image},
     installed::{self, Installed},
+    latency,
     process::{TICKS_PER_SECOND, Usage},
     webhook::{SCOPE_LABEL, shipped_configurations},
 };
@@ -580,17 +581,12 @@ async fn drive(
     Ok(all)
 }
 
-fn figures(mut all: Vec<Duration>) -> Figures {
-    all.sort();
-    let at = |q: f64| {
-        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-            .as_secs_f64()
-    };
+fn figures(all: Vec<Duration>) -> Figures {
+    let per_second = all.len() as f64 / MEASURE.as_secs_f64();
+    let (p50_ms, p99_ms) = latency::p50_p99_ms(all);
     Figures {
-        per_second: all.len() as f64 / MEASURE.as_secs_f64(),
-        p50_ms: at(0.50) * 1e3,
-        p99_ms: at(0.99) * 1e3,
+        per_second,
+        p50_ms,
+        p99_ms,
     }
 }

@@ -45,6 +45,7 @@ use holdfast_e2e::{
     Env,
     images::{self, Image},
     installed::{self, CONTROLLER, Installed, WEBHOOK},
+    latency,
     process::{TICKS_PER_SECOND, Usage},
 };
 use holdfast_peers::{korifi, kpack};
@@ -642,8 +643,8 @@ impl Bench {
             (after.cpu_ticks - before.cpu_ticks) as f64 / TICKS_PER_SECOND * 1e3 / writes.max(1) as f64
         };
         let [served, floor] = latencies;
-        let (p50, p99) = percentiles(served);
-        let (_, floor_p99) = percentiles(floor);
+        let (p50, p99) = latency::p50_p99_ms(served);
+        let (_, floor_p99) = latency::p50_p99_ms(floor);
         let bare_s = bare_reflector(&self.client).await?;
         let restarted = Instant::now();
         holdfast.restart(env, WEBHOOK)?;
@@ -704,18 +705,6 @@ async fn settle(pids: &[u32]) -> Result<()> {
             bail!("holdfast still busy after {SETTLE_TIMEOUT:?}: {busy:?} of a core");
         }
     }
-}
-
-fn percentiles(mut all: Vec<Duration>) -> (f64, f64) {
-    all.sort();
-    let at = |q: f64| {
-        all.get(((all.len() as f64 * q) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-            .as_secs_f64()
-            * 1e3
-    };
-    (at(0.5), at(0.99))
 }
 
 /// Seconds until a plain kube reflector of the kinds the webhook watches has listed them all:
