@@ -132,15 +132,7 @@ impl References {
     pub fn in_stores(&self) -> HashSet<String> {
         let objects: Vec<(PinnedKind, Arc<DynamicObject>, bool)> = self
             .watched
-            .kinds()
-            .iter()
-            .flat_map(|watched| {
-                watched
-                    .store
-                    .state()
-                    .into_iter()
-                    .map(move |object| (watched.kind, object))
-            })
+            .objects()
             .map(|(kind, object)| {
                 let selected = self.selected(&object);
                 (kind, object, selected)

@@ -147,17 +147,7 @@ impl Refresher {
 
     /// Every stored object with its kind.
     fn objects(&self) -> Vec<(PinnedKind, Arc<DynamicObject>)> {
-        self.watched
-            .kinds()
-            .iter()
-            .flat_map(|watched| {
-                watched
-                    .store
-                    .state()
-                    .into_iter()
-                    .map(move |object| (watched.kind, object))
-            })
-            .collect()
+        self.watched.objects().collect()
     }
 
     /// Hands every stored object naming a key `concerns` to its pinning controller, through the

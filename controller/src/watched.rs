@@ -177,6 +177,17 @@ impl Watched {
         &self.kinds
     }
 
+    /// Every stored object of every kind, with its kind.
+    pub fn objects(&self) -> impl Iterator<Item = (PinnedKind, Arc<DynamicObject>)> + '_ {
+        self.kinds.iter().flat_map(|watched| {
+            watched
+                .store
+                .state()
+                .into_iter()
+                .map(move |object| (watched.kind, object))
+        })
+    }
+
     /// The triggers of the `index`th kind's controller (each object the watch applied, and
     /// every object after a re-list); `None` once taken. Every kind's must be taken and polled
     /// (or dropped): the watch waits for a consumer more than [`BUFFER`] triggers behind.

@@ -7,13 +7,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use k8s_openapi::{
-    api::{
-        admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
-        core::v1::Namespace,
-    },
-    apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement,
-};
+use k8s_openapi::{api::core::v1::Namespace, apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement};
 use kube::{
     Api,
     api::{ObjectMeta, PostParams},
@@ -22,7 +16,7 @@ use kube::{
 use crate::{
     Env,
     process::{free_port, until_http_ok},
-    webhook::shipped_configurations,
+    webhook::{create_configurations, shipped_configurations},
 };
 
 /// holdfast's namespace, as the manifests install it.
@@ -82,12 +76,7 @@ pub async fn start(env: &mut Env, options: Options) -> Result<Installed> {
     let (port, admin_port) = (free_port()?, free_port()?);
     let (mutating, validating) =
         shipped_configurations("holdfast", &format!("https://127.0.0.1:{port}"), options.scope)?;
-    Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &mutating)
-        .await?;
-    Api::<ValidatingWebhookConfiguration>::all(client)
-        .create(&PostParams::default(), &validating)
-        .await?;
+    create_configurations(&client, &mutating, &validating).await?;
 
     let webhook_args = vec![
         format!("--addr=127.0.0.1:{port}"),

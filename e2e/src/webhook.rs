@@ -192,6 +192,21 @@ pub fn shipped_configurations(
     Ok((mutating, validating))
 }
 
+/// Creates both webhook configurations (the admin's to create).
+pub async fn create_configurations(
+    client: &kube::Client,
+    mutating: &MutatingWebhookConfiguration,
+    validating: &ValidatingWebhookConfiguration,
+) -> Result<()> {
+    Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), mutating)
+        .await?;
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .create(&PostParams::default(), validating)
+        .await?;
+    Ok(())
+}
+
 pub fn rule(group: &str, version: &str, resources: &[&str], operations: &[&str]) -> RuleWithOperations {
     RuleWithOperations {
         api_groups: Some(vec![group.into()]),

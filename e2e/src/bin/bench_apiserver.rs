@@ -44,7 +44,7 @@ use holdfast_e2e::{
     installed::{self, Installed},
     latency,
     process::{TICKS_PER_SECOND, Usage},
-    webhook::{SCOPE_LABEL, shipped_configurations},
+    webhook::{SCOPE_LABEL, create_configurations, shipped_configurations},
 };
 use k8s_openapi::{
     api::{
@@ -235,13 +235,7 @@ async fn register_bare(env: &Env, scope: &str, addr: SocketAddr, ca_pem: &str) -
     for w in validating.webhooks.iter_mut().flatten() {
         w.client_config.ca_bundle = Some(bundle.clone());
     }
-    let client = env.client().await?;
-    Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &mutating)
-        .await?;
-    Api::<ValidatingWebhookConfiguration>::all(client)
-        .create(&PostParams::default(), &validating)
-        .await?;
+    create_configurations(&env.client().await?, &mutating, &validating).await?;
     Ok(name)
 }
 
