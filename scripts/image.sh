@@ -11,6 +11,8 @@
 #                                  read-only root file system is fine), OCI annotations
 #                                  org.opencontainers.image.{source,revision,version,licenses}.
 #                                  Prints the layout's path and the manifest digest.
+#   scripts/image.sh binaries      only the static release binaries (make test builds them while
+#                                  the Go builds of make deps run)
 #   scripts/image.sh archive NAME  writes the image as a docker-archive tarball tagged NAME
 #                                  (target/image/holdfast.tar), for `kind load image-archive`
 #   scripts/image.sh push REPO     copies the layout to REPO:<version> with skopeo (plain HTTP
@@ -148,7 +150,8 @@ archive() {
 
 case "${1:-}" in
   archive) [ $# -eq 2 ] || { echo "usage: $0 archive NAME" >&2; exit 2; }; archive "$2" ;;
+  binaries) build_binaries ;;
   build) mkdir -p "$OUT"; build_binaries; build_layout ;;
   push) [ $# -eq 2 ] || { echo "usage: $0 push REPO" >&2; exit 2; }; push "$2" ;;
-  *) echo "usage: $0 build | archive NAME | push REPO" >&2; exit 2 ;;
+  *) echo "usage: $0 build | binaries | archive NAME | push REPO" >&2; exit 2 ;;
 esac

@@ -14,13 +14,31 @@
 # (bin/, the upstream CRDs the harness installs, crds/, and the upstream manifests it applies,
 # manifests/), and $CACHE/peers/<name> links to the
 # current one: a second run rebuilds nothing. Nothing built here is ever committed.
+#
+#   scripts/install-deps.sh [--bench]            everything (make deps)
+#   scripts/install-deps.sh --packages           only the Debian packages and the rustup target
+#   scripts/install-deps.sh --builds [--bench]   only the Go builds and cargo-cyclonedx
+# The builds run HOLDFAST_DEPS_JOBS (2) groups at a time: one `go build` leaves a core idle while
+# it links or waits on a package's dependencies. Programs sharing most of their modules (the kpack
+# releases, the Carvel tools) build in one group, one after the other, so the second reuses the
+# first's build cache.
 # Facts behind each step: ../shared/TESTENV.md; what each build costs: README "The test environment".
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # --bench: also what only the benchmarks run (kpack v0.16.1 for make bench-deletion).
 WITH_BENCH_PEERS=false
-if [ "${1:-}" = "--bench" ]; then WITH_BENCH_PEERS=true; fi
+DO_PACKAGES=true
+DO_BUILDS=true
+for arg in "$@"; do
+  case "$arg" in
+    --bench) WITH_BENCH_PEERS=true ;;
+    --packages) DO_BUILDS=false ;;
+    --builds) DO_PACKAGES=false ;;
+    *) echo "usage: $0 [--packages | --builds] [--bench]" >&2; exit 2 ;;
+  esac
+done
+DEPS_JOBS=${HOLDFAST_DEPS_JOBS:-2}
 CACHE_DIR=${HOLDFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/holdfast}
 PEERS_DIR="$CACHE_DIR/peers"
 # iproute2: `ip link set lo up` in the network namespaces of peers with hard-coded ports.
@@ -176,77 +194,145 @@ install_rust_target() {
   rustup target add "$RUST_TARGET" >/dev/null
 }
 
-install_packages
-install_rust_target
-check_go
-mkdir -p "$PEERS_DIR"
-K8S_VERSION=$(required_version kubernetes k8s.io/kubernetes)
-build_peer kubernetes "$(k8s_ldflags "$K8S_VERSION")" \
-  k8s.io/kubernetes/cmd/kube-apiserver=kube-apiserver \
-  k8s.io/kubernetes/cmd/kube-controller-manager=kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler=kube-scheduler
-build_peer etcd "-s -w" go.etcd.io/etcd/server/v3=etcd
-build_peer kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$(required_version kwok sigs.k8s.io/kwok)" \
-  sigs.k8s.io/kwok/cmd/kwok=kwok
-# kwok's own node stages (initialize, heartbeat) and pod-ready stage; the harness adds its own
-# pod-complete and pod-delete stages (e2e/kwok/pod-stages.yaml: deletes honour the grace period).
-KWOK_STAGES="$PEERS_DIR/kwok/kwok-stages.yaml"
-if [ ! -f "$KWOK_STAGES" ]; then
-  KWOK_SRC=$(module_dir kwok sigs.k8s.io/kwok)/kustomize/stage
-  for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml pod/fast/pod-ready.yaml; do
-    cat "$KWOK_SRC/$f"; echo "---"
-  done >"$KWOK_STAGES.tmp" && mv "$KWOK_STAGES.tmp" "$KWOK_STAGES"
-fi
-KAPP_CONTROLLER_LD="-s -w -X carvel.dev/kapp-controller/pkg/version.Version=$(required_version kapp-controller carvel.dev/kapp-controller)"
-build_peer kapp-controller "$KAPP_CONTROLLER_LD" carvel.dev/kapp-controller/cmd/controller=kapp-controller
-collect_crds kapp-controller carvel.dev/kapp-controller config/config/crds.yml
-build_peer vendir "-s -w" carvel.dev/vendir/cmd/vendir=vendir
-build_peer ytt "-s -w" carvel.dev/ytt/cmd/ytt=ytt
-build_peer kapp "-s -w" carvel.dev/kapp/cmd/kapp=kapp
-build_peer kbld "-s -w" carvel.dev/kbld/cmd/kbld=kbld
-build_peer kpack "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
-  github.com/pivotal/kpack/cmd/webhook=kpack-webhook
-collect_crds kpack github.com/pivotal/kpack 'config/*.yaml'
-collect_manifests kpack github.com/pivotal/kpack config/webhook.yaml config/config-logging.yaml
-# The kpack release Korifi v0.18.0 is built against (v0.17.2 rejects the Images it writes); same
-# CRDs and manifests as v0.17.2, which the control plane installs.
-build_peer kpack-0.17.1 "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
-  github.com/pivotal/kpack/cmd/webhook=kpack-webhook
-# The last kpack release before kpack#1820 (Images and Builds being deleted still reconciled): the
-# org-deletion benchmark's "v0.16" pair (`--bench`, as `make bench-deletion` calls it; no test
-# needs it). Same v1alpha2 CRDs as v0.17.
-if [ "$WITH_BENCH_PEERS" = true ]; then
-  build_peer kpack-0.16.1 "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
+# --- the groups of builds, each run as one background job (see spawn) ---
+
+build_kubernetes() {
+  local version
+  version=$(required_version kubernetes k8s.io/kubernetes)
+  build_peer kubernetes "$(k8s_ldflags "$version")" \
+    k8s.io/kubernetes/cmd/kube-apiserver=kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager=kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler=kube-scheduler
+}
+
+build_cluster_tools() {
+  build_peer etcd "-s -w" go.etcd.io/etcd/server/v3=etcd
+  build_peer kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$(required_version kwok sigs.k8s.io/kwok)" \
+    sigs.k8s.io/kwok/cmd/kwok=kwok
+  # kwok's own node stages (initialize, heartbeat) and pod-ready stage; the harness adds its own
+  # pod-complete and pod-delete stages (e2e/kwok/pod-stages.yaml: deletes honour the grace period).
+  local stages="$PEERS_DIR/kwok/kwok-stages.yaml" src f
+  if [ ! -f "$stages" ]; then
+    src=$(module_dir kwok sigs.k8s.io/kwok)/kustomize/stage
+    for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml pod/fast/pod-ready.yaml; do
+      cat "$src/$f"; echo "---"
+    done >"$stages.tmp" && mv "$stages.tmp" "$stages"
+  fi
+  # The dynamic volume provisioner kind ships: kpack's build cache volumes (PVCs) are bound through it.
+  build_peer local-path-provisioner "-s -w" github.com/rancher/local-path-provisioner=local-path-provisioner
+  collect_manifests local-path-provisioner github.com/rancher/local-path-provisioner deploy/local-path-storage.yaml
+  build_peer umoci "-s -w -X github.com/opencontainers/umoci.version=$(required_version umoci github.com/opencontainers/umoci)" \
+    github.com/opencontainers/umoci/cmd/umoci=umoci
+}
+
+# kapp-controller with the tools it runs, and imgpkg (the Carvel bundles of make package).
+build_carvel() {
+  build_peer kapp-controller "-s -w -X carvel.dev/kapp-controller/pkg/version.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
+    carvel.dev/kapp-controller/cmd/controller=kapp-controller
+  collect_crds kapp-controller carvel.dev/kapp-controller config/config/crds.yml
+  build_peer vendir "-s -w" carvel.dev/vendir/cmd/vendir=vendir
+  build_peer ytt "-s -w" carvel.dev/ytt/cmd/ytt=ytt
+  build_peer kapp "-s -w" carvel.dev/kapp/cmd/kapp=kapp
+  build_peer kbld "-s -w" carvel.dev/kbld/cmd/kbld=kbld
+  build_peer imgpkg "-s -w -X carvel.dev/imgpkg/pkg/imgpkg/cmd.Version=$(required_version imgpkg carvel.dev/imgpkg)" \
+    carvel.dev/imgpkg/cmd/imgpkg=imgpkg
+}
+
+build_kpack() {
+  build_peer kpack "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
     github.com/pivotal/kpack/cmd/webhook=kpack-webhook
-fi
-build_peer korifi "-s -w" code.cloudfoundry.org/korifi/controllers=korifi-controllers
-collect_crds korifi code.cloudfoundry.org/korifi 'helm/korifi/controllers/crds/*.yaml'
-collect_manifests korifi code.cloudfoundry.org/korifi helm/korifi/controllers/manifests.yaml \
-  helm/korifi/kpack-image-builder/manifests.yaml helm/korifi/statefulset-runner/manifests.yaml \
-  helm/korifi/statefulset-runner/runner-rbac.yaml helm/korifi/job-task-runner/runner-rbac.yaml \
-  'helm/korifi/controllers/cf_roles/*.yaml'
-# The dynamic volume provisioner kind ships: kpack's build cache volumes (PVCs) are bound through it.
-build_peer local-path-provisioner "-s -w" github.com/rancher/local-path-provisioner=local-path-provisioner
-collect_manifests local-path-provisioner github.com/rancher/local-path-provisioner deploy/local-path-storage.yaml
-# Release tools: the chart (make chart, tests/dist.rs), the Carvel bundles (make package), signing.
-# As helm's own Makefile links it: its version, and the Kubernetes version of its client-go as
-# the default capabilities (else `helm template` assumes 1.20 and the chart's kubeVersion fails).
-HELM_K8S_MINOR=$(required_version helm k8s.io/client-go | cut -d. -f2)
-HELM_LD="-s -w -X helm.sh/helm/v3/internal/version.version=$(required_version helm helm.sh/helm/v3)"
-for pkg in chartutil lint/rules; do
-  HELM_LD+=" -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMinor=$HELM_K8S_MINOR"
-done
-build_peer helm "$HELM_LD" helm.sh/helm/v3/cmd/helm=helm
-build_peer imgpkg "-s -w -X carvel.dev/imgpkg/pkg/imgpkg/cmd.Version=$(required_version imgpkg carvel.dev/imgpkg)" \
-  carvel.dev/imgpkg/cmd/imgpkg=imgpkg
-build_peer cosign "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$(required_version cosign github.com/sigstore/cosign/v2)" \
-  github.com/sigstore/cosign/v2/cmd/cosign=cosign
-build_peer umoci "-s -w -X github.com/opencontainers/umoci.version=$(required_version umoci github.com/opencontainers/umoci)" \
-  github.com/opencontainers/umoci/cmd/umoci=umoci
+  collect_crds kpack github.com/pivotal/kpack 'config/*.yaml'
+  collect_manifests kpack github.com/pivotal/kpack config/webhook.yaml config/config-logging.yaml
+  # The kpack release Korifi v0.18.0 is built against (v0.17.2 rejects the Images it writes); same
+  # CRDs and manifests as v0.17.2, which the control plane installs.
+  build_peer kpack-0.17.1 "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
+    github.com/pivotal/kpack/cmd/webhook=kpack-webhook
+  # The last kpack release before kpack#1820 (Images and Builds being deleted still reconciled): the
+  # org-deletion benchmark's "v0.16" pair (`--bench`, as `make bench-deletion` calls it; no test
+  # needs it). Same v1alpha2 CRDs as v0.17.
+  if [ "$WITH_BENCH_PEERS" = true ]; then
+    build_peer kpack-0.16.1 "-s -w" github.com/pivotal/kpack/cmd/controller=kpack-controller \
+      github.com/pivotal/kpack/cmd/webhook=kpack-webhook
+  fi
+}
+
+build_korifi() {
+  build_peer korifi "-s -w" code.cloudfoundry.org/korifi/controllers=korifi-controllers
+  collect_crds korifi code.cloudfoundry.org/korifi 'helm/korifi/controllers/crds/*.yaml'
+  collect_manifests korifi code.cloudfoundry.org/korifi helm/korifi/controllers/manifests.yaml \
+    helm/korifi/kpack-image-builder/manifests.yaml helm/korifi/statefulset-runner/manifests.yaml \
+    helm/korifi/statefulset-runner/runner-rbac.yaml helm/korifi/job-task-runner/runner-rbac.yaml \
+    'helm/korifi/controllers/cf_roles/*.yaml'
+}
+
+# Release tools: the chart (make chart, tests/dist.rs). As helm's own Makefile links it: its
+# version, and the Kubernetes version of its client-go as the default capabilities (else
+# `helm template` assumes 1.20 and the chart's kubeVersion fails).
+build_helm() {
+  local minor ld pkg
+  minor=$(required_version helm k8s.io/client-go | cut -d. -f2)
+  ld="-s -w -X helm.sh/helm/v3/internal/version.version=$(required_version helm helm.sh/helm/v3)"
+  for pkg in chartutil lint/rules; do
+    ld+=" -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMinor=$minor"
+  done
+  build_peer helm "$ld" helm.sh/helm/v3/cmd/helm=helm
+}
+
+# Signing the image (make sign).
+build_cosign() {
+  build_peer cosign "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$(required_version cosign github.com/sigstore/cosign/v2)" \
+    github.com/sigstore/cosign/v2/cmd/cosign=cosign
+}
+
 # cargo-cyclonedx (the SBOMs, scripts/sign.sh) from crates.io, into the cache.
-CYCLONEDX_VERSION=0.5.9
-if [ "$("$CACHE_DIR/cargo-tools/bin/cargo-cyclonedx" cyclonedx --version 2>/dev/null | awk '{print $2}')" != "$CYCLONEDX_VERSION" ]; then
-  log "installing cargo-cyclonedx $CYCLONEDX_VERSION from crates.io"
-  cargo install --quiet --locked cargo-cyclonedx --version "$CYCLONEDX_VERSION" --root "$CACHE_DIR/cargo-tools"
+install_cyclonedx() {
+  local version=0.5.9
+  if [ "$("$CACHE_DIR/cargo-tools/bin/cargo-cyclonedx" cyclonedx --version 2>/dev/null | awk '{print $2}')" != "$version" ]; then
+    log "installing cargo-cyclonedx $version from crates.io"
+    cargo install --quiet --locked cargo-cyclonedx --version "$version" --root "$CACHE_DIR/cargo-tools"
+  fi
+}
+
+TASK_PIDS=()
+TASK_NAMES=()
+# spawn FUNCTION: runs FUNCTION in the background once fewer than DEPS_JOBS run.
+spawn() {
+  while [ "$(jobs -rp | wc -l)" -ge "$DEPS_JOBS" ]; do wait -n || true; done
+  "$1" &
+  TASK_PIDS+=("$!")
+  TASK_NAMES+=("$1")
+}
+
+# await_all: waits for every spawned group (a group that fails leaves the others to finish: their
+# builds are cached for the next run); fails naming the groups that failed (their build logs
+# were printed as they failed).
+await_all() {
+  local i failed=()
+  for i in "${!TASK_PIDS[@]}"; do
+    wait "${TASK_PIDS[$i]}" || failed+=("${TASK_NAMES[$i]}")
+  done
+  if [ "${#failed[@]}" -gt 0 ]; then
+    echo "install-deps: failed: ${failed[*]}" >&2
+    exit 1
+  fi
+}
+
+if [ "$DO_PACKAGES" = true ]; then
+  install_packages
+  install_rust_target
 fi
-log "ready: docker-registry $(command -v docker-registry); peers in $PEERS_DIR: $(cd "$PEERS_DIR" && find . -maxdepth 1 -type l -printf '%f ' )"
+if [ "$DO_BUILDS" = true ]; then
+  check_go
+  mkdir -p "$PEERS_DIR"
+  # Longest first (README "The test environment" has each build's time).
+  spawn build_kpack
+  spawn build_kubernetes
+  spawn build_carvel
+  spawn build_cosign
+  spawn build_helm
+  spawn build_korifi
+  spawn install_cyclonedx
+  spawn build_cluster_tools
+  await_all
+  log "ready: peers in $PEERS_DIR: $(cd "$PEERS_DIR" && find . -maxdepth 1 -type l -printf '%f ')"
+fi
