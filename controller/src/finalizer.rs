@@ -192,25 +192,18 @@ pub async fn run(client: Client, options: Options, metrics: Arc<Metrics>, cancel
             Box::pin(build_deleting(o, c))
         }));
     }
-    let namespaces = Controller::new(Api::<Namespace>::all(client.clone()), watcher::Config::default())
-        .graceful_shutdown_on(cancel.clone().cancelled_owned())
-        .run(
-            |namespace, ctx: Arc<Ctx>| async move {
-                let metrics = ctx.metrics.clone();
-                metrics
-                    .reconcile(CONTROLLER, "Namespace", namespace_deleting(namespace, ctx))
-                    .await
-            },
-            error_policy,
-            ctx.clone(),
-        )
-        .for_each(|_| async {});
-    loops.push(Box::pin(namespaces));
+    loops.push(dynamic(
+        &client,
+        ApiResource::erase::<Namespace>(&()),
+        &cancel,
+        &ctx,
+        |o, c| Box::pin(namespace_deleting(o, c)),
+    ));
     futures::future::join_all(loops).await;
 }
 
-/// What the fast finalizer keeps of the CFApps, BuildWorkloads and Builds it watches: their
-/// metadata without `managedFields`. Its reconcilers read names, labels, uids and deletion
+/// What the fast finalizer keeps of the namespaces, CFApps, BuildWorkloads and Builds it watches:
+/// their metadata without `managedFields`. Its reconcilers read names, labels, uids and deletion
 /// timestamps only; whole objects (a Build's spec and status, everyone's managedFields) were most
 /// of the controller's memory on a large cluster (BENCHMARKS.md, bench-scale).
 type Meta = PartialObjectMeta<DynamicObject>;
@@ -230,7 +223,8 @@ fn dynamic(
     let reader = writer.as_reader();
     let objects = reflector(
         writer,
-        watcher(api, watcher::Config::default()).modify(|meta| meta.metadata.managed_fields = None),
+        watcher(api, watcher::Config::default())
+            .modify(|meta| holdfast_peers::slim_metadata(&mut meta.metadata)),
     )
     .default_backoff()
     .applied_objects();
@@ -239,6 +233,7 @@ fn dynamic(
         "CFApp" => "CFApp",
         "BuildWorkload" => "BuildWorkload",
         "Build" => "Build",
+        "Namespace" => "Namespace",
         _ => "other",
     };
     Box::pin(
@@ -457,7 +452,7 @@ async fn build_deleting(build: Arc<Meta>, ctx: Arc<Ctx>) -> Result<Action, Error
 }
 
 #[tracing::instrument(skip_all, fields(namespace = %namespace.name_any()))]
-async fn namespace_deleting(namespace: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn namespace_deleting(namespace: Arc<Meta>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let (true, Some(uid)) = (deleting(namespace.as_ref()), namespace.uid()) else {
         return Ok(Action::await_change());
     };
@@ -754,7 +749,7 @@ mod tests {
         finish(reconciled, server).await;
     }
 
-    fn namespace_being_deleted() -> Arc<Namespace> {
+    fn namespace_being_deleted() -> Arc<Meta> {
         let namespace = json!({
             "apiVersion": "v1",
             "kind": "Namespace",

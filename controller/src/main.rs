@@ -9,6 +9,11 @@ use holdfast_pins::{args::RegistryArgs, logs::LogFormat};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc, not the system allocator: glibc's per-thread arenas kept what a cluster-wide list
+/// allocated (BENCHMARKS.md, bench-scale), and the image's musl malloc is slow under threads.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(name = "holdfast-controller", version, about = "holdfast's reconcilers")]
 struct Args {

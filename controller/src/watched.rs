@@ -4,9 +4,8 @@
 //! the refresher read, and whose significant events (an object added, deleted or with a new
 //! spec, a re-list done) wake the mirror; plus the namespaces' labels, metadata only, which the
 //! pinners and the mirror's selection read instead of asking the API server (a change of a
-//! namespace's labels triggers its objects). Objects are kept without
-//! `managedFields` and `status`: nothing here reads them, and kapp-controller's statuses carry
-//! deploy output.
+//! namespace's labels triggers its objects). Objects are kept with only
+//! what is read of them ([`slim`]: metadata and the fetch field's OCI sources).
 //!
 //! The triggers go through a channel of this module's, not kube's `ReflectHandle`: in kube 5 a
 //! `ReflectHandle` is a stream only for kinds with a static type, and the pinned kinds are
@@ -24,7 +23,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use holdfast_pins::PinnedKind;
+use holdfast_pins::{PinnedKind, SiteKind};
 use k8s_openapi::{api::core::v1::Namespace, serde::de::DeserializeOwned};
 use kube::{
     Api, Client, Resource,
@@ -35,7 +34,7 @@ use kube::{
         watcher,
     },
 };
-use serde_json::Value;
+use serde_json::{Map, Value};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -131,6 +130,7 @@ impl Watched {
                 listed.push(spawn_watch(
                     api,
                     writer,
+                    move |object| slim(kind, object),
                     spec_fingerprint,
                     &changed,
                     Some(trigger.clone()),
@@ -151,6 +151,7 @@ impl Watched {
         listed.push(spawn_watch(
             api,
             writer,
+            |namespace| holdfast_peers::slim_metadata(&mut namespace.metadata),
             labels_fingerprint,
             &changed,
             Some(relabelled),
@@ -379,20 +380,21 @@ pub(crate) fn as_value(object: &DynamicObject) -> Value {
     serde_json::to_value(object).unwrap_or_default()
 }
 
-/// Keeps `writer`'s store by a watch of `api` until `cancel`, the objects without
-/// `managedFields` and `status`; a [`significant`] event (by `fingerprint`) bumps `changed`, and
+/// Keeps `writer`'s store by a watch of `api` until `cancel`, each object as `slim` leaves it; a
+/// [`significant`] event (by `fingerprint`) bumps `changed`, and
 /// `trigger` gets every object applied (all of them when a re-list completes), as kube's shared
 /// stores dispatch them. The receiver turns true once the first list is complete.
 fn spawn_watch<K>(
     api: Api<K>,
     writer: Writer<K>,
+    slim: impl FnMut(&mut K) + Send + 'static,
     fingerprint: fn(&K) -> u64,
     changed: &watch::Sender<u64>,
     trigger: Option<mpsc::Sender<Arc<K>>>,
     cancel: &CancellationToken,
 ) -> watch::Receiver<bool>
 where
-    K: Resource<DynamicType = ApiResource> + Clone + DeserializeOwned + Debug + Send + Sync + Slim + 'static,
+    K: Resource<DynamicType = ApiResource> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let kind = api.resource_url().to_owned();
     let store = writer.as_reader();
@@ -400,7 +402,7 @@ where
         writer,
         watcher(api, watcher::Config::default())
             .default_backoff()
-            .modify(Slim::slim),
+            .modify(slim),
     )
     .take_until(cancel.clone().cancelled_owned());
     let changed = changed.clone();
@@ -436,24 +438,53 @@ where
     listed
 }
 
-/// What a store keeps of an object: all but what nothing reads.
-pub trait Slim {
-    fn slim(&mut self);
-}
-
-impl Slim for DynamicObject {
-    fn slim(&mut self) {
-        self.metadata.managed_fields = None;
-        if let Some(data) = self.data.as_object_mut() {
-            data.remove("status");
-        }
+/// What a store keeps of a pinned object: its metadata (without what [`holdfast_peers::slim_metadata`]
+/// drops) and, of its spec, the OCI sources of its fetch field (`kind.fetch_path()`), the one part
+/// the pinning controllers, the refresher and the mirror read. Not its status (kapp-controller's
+/// carries deploy output), nor the rest of its spec (a Package's `valuesSchema` and
+/// `releaseNotes` can be tens of KiB), nor inline fetch files. A pin is computed from and diffed
+/// against this same slimmed object, so a patch never touches what it leaves out.
+fn slim(kind: PinnedKind, object: &mut DynamicObject) {
+    holdfast_peers::slim_metadata(&mut object.metadata);
+    let Some((top, inner)) = kind.fetch_path().split_first() else {
+        return;
+    };
+    let kept = object
+        .data
+        .get_mut(*top)
+        .map(Value::take)
+        .and_then(|spec| only_path(spec, inner));
+    let mut data = Map::new();
+    if let Some(kept) = kept {
+        data.insert((*top).to_owned(), kept);
+    }
+    object.data = Value::Object(data);
+    let fetch = object
+        .data
+        .pointer_mut(&format!("/{}", kind.fetch_path().join("/")));
+    match fetch {
+        Some(Value::Array(entries)) => entries.iter_mut().for_each(sources_only),
+        Some(entry) => sources_only(entry),
+        None => {}
     }
 }
 
-impl Slim for PartialObjectMeta<DynamicObject> {
-    fn slim(&mut self) {
-        self.metadata.managed_fields = None;
+/// A fetch entry with only its OCI sources (an emptied entry keeps its place: pins address
+/// entries by index); its inline files, git, http or helmChart source are not read.
+fn sources_only(entry: &mut Value) {
+    if let Some(entry) = entry.as_object_mut() {
+        let sources = [SiteKind::Image, SiteKind::ImgpkgBundle].map(SiteKind::source_key);
+        entry.retain(|key, _| sources.contains(&key.as_str()));
     }
+}
+
+/// `value` with nothing but what lies at `path` in it; `None` when nothing does.
+fn only_path(mut value: Value, path: &[&str]) -> Option<Value> {
+    let Some((key, rest)) = path.split_first() else {
+        return Some(value);
+    };
+    let kept = only_path(value.get_mut(*key).map(Value::take)?, rest)?;
+    Some(Value::Object(Map::from_iter([((*key).to_owned(), kept)])))
 }
 
 /// Whether `event` can change what the objects reference: an object added, deleted or with a
@@ -599,12 +630,57 @@ mod tests {
     }
 
     #[test]
-    fn stores_keep_neither_managed_fields_nor_status() {
+    fn stores_keep_metadata_and_the_fetch_field_only() {
         let mut app = object("a", "1", "deploying");
         app.metadata.managed_fields = Some(Vec::new());
-        app.slim();
+        app.data["spec"]["template"] = json!([{"ytt": {}}]);
+        let image = app.data["spec"]["fetch"][0].clone();
+        app.data["spec"]["fetch"] = json!([
+            {"inline": {"paths": {"values.yml": "x: 1"}}, "path": "values"},
+            image,
+            {"git": {"url": "https://github.com/corp/config"}, "imgpkgBundle": {"image": "r.corp.com/b:1"}},
+        ]);
+        slim(PinnedKind::App, &mut app);
         assert_eq!(app.metadata.managed_fields, None);
-        assert_eq!(app.data.get("status"), None);
-        assert!(app.data.get("spec").is_some());
+        assert_eq!(app.metadata.name.as_deref(), Some("a"));
+        assert_eq!(
+            app.data,
+            json!({"spec": {"fetch": [{}, image, {"imgpkgBundle": {"image": "r.corp.com/b:1"}}]}})
+        );
+
+        let mut repository: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "packaging.carvel.dev/v1alpha1", "kind": "PackageRepository",
+            "metadata": {"name": "r"},
+            "spec": {"fetch": {"imgpkgBundle": {"image": "r.corp.com/repo:1"}}, "paused": false},
+        }))
+        .unwrap();
+        slim(PinnedKind::PackageRepository, &mut repository);
+        assert_eq!(
+            repository.data,
+            json!({"spec": {"fetch": {"imgpkgBundle": {"image": "r.corp.com/repo:1"}}}})
+        );
+
+        let mut package: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "data.packaging.carvel.dev/v1alpha1", "kind": "Package",
+            "metadata": {"name": "p.corp.com.1.0.0", "namespace": "n"},
+            "spec": {"refName": "p.corp.com", "valuesSchema": {"openAPIv3": {"type": "object"}},
+                     "template": {"spec": {"fetch": [{"imgpkgBundle": {"image": "r.corp.com/p:1.0.0"}}],
+                                           "template": [{"ytt": {}}]}}},
+        }))
+        .unwrap();
+        slim(PinnedKind::Package, &mut package);
+        assert_eq!(
+            package.data,
+            json!({"spec": {"template": {"spec": {"fetch": [{"imgpkgBundle": {"image": "r.corp.com/p:1.0.0"}}]}}}})
+        );
+
+        // Nothing to fetch: nothing of the spec kept.
+        let mut bare: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
+            "metadata": {"name": "b"}, "spec": {"deploy": []},
+        }))
+        .unwrap();
+        slim(PinnedKind::App, &mut bare);
+        assert_eq!(bare.data, json!({}));
     }
 }

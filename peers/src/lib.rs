@@ -5,7 +5,7 @@
 
 use kube::{
     Client,
-    api::{ApiResource, GroupVersionKind},
+    api::{ApiResource, GroupVersionKind, ObjectMeta},
     discovery,
 };
 
@@ -103,5 +103,51 @@ pub async fn served_or_skip(client: &Client, gvk: &GroupVersionKind, skipped: &s
             tracing::warn!(kind = %gvk.kind, group = %gvk.group, %error, "API not available; {skipped}");
             None
         }
+    }
+}
+
+/// kubectl's copy of an object as last applied client-side (`kubectl apply`, Argo CD's default
+/// sync): about as big as the object itself.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops from an object's metadata what no part of holdfast reads and what grows with the way
+/// the object is written, before a watch keeps it: `managedFields` (every field manager's field
+/// set) and kubectl's last-applied copy. An annotations map left empty stays: a pin patch then
+/// adds its annotation into it, where a missing map would be added whole.
+pub fn slim_metadata(metadata: &mut ObjectMeta) {
+    metadata.managed_fields = None;
+    if let Some(annotations) = &mut metadata.annotations {
+        annotations.remove(LAST_APPLIED_ANNOTATION);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slim_metadata_drops_managed_fields_and_the_last_applied_copy_only() {
+        let mut metadata: ObjectMeta = serde_json::from_value(serde_json::json!({
+            "name": "app",
+            "labels": {"team": "a"},
+            "annotations": {LAST_APPLIED_ANNOTATION: "{\"spec\":{}}", "holdfast.dev/original-refs": "{}"},
+            "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+        }))
+        .expect("metadata");
+        slim_metadata(&mut metadata);
+        assert_eq!(metadata.managed_fields, None);
+        let annotations = metadata.annotations.expect("the map stays");
+        assert_eq!(
+            annotations.keys().collect::<Vec<_>>(),
+            ["holdfast.dev/original-refs"]
+        );
+        assert_eq!(metadata.labels.map(|l| l.len()), Some(1));
+
+        let mut only_kubectl: ObjectMeta = serde_json::from_value(serde_json::json!({
+            "name": "app", "annotations": {LAST_APPLIED_ANNOTATION: "{}"},
+        }))
+        .expect("metadata");
+        slim_metadata(&mut only_kubectl);
+        assert_eq!(only_kubectl.annotations.map(|a| a.len()), Some(0));
     }
 }

@@ -251,10 +251,12 @@ fn watch_metadata(client: Client, resource: ApiResource, cancel: CancellationTok
     let writer = reflector::store::Writer::new(resource.clone());
     let store = writer.as_reader();
     let kind = resource.kind.clone();
-    // managedFields: no rule reads them, and on a large cluster they are most of the metadata.
+    // managedFields and kubectl's last-applied copy: no rule reads them, and on a large cluster
+    // they are most of the metadata.
     let stream = reflector(
         writer,
-        watcher(api, watcher::Config::default()).modify(|meta| meta.metadata.managed_fields = None),
+        watcher(api, watcher::Config::default())
+            .modify(|meta| holdfast_peers::slim_metadata(&mut meta.metadata)),
     )
     .default_backoff()
     .touched_objects();

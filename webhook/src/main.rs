@@ -21,6 +21,11 @@ use holdfast_webhook::{
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc, not the system allocator: glibc's per-thread arenas kept what a cluster-wide list
+/// allocated (BENCHMARKS.md, bench-scale), and the image's musl malloc is slow under threads.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> Result<()> {
     rustls::crypto::ring::default_provider()
