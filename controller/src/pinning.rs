@@ -15,7 +15,7 @@ use kube::{
     api::{ApiResource, DynamicObject, Patch, PatchParams},
     runtime::{
         Controller,
-        controller::Action,
+        controller::{self, Action},
         events::{Event, EventType, Recorder},
     },
 };
@@ -59,6 +59,10 @@ struct Ctx {
     metrics: Arc<Metrics>,
 }
 
+/// Reconciles of one kind in flight at once. Unbounded, a first list (every object triggered)
+/// can have thousands of reconciles, each with its object's document, in memory together.
+const CONCURRENCY: u16 = 16;
+
 /// Runs a controller for each kind `watched` follows, driven by its watch, until `cancel`.
 /// The refresher hands it the objects naming a tag that moved, through the same triggers
 /// ([`crate::watched::WatchedKind::trigger`]); every object is reconciled again when
@@ -90,6 +94,7 @@ pub async fn run(
             metrics: metrics.clone(),
         });
         let controller = Controller::for_shared_stream_with(trigger, followed.store.clone(), resource)
+            .with_config(controller::Config::default().concurrency(CONCURRENCY))
             .reconcile_all_on(changes(reconcile_all.clone()))
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
             .run(reconcile, error_policy, ctx)
