@@ -446,27 +446,17 @@ where
 /// against this same slimmed object, so a patch never touches what it leaves out.
 fn slim(kind: PinnedKind, object: &mut DynamicObject) {
     holdfast_peers::slim_metadata(&mut object.metadata);
-    let Some((top, inner)) = kind.fetch_path().split_first() else {
-        return;
-    };
-    let kept = object
-        .data
-        .get_mut(*top)
-        .map(Value::take)
-        .and_then(|spec| only_path(spec, inner));
     let mut data = Map::new();
-    if let Some(kept) = kept {
+    if let Some((top, inner)) = kind.fetch_path().split_first()
+        && let Some(kept) = object
+            .data
+            .get_mut(*top)
+            .map(Value::take)
+            .and_then(|spec| only_fetch(spec, inner))
+    {
         data.insert((*top).to_owned(), kept);
     }
     object.data = Value::Object(data);
-    let fetch = object
-        .data
-        .pointer_mut(&format!("/{}", kind.fetch_path().join("/")));
-    match fetch {
-        Some(Value::Array(entries)) => entries.iter_mut().for_each(sources_only),
-        Some(entry) => sources_only(entry),
-        None => {}
-    }
 }
 
 /// A fetch entry with only its OCI sources (an emptied entry keeps its place: pins address
@@ -478,12 +468,17 @@ fn sources_only(entry: &mut Value) {
     }
 }
 
-/// `value` with nothing but what lies at `path` in it; `None` when nothing does.
-fn only_path(mut value: Value, path: &[&str]) -> Option<Value> {
+/// `value` with nothing but the fetch field at `path` in it, the field's entries with only their
+/// OCI sources; `None` when there is no fetch field.
+fn only_fetch(mut value: Value, path: &[&str]) -> Option<Value> {
     let Some((key, rest)) = path.split_first() else {
+        match &mut value {
+            Value::Array(entries) => entries.iter_mut().for_each(sources_only),
+            entry => sources_only(entry),
+        }
         return Some(value);
     };
-    let kept = only_path(value.get_mut(*key).map(Value::take)?, rest)?;
+    let kept = only_fetch(value.get_mut(*key).map(Value::take)?, rest)?;
     Some(Value::Object(Map::from_iter([((*key).to_owned(), kept)])))
 }
 
