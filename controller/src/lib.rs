@@ -13,7 +13,7 @@
 //!   [`references`] says which copies objects reference, [`retention`] deletes the others
 //!   after a grace period.
 //! - [`watched`]: the one watch per pinned kind (and of the namespaces) that the pinners and the
-//!   mirror share for a leader's term.
+//!   mirror share for a leader's term, keeping each object as a [`stored::Stored`].
 //! - [`run`]: all of them on the replica that holds the Lease ([`leader`]), as the binary runs them.
 //! - [`metrics`] and [`admin`]: what the controller reports on its admin port (`/healthz`,
 //!   `/readyz`, `/metrics`).
@@ -32,4 +32,5 @@ pub mod references;
 pub mod refresher;
 pub mod retention;
 pub mod run;
+pub mod stored;
 pub mod watched;

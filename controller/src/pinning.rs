@@ -12,7 +12,7 @@ use holdfast_pins::{
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client, Resource, ResourceExt,
-    api::{ApiResource, DynamicObject, Patch, PatchParams},
+    api::{ApiResource, Patch, PatchParams},
     runtime::{
         Controller,
         controller::{self, Action},
@@ -23,6 +23,7 @@ use kube::{
 use crate::{
     backoff::{Backoff, FIRST_RETRY, RETRY_CEILING},
     metrics::Metrics,
+    stored::Stored,
     watched::{Namespaces, Watched},
 };
 use tokio::sync::watch;
@@ -156,14 +157,14 @@ const CONTROLLER: &str = "pinning";
     skip(object, ctx),
     fields(kind = ctx.kind.kind(), namespace = object.metadata.namespace.as_deref(), name = %object.name_any())
 )]
-async fn reconcile(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn reconcile(object: Arc<Stored>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let metrics = ctx.metrics.clone();
     metrics
         .reconcile(CONTROLLER, ctx.kind.kind(), pin(object, ctx))
         .await
 }
 
-async fn pin(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn pin(object: Arc<Stored>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     if object.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -172,7 +173,7 @@ async fn pin(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error>
         return Ok(Action::await_change());
     };
     let name = object.name_any();
-    let stored = serde_json::to_value(object.as_ref()).unwrap_or_default();
+    let stored = object.document();
     let update = ctx
         .pinner
         .reconcile(ctx.kind, &namespace, &labels, &stored)
@@ -182,7 +183,7 @@ async fn pin(object: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error>
     }
     let events = events_for(&update);
     if !update.ops.is_empty() {
-        let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.resource);
+        let api: Api<Stored> = Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.resource);
         let params = PatchParams {
             field_manager: Some(MANAGER.into()),
             ..Default::default()
@@ -276,7 +277,7 @@ pub(crate) fn truncate(mut note: String) -> String {
 }
 
 /// A failed update (the object changed under us, the API server is unavailable) is retried.
-fn error_policy(object: Arc<DynamicObject>, error: &Error, _: Arc<Ctx>) -> Action {
+fn error_policy(object: Arc<Stored>, error: &Error, _: Arc<Ctx>) -> Action {
     tracing::warn!(name = %object.name_any(), %error, "pinning failed; retrying");
     Action::requeue(Duration::from_secs(5))
 }
@@ -427,7 +428,7 @@ mod tests {
             })
         }
 
-        fn object(value: &Value) -> Arc<DynamicObject> {
+        fn object(value: &Value) -> Arc<Stored> {
             Arc::new(serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{e}")))
         }
 

@@ -23,14 +23,14 @@ use std::{
 
 use holdfast_pins::{MirrorPins, PinnedKind, fetch_sites};
 use holdfast_registry::{Reference, cache::Scope};
-use kube::{
-    Api, Client,
-    api::{DynamicObject, ListParams},
-};
+use kube::{Api, Client, api::ListParams};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::watched::{Index, Watched, as_value};
+use crate::{
+    stored::Stored,
+    watched::{Index, Watched},
+};
 
 /// Adds the mirror copies `object`'s fetch references name to `into` (see the module docs);
 /// `selected`: whether the mirror selects the object's namespace.
@@ -102,7 +102,7 @@ impl References {
     }
 
     /// Whether the mirror selects the namespace of `object` (by its labels as last seen).
-    fn selected(&self, object: &DynamicObject) -> bool {
+    fn selected(&self, object: &Stored) -> bool {
         if self.mirror.namespaces.selects_all() {
             return true;
         }
@@ -112,8 +112,14 @@ impl References {
     }
 
     /// Adds the copies `object` references to `into`.
-    fn add(&self, kind: PinnedKind, object: &DynamicObject, into: &mut HashSet<String>) {
-        referenced_by(kind, &as_value(object), &self.mirror, self.selected(object), into);
+    fn add(&self, kind: PinnedKind, object: &Stored, into: &mut HashSet<String>) {
+        referenced_by(
+            kind,
+            &object.document(),
+            &self.mirror,
+            self.selected(object),
+            into,
+        );
     }
 
     /// Resolves once every kind has been listed in full (before that, nothing is known to be
@@ -130,7 +136,7 @@ impl References {
     /// The mirror copies the followed objects reference (each object read again only when it
     /// changed, or its namespace's selection did: [`Index`]).
     pub fn in_stores(&self) -> HashSet<String> {
-        let objects: Vec<(PinnedKind, Arc<DynamicObject>, bool)> = self
+        let objects: Vec<(PinnedKind, Arc<Stored>, bool)> = self
             .watched
             .objects()
             .map(|(kind, object)| {
@@ -150,7 +156,7 @@ impl References {
     pub async fn listed(&self) -> Result<HashSet<String>, kube::Error> {
         let mut referenced = HashSet::new();
         for watched in self.watched.kinds() {
-            let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &watched.resource);
+            let api: Api<Stored> = Api::all_with(self.client.clone(), &watched.resource);
             for object in api.list(&ListParams::default()).await? {
                 self.add(watched.kind, &object, &mut referenced);
             }
@@ -179,7 +185,7 @@ mod tests {
     }
 
     /// A stored App (uid, resourceVersion) pinned to `url`.
-    fn stored(uid: &str, version: &str, url: &str) -> DynamicObject {
+    fn stored(uid: &str, version: &str, url: &str) -> Stored {
         let mut object = app(&[url]);
         object["apiVersion"] = json!("kappctrl.k14s.io/v1alpha1");
         object["kind"] = json!("App");
@@ -197,7 +203,7 @@ mod tests {
         let mut index = Index::default();
         fn references(
             index: &mut Index<String, (PinnedKind, bool)>,
-            objects: &[(&DynamicObject, bool)],
+            objects: &[(&Stored, bool)],
         ) -> HashSet<String> {
             index.union(
                 objects.iter().map(|(o, s)| (*o, (PinnedKind::App, *s))),

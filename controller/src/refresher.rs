@@ -21,10 +21,10 @@ use holdfast_registry::{
     Digest,
     cache::{CacheEntry, CacheKey, DigestCache},
 };
-use kube::api::DynamicObject;
 
 use crate::{
     metrics::Metrics,
+    stored::Stored,
     watched::{Index, Watched},
 };
 use tokio_util::sync::CancellationToken;
@@ -146,7 +146,7 @@ impl Refresher {
     }
 
     /// Every stored object with its kind.
-    fn objects(&self) -> Vec<(PinnedKind, Arc<DynamicObject>)> {
+    fn objects(&self) -> Vec<(PinnedKind, Arc<Stored>)> {
         self.watched.objects().collect()
     }
 
@@ -463,7 +463,7 @@ mod tests {
     }
 
     /// A stored App named `name` fetching `registry.example/app:<tag>`.
-    fn app(name: &str, tag: &str) -> DynamicObject {
+    fn app(name: &str, tag: &str) -> Stored {
         serde_json::from_value(json!({
             "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
             "metadata": {"name": name, "namespace": "team", "uid": name, "resourceVersion": "1"},
@@ -483,11 +483,11 @@ mod tests {
         registry: Arc<Registry>,
         pinner: Pinner,
         refresher: Refresher,
-        triggered: std::pin::Pin<Box<dyn Stream<Item = Arc<DynamicObject>> + Send>>,
+        triggered: std::pin::Pin<Box<dyn Stream<Item = Arc<Stored>> + Send>>,
     }
 
     impl Term {
-        fn new(apps: Vec<DynamicObject>, held: &[&CacheKey], listed: bool) -> Self {
+        fn new(apps: Vec<Stored>, held: &[&CacheKey], listed: bool) -> Self {
             let registry = Arc::new(Registry::default());
             let cache = Arc::new(DigestCache::new(registry.clone(), CacheConfig::default(), None));
             for key in held {

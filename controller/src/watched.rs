@@ -5,7 +5,7 @@
 //! spec, a re-list done) wake the mirror; plus the namespaces' labels, metadata only, which the
 //! pinners and the mirror's selection read instead of asking the API server (a change of a
 //! namespace's labels triggers its objects). Objects are kept with only
-//! what is read of them ([`slim`]: metadata and the fetch field's OCI sources).
+//! what is read of them ([`Stored`]: metadata and the fetch field's OCI sources).
 //!
 //! The triggers go through a channel of this module's, not kube's `ReflectHandle`: in kube 5 a
 //! `ReflectHandle` is a stream only for kinds with a static type, and the pinned kinds are
@@ -23,7 +23,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use holdfast_pins::{PinnedKind, SiteKind};
+use holdfast_pins::PinnedKind;
 use k8s_openapi::{api::core::v1::Namespace, serde::de::DeserializeOwned};
 use kube::{
     Api, Client, Resource,
@@ -34,28 +34,30 @@ use kube::{
         watcher,
     },
 };
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+
+use crate::stored::Stored;
 
 /// Triggers a controller may lag behind before the watch waits for it.
 const BUFFER: usize = 1024;
 
-type Trigger = mpsc::Receiver<Arc<DynamicObject>>;
+type Trigger = mpsc::Receiver<Arc<Stored>>;
 
 /// A pinned kind's objects, as the term's one watch of it keeps them.
 pub struct WatchedKind {
     pub kind: PinnedKind,
     pub resource: ApiResource,
-    pub store: Store<DynamicObject>,
+    pub store: Store<Stored>,
     /// The kind's pinning controller's triggers, which the watch feeds too.
-    trigger: mpsc::Sender<Arc<DynamicObject>>,
+    trigger: mpsc::Sender<Arc<Stored>>,
 }
 
 impl WatchedKind {
     /// Has the kind's pinning controller reconcile `object` (the store's latest version of it),
     /// as a watch event would. Waits while the controller is [`BUFFER`] triggers behind.
-    pub async fn trigger(&self, object: Arc<DynamicObject>) {
+    pub async fn trigger(&self, object: Arc<Stored>) {
         // A closed channel: the controller has stopped, with the term.
         let _ = self.trigger.send(object).await;
     }
@@ -122,7 +124,7 @@ impl Watched {
         let kinds: Vec<WatchedKind> = kinds
             .into_iter()
             .map(|(kind, resource)| {
-                let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+                let api: Api<Stored> = Api::all_with(client.clone(), &resource);
                 let writer = Writer::new(resource.clone());
                 let store = writer.as_reader();
                 let (trigger, triggered) = mpsc::channel(BUFFER);
@@ -130,7 +132,7 @@ impl Watched {
                 listed.push(spawn_watch(
                     api,
                     writer,
-                    move |object| slim(kind, object),
+                    |object| holdfast_peers::slim_metadata(&mut object.metadata),
                     spec_fingerprint,
                     &changed,
                     Some(trigger.clone()),
@@ -179,7 +181,7 @@ impl Watched {
     }
 
     /// Every stored object of every kind, with its kind.
-    pub fn objects(&self) -> impl Iterator<Item = (PinnedKind, Arc<DynamicObject>)> + '_ {
+    pub fn objects(&self) -> impl Iterator<Item = (PinnedKind, Arc<Stored>)> + '_ {
         self.kinds.iter().flat_map(|watched| {
             watched
                 .store
@@ -195,7 +197,7 @@ impl Watched {
     pub fn take_trigger(
         &self,
         index: usize,
-    ) -> Option<impl futures::Stream<Item = Arc<DynamicObject>> + Send + 'static> {
+    ) -> Option<impl futures::Stream<Item = Arc<Stored>> + Send + 'static> {
         let triggered = self
             .triggers
             .lock()
@@ -233,7 +235,7 @@ impl Watched {
     /// Stores holding `kinds`' objects, listed in full or not, without a watch or namespaces
     /// (for tests of the readers).
     #[cfg(test)]
-    pub(crate) fn of(kinds: Vec<(PinnedKind, Vec<DynamicObject>)>, listed: bool) -> Self {
+    pub(crate) fn of(kinds: Vec<(PinnedKind, Vec<Stored>)>, listed: bool) -> Self {
         let mut triggers = Vec::new();
         let kinds = kinds
             .into_iter()
@@ -270,7 +272,7 @@ impl Watched {
 /// with the namespaces' watch.
 async fn trigger_relabelled(
     mut namespaces: mpsc::Receiver<Arc<PartialObjectMeta<DynamicObject>>>,
-    kinds: Vec<(Store<DynamicObject>, mpsc::Sender<Arc<DynamicObject>>)>,
+    kinds: Vec<(Store<Stored>, mpsc::Sender<Arc<Stored>>)>,
 ) {
     // Labels by namespace name, as last seen.
     let mut seen: HashMap<String, u64> = HashMap::new();
@@ -316,24 +318,24 @@ impl<T, C> Default for Index<T, C> {
 }
 
 impl<T: Clone + Eq + Hash, C: Copy + PartialEq> Index<T, C> {
-    /// What `read` finds in `object` (as one document, [`as_value`]) in `context`: read again
-    /// only when its version or the context changed.
+    /// What `read` finds in `object` (as one document, [`Stored::document`]) in `context`: read
+    /// again only when its version or the context changed.
     pub fn read(
         &mut self,
-        object: &DynamicObject,
+        object: &Stored,
         context: C,
         read: impl FnOnce(&Value, C) -> Vec<T>,
     ) -> Cow<'_, [T]> {
         let (Some(uid), Some(version)) = (&object.metadata.uid, &object.metadata.resource_version) else {
             // Without a uid and a version there is nothing to key on: read it every time.
             self.reads += 1;
-            return Cow::Owned(read(&as_value(object), context));
+            return Cow::Owned(read(&object.document(), context));
         };
         match self.objects.get(uid) {
             Some((at, was, _)) if at == version && *was == context => {}
             _ => {
                 self.reads += 1;
-                let found = read(&as_value(object), context);
+                let found = read(&object.document(), context);
                 self.objects
                     .insert(uid.clone(), (version.clone(), context, found));
             }
@@ -347,7 +349,7 @@ impl<T: Clone + Eq + Hash, C: Copy + PartialEq> Index<T, C> {
     /// among them are forgotten.
     pub fn union<'a>(
         &mut self,
-        objects: impl IntoIterator<Item = (&'a DynamicObject, C)>,
+        objects: impl IntoIterator<Item = (&'a Stored, C)>,
         mut read: impl FnMut(&Value, C) -> Vec<T>,
     ) -> HashSet<T> {
         let mut union = HashSet::new();
@@ -373,11 +375,6 @@ impl<T: Clone + Eq + Hash, C: Copy + PartialEq> Index<T, C> {
     pub(crate) fn len(&self) -> usize {
         self.objects.len()
     }
-}
-
-/// An object as the pins crate reads it: metadata and spec in one document.
-pub(crate) fn as_value(object: &DynamicObject) -> Value {
-    serde_json::to_value(object).unwrap_or_default()
 }
 
 /// Keeps `writer`'s store by a watch of `api` until `cancel`, each object as `slim` leaves it; a
@@ -438,50 +435,6 @@ where
     listed
 }
 
-/// What a store keeps of a pinned object: its metadata (without what [`holdfast_peers::slim_metadata`]
-/// drops) and, of its spec, the OCI sources of its fetch field (`kind.fetch_path()`), the one part
-/// the pinning controllers, the refresher and the mirror read. Not its status (kapp-controller's
-/// carries deploy output), nor the rest of its spec (a Package's `valuesSchema` and
-/// `releaseNotes` can be tens of KiB), nor inline fetch files. A pin is computed from and diffed
-/// against this same slimmed object, so a patch never touches what it leaves out.
-fn slim(kind: PinnedKind, object: &mut DynamicObject) {
-    holdfast_peers::slim_metadata(&mut object.metadata);
-    let mut data = Map::new();
-    if let Some((top, inner)) = kind.fetch_path().split_first()
-        && let Some(kept) = object
-            .data
-            .get_mut(*top)
-            .map(Value::take)
-            .and_then(|spec| only_fetch(spec, inner))
-    {
-        data.insert((*top).to_owned(), kept);
-    }
-    object.data = Value::Object(data);
-}
-
-/// A fetch entry with only its OCI sources (an emptied entry keeps its place: pins address
-/// entries by index); its inline files, git, http or helmChart source are not read.
-fn sources_only(entry: &mut Value) {
-    if let Some(entry) = entry.as_object_mut() {
-        let sources = [SiteKind::Image, SiteKind::ImgpkgBundle].map(SiteKind::source_key);
-        entry.retain(|key, _| sources.contains(&key.as_str()));
-    }
-}
-
-/// `value` with nothing but the fetch field at `path` in it, the field's entries with only their
-/// OCI sources; `None` when there is no fetch field.
-fn only_fetch(mut value: Value, path: &[&str]) -> Option<Value> {
-    let Some((key, rest)) = path.split_first() else {
-        match &mut value {
-            Value::Array(entries) => entries.iter_mut().for_each(sources_only),
-            entry => sources_only(entry),
-        }
-        return Some(value);
-    };
-    let kept = only_fetch(value.get_mut(*key).map(Value::take)?, rest)?;
-    Some(Value::Object(Map::from_iter([((*key).to_owned(), kept)])))
-}
-
 /// Whether `event` can change what the objects reference: an object added, deleted or with a
 /// new `fingerprint`, or a re-list complete. Not the status updates kapp-controller writes on
 /// every sync: each wake-up recomputes every object's references. `seen`: fingerprints by uid.
@@ -516,14 +469,9 @@ fn significant<K: kube::Resource>(
 /// A pinned object's fetch references are in its spec. Hashed as text, not read off
 /// `metadata.generation`: Packages are served by kapp-controller's aggregated API, whose objects
 /// need not keep one.
-fn spec_fingerprint(object: &DynamicObject) -> u64 {
+fn spec_fingerprint(object: &Stored) -> u64 {
     let mut hasher = DefaultHasher::new();
-    object
-        .data
-        .get("spec")
-        .map(Value::to_string)
-        .unwrap_or_default()
-        .hash(&mut hasher);
+    object.spec_text().hash(&mut hasher);
     hasher.finish()
 }
 
@@ -540,7 +488,7 @@ mod tests {
 
     use super::*;
 
-    fn object(uid: &str, tag: &str, status: &str) -> DynamicObject {
+    fn object(uid: &str, tag: &str, status: &str) -> Stored {
         serde_json::from_value(json!({
             "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
             "metadata": {"name": uid, "namespace": "n", "uid": uid},
@@ -553,8 +501,7 @@ mod tests {
     #[test]
     fn only_spec_changes_additions_deletions_and_relists_wake_the_mirror() {
         let mut seen = HashMap::new();
-        let mut wakes =
-            |event: watcher::Event<DynamicObject>| significant(&mut seen, &event, spec_fingerprint);
+        let mut wakes = |event: watcher::Event<Stored>| significant(&mut seen, &event, spec_fingerprint);
         assert!(!wakes(watcher::Event::Init));
         assert!(!wakes(watcher::Event::InitApply(object("a", "1", "x"))));
         assert!(wakes(watcher::Event::InitDone));
@@ -622,60 +569,5 @@ mod tests {
             names.push(object.metadata.name.clone().unwrap_or_default());
         }
         assert_eq!(names, ["a"]);
-    }
-
-    #[test]
-    fn stores_keep_metadata_and_the_fetch_field_only() {
-        let mut app = object("a", "1", "deploying");
-        app.metadata.managed_fields = Some(Vec::new());
-        app.data["spec"]["template"] = json!([{"ytt": {}}]);
-        let image = app.data["spec"]["fetch"][0].clone();
-        app.data["spec"]["fetch"] = json!([
-            {"inline": {"paths": {"values.yml": "x: 1"}}, "path": "values"},
-            image,
-            {"git": {"url": "https://github.com/corp/config"}, "imgpkgBundle": {"image": "r.corp.com/b:1"}},
-        ]);
-        slim(PinnedKind::App, &mut app);
-        assert_eq!(app.metadata.managed_fields, None);
-        assert_eq!(app.metadata.name.as_deref(), Some("a"));
-        assert_eq!(
-            app.data,
-            json!({"spec": {"fetch": [{}, image, {"imgpkgBundle": {"image": "r.corp.com/b:1"}}]}})
-        );
-
-        let mut repository: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "packaging.carvel.dev/v1alpha1", "kind": "PackageRepository",
-            "metadata": {"name": "r"},
-            "spec": {"fetch": {"imgpkgBundle": {"image": "r.corp.com/repo:1"}}, "paused": false},
-        }))
-        .unwrap();
-        slim(PinnedKind::PackageRepository, &mut repository);
-        assert_eq!(
-            repository.data,
-            json!({"spec": {"fetch": {"imgpkgBundle": {"image": "r.corp.com/repo:1"}}}})
-        );
-
-        let mut package: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "data.packaging.carvel.dev/v1alpha1", "kind": "Package",
-            "metadata": {"name": "p.corp.com.1.0.0", "namespace": "n"},
-            "spec": {"refName": "p.corp.com", "valuesSchema": {"openAPIv3": {"type": "object"}},
-                     "template": {"spec": {"fetch": [{"imgpkgBundle": {"image": "r.corp.com/p:1.0.0"}}],
-                                           "template": [{"ytt": {}}]}}},
-        }))
-        .unwrap();
-        slim(PinnedKind::Package, &mut package);
-        assert_eq!(
-            package.data,
-            json!({"spec": {"template": {"spec": {"fetch": [{"imgpkgBundle": {"image": "r.corp.com/p:1.0.0"}}]}}}})
-        );
-
-        // Nothing to fetch: nothing of the spec kept.
-        let mut bare: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
-            "metadata": {"name": "b"}, "spec": {"deploy": []},
-        }))
-        .unwrap();
-        slim(PinnedKind::App, &mut bare);
-        assert_eq!(bare.data, json!({}));
     }
 }
