@@ -26,10 +26,10 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::{
     Api, Client, Resource, ResourceExt,
     api::{
-        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PartialObjectMeta, Patch,
-        PatchParams, PropagationPolicy,
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+        PropagationPolicy,
     },
-    runtime::{Controller, WatchStreamExt, controller::Action, reflector, watcher},
+    runtime::{Controller, WatchStreamExt, controller::Action},
 };
 use tokio_util::sync::CancellationToken;
 
@@ -206,7 +206,7 @@ pub async fn run(client: Client, options: Options, metrics: Arc<Metrics>, cancel
 /// their metadata without `managedFields`. Its reconcilers read names, labels, uids and deletion
 /// timestamps only; whole objects (a Build's spec and status, everyone's managedFields) were most
 /// of the controller's memory on a large cluster (BENCHMARKS.md, bench-scale).
-type Meta = PartialObjectMeta<DynamicObject>;
+type Meta = holdfast_peers::Meta;
 
 type Reconcile = fn(Arc<Meta>, Arc<Ctx>) -> BoxFuture<'static, Result<Action, Error>>;
 
@@ -217,17 +217,8 @@ fn dynamic(
     ctx: &Arc<Ctx>,
     reconcile: Reconcile,
 ) -> BoxFuture<'static, ()> {
-    // An Api of PartialObjectMeta makes metadata-only list/watch requests.
-    let api: Api<Meta> = Api::all_with(client.clone(), &resource);
-    let writer = reflector::store::Writer::new(resource.clone());
-    let reader = writer.as_reader();
-    let objects = reflector(
-        writer,
-        watcher(api, watcher::Config::default())
-            .modify(|meta| holdfast_peers::slim_metadata(&mut meta.metadata)),
-    )
-    .default_backoff()
-    .applied_objects();
+    let (reader, events) = holdfast_peers::metadata_reflector(client.clone(), &resource);
+    let objects = events.applied_objects();
     // The kinds are the discovered ones of a fixed list: known names for the metrics' label.
     let kind: &'static str = match resource.kind.as_str() {
         "CFApp" => "CFApp",

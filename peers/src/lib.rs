@@ -3,10 +3,16 @@
 //! manifest checks, and the discovery that tells which of them a cluster serves (holdfast runs
 //! on clusters without Korifi or kpack, and then leaves their rules idle).
 
+use futures::Stream;
 use kube::{
-    Client,
-    api::{ApiResource, GroupVersionKind, ObjectMeta},
+    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, PartialObjectMeta},
     discovery,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store, store::Writer},
+        watcher,
+    },
 };
 
 /// kapp-controller's kinds holdfast pins (`holdfast_pins::PinnedKind` names them).
@@ -119,6 +125,30 @@ pub fn slim_metadata(metadata: &mut ObjectMeta) {
     if let Some(annotations) = &mut metadata.annotations {
         annotations.remove(LAST_APPLIED_ANNOTATION);
     }
+}
+
+/// An object's metadata as a metadata watch keeps it.
+pub type Meta = PartialObjectMeta<DynamicObject>;
+
+/// The metadata of every object of `resource`, kept by a watch that makes metadata-only
+/// list/watch requests: its store, and the watch's events (kube's default backoff after an
+/// error), which must be polled for the store to fill. Each object as [`slim_metadata`] leaves it.
+pub fn metadata_reflector(
+    client: Client,
+    resource: &ApiResource,
+) -> (
+    Store<Meta>,
+    impl Stream<Item = Result<watcher::Event<Meta>, watcher::Error>> + Send + 'static,
+) {
+    let api: Api<Meta> = Api::all_with(client, resource);
+    let writer = Writer::new(resource.clone());
+    let store = writer.as_reader();
+    let events = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).modify(|meta| slim_metadata(&mut meta.metadata)),
+    )
+    .default_backoff();
+    (store, events)
 }
 
 #[cfg(test)]

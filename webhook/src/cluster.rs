@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta},
-    runtime::{WatchStreamExt, reflector, reflector::ObjectRef, watcher},
+    runtime::{WatchStreamExt, reflector, reflector::ObjectRef},
 };
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -99,7 +99,7 @@ impl Peer {
     }
 }
 
-type MetaStore = reflector::Store<PartialObjectMeta<DynamicObject>>;
+type MetaStore = reflector::Store<holdfast_peers::Meta>;
 
 /// The cluster view backed by reflectors. A kind whose API is not installed has no store and
 /// answers nothing (holdfast runs on clusters without Korifi).
@@ -246,20 +246,11 @@ impl ClusterView for Cluster {
 }
 
 fn watch_metadata(client: Client, resource: ApiResource, cancel: CancellationToken) -> MetaStore {
-    // An Api of PartialObjectMeta makes metadata-only list/watch requests.
-    let api: Api<PartialObjectMeta<DynamicObject>> = Api::all_with(client, &resource);
-    let writer = reflector::store::Writer::new(resource.clone());
-    let store = writer.as_reader();
+    // Without managedFields and kubectl's last-applied copy: no rule reads them, and on a large
+    // cluster they are most of the metadata.
+    let (store, events) = holdfast_peers::metadata_reflector(client, &resource);
     let kind = resource.kind.clone();
-    // managedFields and kubectl's last-applied copy: no rule reads them, and on a large cluster
-    // they are most of the metadata.
-    let stream = reflector(
-        writer,
-        watcher(api, watcher::Config::default())
-            .modify(|meta| holdfast_peers::slim_metadata(&mut meta.metadata)),
-    )
-    .default_backoff()
-    .touched_objects();
+    let stream = events.touched_objects();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream.take_until(cancel.cancelled_owned()));
         while let Some(event) = stream.next().await {
