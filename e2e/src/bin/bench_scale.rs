@@ -19,7 +19,8 @@
 //! - churn: `BENCH_SCALE_CHURN_PER_SECOND` (50) writes a second for `BENCH_SCALE_CHURN_SECONDS`
 //!   (30) against a fixed churn set (App status and label updates, Image label updates, pod
 //!   creates and deletes), while a probe creates Apps (a cached tag) one at a time: the probe's
-//!   p50/p99, and each process's CPU per write of the window;
+//!   p50/p99, and each process's CPU per write of the window; the probe's Apps (thousands) are
+//!   deleted after it, so that each level holds the objects it states;
 //! - restart: the webhook is stopped (SIGTERM) and started again; seconds until its `/readyz`
 //!   answers (reflectors synced, digest cache loaded, certificate served), against a bare kube
 //!   reflector of the same kinds (metadata of namespaces, CFApps, BuildWorkloads, kpack Images
@@ -54,8 +55,8 @@ use kube::{
     Api, Client,
     api::PartialObjectMeta,
     api::{
-        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams,
-        PostParams,
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
+        PatchParams, PostParams,
     },
     runtime::{
         reflector::{self, store::Writer},
@@ -563,6 +564,18 @@ impl Bench {
         Ok((latencies?, writes.load(Ordering::Relaxed)))
     }
 
+    /// Deletes the Apps the probe created, so that the next level's cluster holds the objects it
+    /// states (a churn window's probe creates thousands, which the controller would keep).
+    async fn delete_probes(&self, set: &ChurnSet) -> Result<()> {
+        for namespace in [&set.probe_namespace, &set.floor_namespace] {
+            Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, &app_resource())
+                .delete_collection(&DeleteParams::default(), &ListParams::default())
+                .await
+                .with_context(|| format!("deleting the probe's Apps in {namespace}"))?;
+        }
+        Ok(())
+    }
+
     /// One churn turn: App status, App label, Image label, or a pod created and deleted, in
     /// turn; the writes it made.
     async fn churn_write(&self, set: &ChurnSet, round: usize, i: usize) -> Result<u64> {
@@ -639,6 +652,7 @@ impl Bench {
         let (latencies, writes) = self.churn(set, settings, objects).await?;
         let (webhook_after, controller_after) =
             (Usage::of(Some(webhook_pid))?, Usage::of(Some(controller_pid))?);
+        self.delete_probes(set).await?;
         let per_write = |before: &Usage, after: &Usage| {
             (after.cpu_ticks - before.cpu_ticks) as f64 / TICKS_PER_SECOND * 1e3 / writes.max(1) as f64
         };
