@@ -23,7 +23,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 /// A pinned object as stored: see the module docs.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Stored {
     pub types: Option<TypeMeta>,
     pub metadata: ObjectMeta,
