@@ -49,8 +49,8 @@ bench-admission:
 
 ## bench-apiserver: App CREATE/UPDATE, kpack Build CREATE and build-pod CREATE through the real kube-apiserver at
 ## concurrency 1, 16, 64: holdfast (the release holdfast-webhook, shipped configurations) vs a bare allow-all webhook
-## with the same configurations vs no webhook, in alternating turns; last line create_p50_overhead_ms=…
-## throughput_ratio_c16=… vs_bare_webhook_c16=… p99_c64_ms=…
+## with the same configurations vs that webhook answering App CREATE with holdfast's patch vs no webhook, in
+## alternating turns; last line create_p50_overhead_ms=… throughput_ratio_c16=… vs_bare_webhook_c16=… p99_c64_ms=…
 bench-apiserver: deps
 	$(CARGO) build --release -q -p holdfast-webhook -p holdfast-e2e --bin holdfast-webhook --bin holdfast-bench-apiserver
 	target/release/holdfast-bench-apiserver

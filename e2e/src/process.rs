@@ -137,16 +137,28 @@ impl Usage {
                 .map_err(Into::into)
         };
         let stat = std::fs::read_to_string(format!("{dir}/stat"))?;
-        // Field 2, the command name, may hold spaces: count the fields after its closing ')',
-        // from field 3 on. utime and stime are fields 14 and 15.
-        let (_, after) = stat.rsplit_once(')').context("malformed stat")?;
-        let mut fields = after.split_whitespace().skip(14 - 3);
-        let mut next = || -> Result<u64> { Ok(fields.next().context("short stat")?.parse()?) };
         Ok(Self {
             rss_kib: kib("VmRSS:")?,
             peak_rss_kib: kib("VmHWM:")?,
-            cpu_ticks: next()? + next()?,
+            cpu_ticks: stat_cpu_ticks(&stat)?.1,
         })
+    }
+
+    /// User plus system CPU time so far of this process's threads named `name` (the name a
+    /// runtime gives its threads), in clock ticks: the share of one part of a process.
+    pub fn threads_cpu_ticks(name: &str) -> Result<u64> {
+        let mut ticks = 0;
+        for task in std::fs::read_dir("/proc/self/task")? {
+            // A thread may exit between the listing and the read.
+            let Ok(stat) = std::fs::read_to_string(task?.path().join("stat")) else {
+                continue;
+            };
+            let (comm, cpu) = stat_cpu_ticks(&stat)?;
+            if comm == name {
+                ticks += cpu;
+            }
+        }
+        Ok(ticks)
     }
 
     pub fn rss_mib(&self) -> f64 {
@@ -160,6 +172,17 @@ impl Usage {
     pub fn cpu_seconds(&self) -> f64 {
         self.cpu_ticks as f64 / TICKS_PER_SECOND
     }
+}
+
+/// The command name and utime + stime (clock ticks) of a `/proc/.../stat` line. Field 2, the
+/// command name, may hold spaces and parentheses: the fields are counted after its last ')'.
+fn stat_cpu_ticks(stat: &str) -> Result<(&str, u64)> {
+    let (before, after) = stat.rsplit_once(')').context("malformed stat")?;
+    let (_, comm) = before.split_once('(').context("malformed stat")?;
+    // utime and stime are fields 14 and 15; `after` starts at field 3.
+    let mut fields = after.split_whitespace().skip(14 - 3);
+    let mut next = || -> Result<u64> { Ok(fields.next().context("short stat")?.parse()?) };
+    Ok((comm, next()? + next()?))
 }
 
 /// A loopback TCP port that was free a moment ago.
@@ -189,5 +212,19 @@ pub async fn until_http_ok(
             anyhow::bail!("{url} did not answer 2xx within {timeout:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_are_counted_after_the_command_name() {
+        // A command name with a space and a ')' of its own; utime 17, stime 4.
+        let stat = "42 (a) b) S 1 42 42 0 -1 4194560 100 0 0 0 17 4 0 0 20 0 2 0 5 1000 10";
+        let (comm, ticks) = stat_cpu_ticks(stat).expect("a valid stat line");
+        assert_eq!((comm, ticks), ("a) b", 21));
+        assert!(stat_cpu_ticks("42 (short) S 1").is_err());
     }
 }

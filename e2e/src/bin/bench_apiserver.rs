@@ -2,7 +2,7 @@
 //! where they feel it — requests to the real kube-apiserver of the local control plane (Kubernetes
 //! 1.37, etcd, the garbage collector; see `e2e/src/control_plane.rs`).
 //!
-//! Three arms, each a namespace of its own, in alternating turns of one run (A B C, B C A, …):
+//! Four arms, each a namespace of its own, in alternating turns of one run (A B C, B C A, …):
 //!
 //! - `holdfast`: served by holdfast's webhook configurations exactly as
 //!   `manifests/overlays/recommended` ships them (rules, selectors, matchConditions; only the
@@ -10,6 +10,9 @@
 //!   build running as a process with its defaults (`holdfast_e2e::installed`, as `make up` runs it);
 //! - `bare`: the same configurations pointed at a bare axum + rustls handler that allows
 //!   everything — what any webhook costs the API server, the floor for holdfast's own kinds;
+//! - `patch` (App CREATE only): the same bare handler answering each App CREATE with a constant
+//!   JSON patch equal to holdfast's (the digest and the `original-refs` annotation of the pinned
+//!   App) — what any webhook that pins costs, the floor for holdfast's App CREATE;
 //! - `none`: a namespace no webhook serves.
 //!
 //! Four requests, each at concurrency 1, 16 and 64: App CREATE (a tag the digest cache holds:
@@ -18,24 +21,26 @@
 //! CREATE with the `kpack.io/build` label (the guard's pod webhook; the pods name a scheduler
 //! that does not exist, so they stay unscheduled and cost nothing after the write).
 //!
-//! The load comes from this process's own kube client on a runtime of its own; the bare handler
-//! runs on another runtime of this process; holdfast, the API server, etcd, the controller
-//! manager and the scheduler are separate processes. Everything shares the machine's cores.
+//! The load comes from this process's own kube client on a runtime of its own; the bare handlers
+//! run on another runtime of this process (whose threads' CPU is counted as theirs); holdfast,
+//! the API server, etcd, the controller manager and the scheduler are separate processes.
+//! Everything shares the machine's cores.
 //! The last line is `create_p50_overhead_ms=… throughput_ratio_c16=… vs_bare_webhook_c16=…
 //! p99_c64_ms=…` (App CREATE against `none` at concurrency 1 and 16; the lowest holdfast/bare
 //! throughput ratio of the four requests at 16; holdfast's App CREATE p99 at 64), then more
-//! fields.
+//! fields: among them App CREATE against `patch` (`vs_patch_floor_*`, `create_p50_over_patch_floor_ms`).
 
 use std::{
     collections::BTreeMap,
     net::SocketAddr,
-    sync::Arc,
+    sync::{Arc, OnceLock},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, ensure};
-use axum::{Json, Router, routing::post};
+use axum::{Json, Router, extract::State, routing::post};
 use axum_server::tls_rustls::RustlsConfig;
+use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use holdfast_certs::{CaOptions, CertificateAuthority, ServingOptions, SwappableCert, server_config};
 use holdfast_e2e::{
     Env,
@@ -62,10 +67,12 @@ use serde_json::{Value, json};
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
 /// Per arm, request and concurrency, before the measured turns (opens connections, fills caches).
 const WARMUP: Duration = Duration::from_millis(700);
-/// Per arm, request and concurrency, in [`ROUNDS`] turns.
-const MEASURE: Duration = Duration::from_secs(6);
-const ROUNDS: u32 = 6;
-const ARMS: [Arm; 3] = [Arm::Holdfast, Arm::Bare, Arm::None];
+/// Per arm, request and concurrency, in [`ROUNDS`] turns (of 1 s: the API server's own bursts
+/// move single turns by up to 30 %; more turns average them out).
+const MEASURE: Duration = Duration::from_secs(10);
+const ROUNDS: u32 = 10;
+/// The runtime of the bare handlers: its threads' CPU is theirs.
+const SERVERS_THREAD: &str = "servers";
 const REQUESTS: [Request; 4] = [
     Request::AppCreate,
     Request::AppUpdate,
@@ -79,6 +86,7 @@ const NO_SCHEDULER: &str = "holdfast-bench-unscheduled";
 enum Arm {
     Holdfast,
     Bare,
+    Patch,
     None,
 }
 
@@ -87,6 +95,7 @@ impl Arm {
         match self {
             Arm::Holdfast => "holdfast",
             Arm::Bare => "bare",
+            Arm::Patch => "patch",
             Arm::None => "none",
         }
     }
@@ -101,6 +110,14 @@ enum Request {
 }
 
 impl Request {
+    /// The arms a request is measured in: `patch` differs from `bare` only for App CREATE.
+    fn arms(self) -> &'static [Arm] {
+        match self {
+            Request::AppCreate => &[Arm::Holdfast, Arm::Bare, Arm::Patch, Arm::None],
+            _ => &[Arm::Holdfast, Arm::Bare, Arm::None],
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Request::AppCreate => "App CREATE",
@@ -172,46 +189,95 @@ fn run(
     holdfast: &Installed,
     scope: &str,
 ) -> Result<()> {
-    let (bare_addr, bare_ca) = servers.block_on(bare_server())?;
-    let bare_scope = unique_name("bare");
-    let bare_config = servers.block_on(register_bare(&env, &bare_scope, bare_addr, &bare_ca))?;
+    // The patch arm's patch is the pinned App's, known once set_up has pinned it.
+    let patch = Arc::new(OnceLock::new());
+    let mut scopes = BTreeMap::new();
+    let mut configs = Vec::new();
+    for (arm, answer) in [(Arm::Bare, None), (Arm::Patch, Some(patch.clone()))] {
+        let (addr, ca) = servers.block_on(bare_server(answer))?;
+        let scope = unique_name(arm.name());
+        configs.push(servers.block_on(register_bare(&env, &scope, addr, &ca))?);
+        scopes.insert(arm, scope);
+    }
     let outcome = load.block_on(async {
         let client = env.client().await?;
-        let setup = set_up(&env, &client, scope, &bare_scope).await?;
-        let pid = env
-            .pid_of(installed::WEBHOOK)
-            .context("holdfast-webhook is not running")?;
-        measure(&client, holdfast, pid, &setup).await
+        let setup = set_up(&env, &client, scope, &scopes).await?;
+        patch
+            .set(pin_patch(&setup.pinned)?)
+            .map_err(|_| anyhow::anyhow!("the patch arm's patch was set twice"))?;
+        let pids = Pids {
+            holdfast: env
+                .pid_of(installed::WEBHOOK)
+                .context("holdfast-webhook is not running")?,
+            apiserver: env
+                .pid_of("kube-apiserver")
+                .context("kube-apiserver is not running")?,
+        };
+        measure(&client, holdfast, pids, &setup).await
     });
     servers.block_on(async {
         let client = env.client().await?;
-        Api::<MutatingWebhookConfiguration>::all(client.clone())
-            .delete(&bare_config, &DeleteParams::default())
-            .await?;
-        Api::<ValidatingWebhookConfiguration>::all(client)
-            .delete(&bare_config, &DeleteParams::default())
-            .await?;
+        for config in &configs {
+            Api::<MutatingWebhookConfiguration>::all(client.clone())
+                .delete(config, &DeleteParams::default())
+                .await?;
+            Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                .delete(config, &DeleteParams::default())
+                .await?;
+        }
         anyhow::Ok(())
     })?;
     outcome
 }
 
+/// The processes whose CPU each turn counts.
+#[derive(Clone, Copy)]
+struct Pids {
+    holdfast: u32,
+    apiserver: u32,
+}
+
+/// The JSON patch (base64, as a review's response carries it) that turns [`app`] into the
+/// App holdfast pinned: its fetch URL and its annotations.
+fn pin_patch(pinned: &Value) -> Result<String> {
+    let url = &pinned["spec"]["fetch"][0]["image"]["url"];
+    let annotations = &pinned["metadata"]["annotations"];
+    ensure!(
+        url.is_string() && annotations.is_object(),
+        "the pinned App has no digest URL or no annotations: {pinned}"
+    );
+    let patch = json!([
+        {"op": "replace", "path": "/spec/fetch/0/image/url", "value": url},
+        {"op": "add", "path": "/metadata/annotations", "value": annotations},
+    ]);
+    Ok(BASE64.encode(serde_json::to_vec(&patch)?))
+}
+
 /// A handler that allows every review (echoing its uid, as the API server requires) on a TLS
-/// server of its own; its address and CA.
-async fn bare_server() -> Result<(SocketAddr, String)> {
+/// server of its own; its address and CA. With `patch`, App CREATEs are answered with that
+/// JSON patch once it is set.
+async fn bare_server(patch: Option<Arc<OnceLock<String>>>) -> Result<(SocketAddr, String)> {
     let ca = CertificateAuthority::generate(&CaOptions::default())?;
     let leaf =
         ca.issue_serving(&ServingOptions::for_service("bare", "bench").with_ip([127, 0, 0, 1].into()))?;
     let resolver = Arc::new(SwappableCert::new(&leaf)?);
-    async fn allow(Json(review): Json<Value>) -> Json<Value> {
-        Json(json!({
-            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "response": {"uid": review["request"]["uid"], "allowed": true}
-        }))
+    async fn allow(
+        State(patch): State<Option<Arc<OnceLock<String>>>>,
+        Json(review): Json<Value>,
+    ) -> Json<Value> {
+        let request = &review["request"];
+        let mut response = json!({"uid": request["uid"], "allowed": true});
+        let app_create = request["kind"]["kind"] == "App" && request["operation"] == "CREATE";
+        if let Some(patch) = patch.as_deref().and_then(OnceLock::get).filter(|_| app_create) {
+            response["patchType"] = "JSONPatch".into();
+            response["patch"] = patch.as_str().into();
+        }
+        Json(json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}))
     }
     let app = Router::new()
         .route("/mutate", post(allow))
-        .route("/validate", post(allow));
+        .route("/validate", post(allow))
+        .with_state(patch);
     let tls = RustlsConfig::from_config(Arc::new(server_config(resolver)?));
     let handle = axum_server::Handle::<SocketAddr>::new();
     let server = axum_server::bind_rustls(SocketAddr::from(([127, 0, 0, 1], 0)), tls).handle(handle.clone());
@@ -289,7 +355,12 @@ async fn create(client: &Client, namespace: &str, resource: &ApiResource, object
     )?)
 }
 
-async fn set_up(env: &Env, client: &Client, scope: &str, bare_scope: &str) -> Result<Setup> {
+async fn set_up(
+    env: &Env,
+    client: &Client,
+    scope: &str,
+    bare_scopes: &BTreeMap<Arm, String>,
+) -> Result<Setup> {
     let registry = env.registry().to_string();
     images::push(
         &registry,
@@ -305,11 +376,13 @@ async fn set_up(env: &Env, client: &Client, scope: &str, bare_scope: &str) -> Re
         env.namespace_with_labels("bench-holdfast", &[(SCOPE_LABEL, scope)])
             .await?,
     );
-    namespaces.insert(
-        Arm::Bare,
-        env.namespace_with_labels("bench-bare", &[(SCOPE_LABEL, bare_scope)])
-            .await?,
-    );
+    for (arm, bare_scope) in bare_scopes {
+        namespaces.insert(
+            *arm,
+            env.namespace_with_labels(&format!("bench-{}", arm.name()), &[(SCOPE_LABEL, bare_scope)])
+                .await?,
+        );
+    }
     namespaces.insert(Arm::None, env.namespace("bench-none").await?);
     // The first App holdfast pins resolves the tag: after it, every CREATE is a cache hit.
     let pinned = create(
@@ -374,28 +447,46 @@ async fn holdfast_calls(holdfast: &Installed) -> Result<u64> {
         .sum())
 }
 
-/// `holdfast_cpu_us`: CPU time of the holdfast-webhook process per write of the arm's turns.
-async fn measure(client: &Client, holdfast: &Installed, pid: u32, setup: &Setup) -> Result<()> {
+/// CPU time per write of the arm's turns: `holdfast_cpu_us` of the holdfast-webhook process,
+/// `bare_cpu_us` of the bare handlers' threads, `apiserver_cpu_us` of kube-apiserver.
+async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setup) -> Result<()> {
     println!(
-        "{:<13} {:>4} {:<9} {:>9} {:>9} {:>9} {:>15} {:>16}",
-        "request", "conc", "arm", "writes/s", "p50_ms", "p99_ms", "holdfast_calls", "holdfast_cpu_us"
+        "{:<13} {:>4} {:<9} {:>9} {:>9} {:>9} {:>15} {:>16} {:>12} {:>17}",
+        "request",
+        "conc",
+        "arm",
+        "writes/s",
+        "p50_ms",
+        "p99_ms",
+        "holdfast_calls",
+        "holdfast_cpu_us",
+        "bare_cpu_us",
+        "apiserver_cpu_us"
     );
     let mut results: BTreeMap<(Request, usize, Arm), Figures> = BTreeMap::new();
     let mut sequence = 0u64;
+    let cpu_ticks = || -> Result<[u64; 3]> {
+        Ok([
+            Usage::of(Some(pids.holdfast))?.cpu_ticks,
+            Usage::threads_cpu_ticks(SERVERS_THREAD)?,
+            Usage::of(Some(pids.apiserver))?.cpu_ticks,
+        ])
+    };
     for concurrency in CONCURRENCY {
         for request in REQUESTS {
+            let arms = request.arms();
             let mut latencies: BTreeMap<Arm, Vec<Duration>> = BTreeMap::new();
             let mut calls: BTreeMap<Arm, u64> = BTreeMap::new();
-            let mut ticks: BTreeMap<Arm, u64> = BTreeMap::new();
-            for arm in ARMS {
+            let mut ticks: BTreeMap<Arm, [u64; 3]> = BTreeMap::new();
+            for &arm in arms {
                 drive(client, setup, arm, request, concurrency, WARMUP, &mut sequence).await?;
             }
             for round in 0..ROUNDS as usize {
                 // Rotated order: a drift in the machine's load favours no arm.
-                for i in 0..ARMS.len() {
-                    let arm = ARMS[(round + i) % ARMS.len()];
+                for i in 0..arms.len() {
+                    let arm = arms[(round + i) % arms.len()];
                     let before = holdfast_calls(holdfast).await?;
-                    let cpu = Usage::of(Some(pid))?.cpu_ticks;
+                    let cpu = cpu_ticks()?;
                     let turn = drive(
                         client,
                         setup,
@@ -406,25 +497,34 @@ async fn measure(client: &Client, holdfast: &Installed, pid: u32, setup: &Setup)
                         &mut sequence,
                     )
                     .await?;
-                    *ticks.entry(arm).or_default() += Usage::of(Some(pid))?.cpu_ticks - cpu;
+                    let after = cpu_ticks()?;
+                    let sum = ticks.entry(arm).or_default();
+                    for (sum, (after, before)) in sum.iter_mut().zip(after.iter().zip(cpu)) {
+                        *sum += after - before;
+                    }
                     *calls.entry(arm).or_default() += holdfast_calls(holdfast).await? - before;
                     latencies.entry(arm).or_default().extend(turn);
                 }
             }
-            for arm in ARMS {
+            for &arm in arms {
                 let turns = latencies.remove(&arm).unwrap_or_default();
-                let cpu_us = ticks.get(&arm).copied().unwrap_or_default() as f64 / TICKS_PER_SECOND * 1e6
-                    / turns.len().max(1) as f64;
+                let per_write_us = ticks
+                    .get(&arm)
+                    .copied()
+                    .unwrap_or_default()
+                    .map(|t| t as f64 / TICKS_PER_SECOND * 1e6 / turns.len().max(1) as f64);
                 let figures = figures(turns);
                 println!(
-                    "{:<13} {concurrency:>4} {:<9} {:>9.0} {:>9.2} {:>9.2} {:>15} {:>16.0}",
+                    "{:<13} {concurrency:>4} {:<9} {:>9.0} {:>9.2} {:>9.2} {:>15} {:>16.0} {:>12.0} {:>17.0}",
                     request.name(),
                     arm.name(),
                     figures.per_second,
                     figures.p50_ms,
                     figures.p99_ms,
                     calls.get(&arm).copied().unwrap_or_default(),
-                    cpu_us
+                    per_write_us[0],
+                    per_write_us[1],
+                    per_write_us[2],
                 );
                 results.insert((request, concurrency, arm), figures);
             }
@@ -459,32 +559,53 @@ async fn measure(client: &Client, holdfast: &Installed, pid: u32, setup: &Setup)
         }
     }
     let p99_c64_ms = get(Request::AppCreate, 64, Arm::Holdfast)?.p99_ms;
-    // The pin the CREATEs got is the pinned App's: the arm measured what it claims.
-    let last = Api::<DynamicObject>::namespaced_with(
-        client.clone(),
-        &setup.namespaces[&Arm::Holdfast],
-        &app_resource(),
-    )
-    .list(&Default::default())
-    .await?;
-    let unpinned = last
-        .items
-        .iter()
-        .filter(|a| {
-            a.data["spec"]["fetch"][0]["image"]["url"].as_str()
-                != setup.pinned["spec"]["fetch"][0]["image"]["url"].as_str()
-        })
-        .count();
-    ensure!(
-        unpinned == 0,
-        "{unpinned} of {} Apps created through holdfast were not pinned to {}'s digest",
-        last.items.len(),
-        setup.app_tag
-    );
+    // App CREATE against the floor of a webhook that pins (the same patch, nothing else).
+    let create_p50_over_patch_floor_ms =
+        get(Request::AppCreate, 1, Arm::Holdfast)?.p50_ms - get(Request::AppCreate, 1, Arm::Patch)?.p50_ms;
+    let mut vs_patch_floor = BTreeMap::new();
+    let mut p99_vs_patch_floor_max: f64 = 0.0;
+    for concurrency in CONCURRENCY {
+        let (ours, floor) = (
+            get(Request::AppCreate, concurrency, Arm::Holdfast)?,
+            get(Request::AppCreate, concurrency, Arm::Patch)?,
+        );
+        vs_patch_floor.insert(concurrency, ours.per_second / floor.per_second);
+        p99_vs_patch_floor_max = p99_vs_patch_floor_max.max(ours.p99_ms / floor.p99_ms);
+    }
+    let vs_patch_floor_min = vs_patch_floor.values().copied().fold(f64::INFINITY, f64::min);
+    let patch_floor_vs_bare_c16 = get(Request::AppCreate, 16, Arm::Patch)?.per_second
+        / get(Request::AppCreate, 16, Arm::Bare)?.per_second;
+    // The pin the CREATEs got is the pinned App's, through holdfast and through the constant
+    // patch: both arms measured what they claim.
+    for arm in [Arm::Holdfast, Arm::Patch] {
+        let created =
+            Api::<DynamicObject>::namespaced_with(client.clone(), &setup.namespaces[&arm], &app_resource())
+                .list(&Default::default())
+                .await?;
+        let unpinned = created
+            .items
+            .iter()
+            .filter(|a| {
+                a.data["spec"]["fetch"][0]["image"]["url"].as_str()
+                    != setup.pinned["spec"]["fetch"][0]["image"]["url"].as_str()
+            })
+            .count();
+        ensure!(
+            unpinned == 0,
+            "{unpinned} of {} Apps created in the {} arm were not pinned to {}'s digest",
+            created.items.len(),
+            arm.name(),
+            setup.app_tag
+        );
+    }
     println!(
         "create_p50_overhead_ms={create_p50_overhead_ms:.2} throughput_ratio_c16={throughput_ratio_c16:.2} \
          vs_bare_webhook_c16={vs_bare_c16:.2} p99_c64_ms={p99_c64_ms:.1} update_throughput_ratio_c16={update_throughput_ratio_c16:.2} \
-         vs_bare_webhook_min={vs_bare_min:.2} p99_vs_bare_max={p99_vs_bare_max:.2}"
+         vs_bare_webhook_min={vs_bare_min:.2} p99_vs_bare_max={p99_vs_bare_max:.2} \
+         create_p50_over_patch_floor_ms={create_p50_over_patch_floor_ms:.2} vs_patch_floor_c16={:.2} \
+         vs_patch_floor_min={vs_patch_floor_min:.2} p99_vs_patch_floor_max={p99_vs_patch_floor_max:.2} \
+         patch_floor_vs_bare_c16={patch_floor_vs_bare_c16:.2}",
+        vs_patch_floor[&16]
     );
     Ok(())
 }
