@@ -18,6 +18,11 @@
 #   scripts/install-deps.sh [--bench]            everything (make deps)
 #   scripts/install-deps.sh --packages           only the Debian packages and the rustup target
 #   scripts/install-deps.sh --builds [--bench]   only the Go builds and cargo-cyclonedx
+#   scripts/install-deps.sh --peers [--bench]    only the builds the control plane and the peers need
+#   scripts/install-deps.sh --release-tools      only the tools that the image's suites alone need
+#                                                (umoci, cosign, cargo-cyclonedx)
+# (--peers and --release-tools together are --builds: make test runs them one after the other and
+# the suites that need no release tool in between, scripts/test.sh.)
 # The builds run HOLDFAST_DEPS_JOBS (2) groups at a time: one `go build` leaves a core idle while
 # it links or waits on a package's dependencies. Programs sharing most of their modules (the kpack
 # releases, the Carvel tools) build in one group, one after the other, so the second reuses the
@@ -29,13 +34,16 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # --bench: also what only the benchmarks run (kpack v0.16.1 for make bench-deletion).
 WITH_BENCH_PEERS=false
 DO_PACKAGES=true
-DO_BUILDS=true
+DO_PEERS=true
+DO_RELEASE_TOOLS=true
 for arg in "$@"; do
   case "$arg" in
     --bench) WITH_BENCH_PEERS=true ;;
-    --packages) DO_BUILDS=false ;;
+    --packages) DO_PEERS=false DO_RELEASE_TOOLS=false ;;
     --builds) DO_PACKAGES=false ;;
-    *) echo "usage: $0 [--packages | --builds] [--bench]" >&2; exit 2 ;;
+    --peers) DO_PACKAGES=false DO_RELEASE_TOOLS=false ;;
+    --release-tools) DO_PACKAGES=false DO_PEERS=false ;;
+    *) echo "usage: $0 [--packages | --builds | --peers | --release-tools] [--bench]" >&2; exit 2 ;;
   esac
 done
 DEPS_JOBS=${HOLDFAST_DEPS_JOBS:-2}
@@ -221,8 +229,6 @@ build_cluster_tools() {
   # The dynamic volume provisioner kind ships: kpack's build cache volumes (PVCs) are bound through it.
   build_peer local-path-provisioner "-s -w" github.com/rancher/local-path-provisioner=local-path-provisioner
   collect_manifests local-path-provisioner github.com/rancher/local-path-provisioner deploy/local-path-storage.yaml
-  build_peer umoci "-s -w -X github.com/opencontainers/umoci.version=$(required_version umoci github.com/opencontainers/umoci)" \
-    github.com/opencontainers/umoci/cmd/umoci=umoci
 }
 
 # kapp-controller with the tools it runs, and imgpkg (the Carvel bundles of make package).
@@ -278,8 +284,10 @@ build_helm() {
   build_peer helm "$ld" helm.sh/helm/v3/cmd/helm=helm
 }
 
-# Signing the image (make sign).
-build_cosign() {
+# The image's layout (make image) and signing it (make sign).
+build_image_tools() {
+  build_peer umoci "-s -w -X github.com/opencontainers/umoci.version=$(required_version umoci github.com/opencontainers/umoci)" \
+    github.com/opencontainers/umoci/cmd/umoci=umoci
   build_peer cosign "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$(required_version cosign github.com/sigstore/cosign/v2)" \
     github.com/sigstore/cosign/v2/cmd/cosign=cosign
 }
@@ -321,18 +329,24 @@ if [ "$DO_PACKAGES" = true ]; then
   install_packages
   install_rust_target
 fi
-if [ "$DO_BUILDS" = true ]; then
+if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ]; then
   check_go
   mkdir -p "$PEERS_DIR"
+fi
+if [ "$DO_PEERS" = true ]; then
   # Longest first (README "The test environment" has each build's time).
-  spawn build_kpack
   spawn build_kubernetes
+  spawn build_kpack
   spawn build_carvel
-  spawn build_cosign
-  spawn build_helm
   spawn build_korifi
-  spawn install_cyclonedx
+  spawn build_helm
   spawn build_cluster_tools
+fi
+if [ "$DO_RELEASE_TOOLS" = true ]; then
+  spawn build_image_tools
+  spawn install_cyclonedx
+fi
+if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ]; then
   await_all
   log "ready: peers in $PEERS_DIR: $(cd "$PEERS_DIR" && find . -maxdepth 1 -type l -printf '%f ')"
 fi

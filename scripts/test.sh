@@ -1,37 +1,73 @@
 #!/usr/bin/env bash
 # make test: what `make deps`, `make lint`, `make fuzz-smoke` and `cargo test --workspace` do, in
-# an order that keeps both cores busy on a new machine. The Go builds of install-deps.sh (half an
-# hour there) run in the background while cargo builds the lints, the fuzz targets, the test
-# binaries and the image's static binaries (scripts/image.sh binaries), which need none of them;
-# the tests start once both are done. Where everything is cached this is the plain sequence.
+# an order that keeps both cores busy on a new machine:
+#   1. the Go builds of the control plane and the peers (install-deps.sh --peers, most of an hour
+#      there) run in the background while cargo builds the lints, the fuzz targets and the test
+#      binaries, which need none of them;
+#   2. then every suite but the image's runs, while what only those need builds at the lowest
+#      priority in the background (install-deps.sh --release-tools: umoci, cosign,
+#      cargo-cyclonedx; scripts/image.sh binaries: the static release binaries): the suites spend
+#      much of their time waiting on controllers, and the builds take what they leave;
+#   3. then the image's suites (IMAGE_SUITES).
+# Where everything is cached this is the plain sequence. All runs are `--workspace`: cargo unifies
+# the dependencies' features over the packages it selects, and a narrower selection would
+# rebuild them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
 STATE=.holdfast
 LOG="$STATE/install-deps.log"
+TOOLS_LOG="$STATE/release-tools.log"
+# The test targets that build, push, sign or package the image (e2e/src/dist.rs), by name: a
+# name selects that target in every package that has one (manifest-checks' chart.rs too).
+IMAGE_SUITES=(chart image package)
 
 log() { printf '[test %(%H:%M:%S)T] %s\n' -1 "$*"; }
 
-# Debian packages first: the lints need shellcheck, the static build musl-gcc.
+# Waits for background job $1 (its log $2, its command $3 for the message); fails with its log.
+await() {
+  if ! wait "$1"; then
+    tail -60 "$2" >&2
+    echo "test: $3 failed (whole log: $2)" >&2
+    exit 1
+  fi
+  tail -1 "$2"
+}
+
+# Debian packages first: the lints need shellcheck, the static build musl-gcc, this script jq.
 scripts/install-deps.sh --packages
 mkdir -p "$STATE"
-log "Go builds in the background (scripts/install-deps.sh --builds), log: $LOG"
-# In a process group of its own (setsid: a background job is no group leader, so it execs in
-# place and $! leads the group), so that a failed or interrupted run stops every `go build` too.
-setsid scripts/install-deps.sh --builds >"$LOG" 2>&1 &
+log "Go builds of the control plane and the peers in the background (scripts/install-deps.sh --peers), log: $LOG"
+# In process groups of their own (setsid: a background job is no group leader, so it execs in
+# place and $! leads the group), so that a failed or interrupted run stops every build too.
+setsid scripts/install-deps.sh --peers >"$LOG" 2>&1 &
 deps=$!
-trap 'kill -- "-$deps" 2>/dev/null || true' EXIT
+tools=
+trap 'kill -- "-$deps" ${tools:+"-$tools"} 2>/dev/null || true' EXIT
 
 make --no-print-directory lint CARGO="$CARGO"
 make --no-print-directory fuzz-smoke
 "$CARGO" test --workspace --no-run
-scripts/image.sh binaries
 
-log "waiting for the Go builds"
-if ! wait "$deps"; then
-  tail -60 "$LOG" >&2
-  echo "test: scripts/install-deps.sh --builds failed (whole log: $LOG)" >&2
-  exit 1
-fi
-tail -1 "$LOG"
-"$CARGO" test --workspace
+mapfile -t suites < <("$CARGO" metadata --no-deps --format-version 1 --locked |
+  jq -r '.packages[].targets[] | select(.kind == ["test"]) | .name' | sort -u)
+first=()
+for suite in "${suites[@]}"; do
+  [[ " ${IMAGE_SUITES[*]} " == *" $suite "* ]] || first+=(--test "$suite")
+done
+for suite in "${IMAGE_SUITES[@]}"; do
+  [[ " ${suites[*]} " == *" $suite "* ]] || { echo "test: no test target named $suite (IMAGE_SUITES)" >&2; exit 1; }
+done
+
+log "waiting for the Go builds of the control plane and the peers"
+await "$deps" "$LOG" "scripts/install-deps.sh --peers"
+log "the image's tools and static binaries at the lowest priority in the background, log: $TOOLS_LOG"
+setsid nice -n 19 bash -c 'scripts/install-deps.sh --release-tools && scripts/image.sh binaries' >"$TOOLS_LOG" 2>&1 &
+tools=$!
+"$CARGO" test --workspace --lib --bins "${first[@]}"
+"$CARGO" test --workspace --doc
+log "waiting for the image's tools and static binaries"
+await "$tools" "$TOOLS_LOG" "scripts/install-deps.sh --release-tools && scripts/image.sh binaries"
+image=()
+for suite in "${IMAGE_SUITES[@]}"; do image+=(--test "$suite"); done
+"$CARGO" test --workspace "${image[@]}"
