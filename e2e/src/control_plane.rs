@@ -37,6 +37,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(90);
 const AUDIT_LOG: &str = "audit.log";
 /// Label on every namespace the harness creates, so leftovers can be found on a shared cluster.
 pub const E2E_LABEL: &str = "holdfast.dev/e2e";
+/// The name kube-apiserver's process is started under ([`Env::pid_of`] finds it by it).
+pub const KUBE_APISERVER: &str = "kube-apiserver";
 /// Set to a kubeconfig file: the suites run against that cluster (e.g. kind with holdfast
 /// installed, `e2e/kind/`) instead of booting the local control plane.
 pub const KUBECONFIG_ENV: &str = "HOLDFAST_E2E_KUBECONFIG";
@@ -200,7 +202,7 @@ impl Env {
             "--audit-log-maxsize=200".into(),
             "--audit-log-maxbackup=1".into(),
         ]);
-        env.spawn("kube-apiserver", &tools.kube_apiserver, &apiserver_args)?;
+        env.spawn(KUBE_APISERVER, &tools.kube_apiserver, &apiserver_args)?;
 
         env.wait_for_registry().await?;
         let client = env

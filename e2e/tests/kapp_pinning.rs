@@ -45,8 +45,10 @@ fn app(name: &str, url: &str) -> String {
 /// What a watch saw of each App while it ran.
 #[derive(Debug, Default, Clone)]
 struct Seen {
-    /// Status versions reporting `ReconcileFailed`.
+    /// Status versions reporting `ReconcileFailed` (for a reason of the App's own).
     failed: usize,
+    /// Status versions reporting kapp-controller's reaper race (`failed_by_reaper_race`).
+    raced: usize,
     /// Distinct `status.deploy.updatedAt` values reported with `ReconcileSucceeded`: one per
     /// successful sync.
     succeeded_syncs: std::collections::BTreeSet<String>,
@@ -62,8 +64,11 @@ fn watch_apps(api: Api<DynamicObject>) -> (Arc<std::sync::Mutex<BTreeMap<String,
         while let Ok(Some(app)) = stream.try_next().await {
             let Ok(mut seen) = out.lock() else { return };
             let entry = seen.entry(app.name_any()).or_default();
-            if kapp_controller::has_condition(&app, "ReconcileFailed") {
+            if kapp_controller::reconcile_failed(&app) {
                 entry.failed += 1;
+            }
+            if kapp_controller::failed_by_reaper_race(&app) {
+                entry.raced += 1;
             }
             if kapp_controller::has_condition(&app, "ReconcileSucceeded")
                 && let Some(at) = app.data["status"]["deploy"]["updatedAt"].as_str()
@@ -177,8 +182,13 @@ async fn pinned_apps_keep_reconciling_through_a_registry_outage(env: Arc<Env>) -
     }
     let failed: usize = tag_seen.values().map(|s| s.failed).sum();
     let synced: usize = pinned_seen.values().map(|s| s.succeeded_syncs.len()).sum();
+    let raced: usize = pinned_seen
+        .values()
+        .chain(tag_seen.values())
+        .map(|s| s.raced)
+        .sum();
     eprintln!(
-        "registry outage of {outage:?}: {APPS} pinned Apps, 0 failed reconciles, {synced} successful syncs; {APPS} tag Apps, {failed} failed reconcile statuses"
+        "registry outage of {outage:?}: {APPS} pinned Apps, 0 failed reconciles, {synced} successful syncs; {APPS} tag Apps, {failed} failed reconcile statuses; {raced} statuses of kapp-controller's reaper race"
     );
     webhook.stop().await
 }

@@ -109,8 +109,12 @@ async fn deployed_image(client: &kube::Client, namespace: &str, name: &str) -> R
 /// Waits on a watch (at most 90 s: a failing App is retried with backoff up to its 30 s sync
 /// period) until kapp-controller reports `condition` on the App `name`.
 async fn until_condition(api: &kube::Api<DynamicObject>, name: &str, condition: &'static str) -> Result<()> {
-    let seen =
-        move |a: Option<&DynamicObject>| a.is_some_and(|a| kapp_controller::has_condition(a, condition));
+    // A failure by kapp-controller's reaper race is not the failure a test waits for.
+    let seen = move |a: Option<&DynamicObject>| {
+        a.is_some_and(|a| {
+            kapp_controller::has_condition(a, condition) && !kapp_controller::failed_by_reaper_race(a)
+        })
+    };
     tokio::time::timeout(
         Duration::from_secs(90),
         kube::runtime::wait::await_condition(api.clone(), name, seen),

@@ -15,14 +15,16 @@
 //!
 //! Each arm has a registry of its own; requests are counted from its access log (holdfast's HEADs
 //! included). Syncs and failed syncs come from a watch on the Apps' status
-//! (`consecutiveReconcileSuccesses`/`Failures`, which kapp-controller bumps once per reconcile).
+//! (`consecutiveReconcileSuccesses`/`Failures`, which kapp-controller bumps once per reconcile);
+//! a failure by kapp-controller's own reaper race is counted apart (`reaper_races`).
 //! Steady state starts when the watch has seen every App's first successful sync. The arm run
 //! first is paused (`spec.paused`) before the next starts, so it neither loads kapp-controller nor
 //! asks its registry. The last line is
 //! `registry_request_ratio=… failed_syncs_without=… failed_syncs_with=… steady_state_ratio=…`,
 //! then the sync rates that say whether kapp-controller kept its schedule (2 per App per
 //! minute), holdfast's own requests (its HEADs) and the with arm's total over its floor:
-//! kapp-controller's first fetch of every App, which its per-App cache makes unavoidable.
+//! kapp-controller's first fetch of every App, which its per-App cache makes unavoidable, and the
+//! reaper races of both arms.
 
 use std::{
     collections::BTreeMap,
@@ -100,15 +102,24 @@ struct Counters {
     last_failures: u64,
     succeeded: u64,
     failed: u64,
+    /// Failures by kapp-controller's reaper race (`kapp_controller::failed_by_reaper_race`), not
+    /// by the registry: counted apart from `failed`.
+    raced: u64,
 }
 
 impl Counters {
     /// Adds what moved since the last version seen: a counter that grew adds its growth, one that
-    /// restarted (the other outcome reset it) adds its new value.
-    fn observe(&mut self, successes: u64, failures: u64) {
+    /// restarted (the other outcome reset it) adds its new value; failures go to `raced` when the
+    /// version reports the reaper race.
+    fn observe(&mut self, successes: u64, failures: u64, raced: bool) {
         let grown = |last: u64, now: u64| if now >= last { now - last } else { now };
         self.succeeded += grown(self.last_successes, successes);
-        self.failed += grown(self.last_failures, failures);
+        let failed = grown(self.last_failures, failures);
+        if raced {
+            self.raced += failed;
+        } else {
+            self.failed += failed;
+        }
         self.last_successes = successes;
         self.last_failures = failures;
     }
@@ -125,6 +136,11 @@ impl Seen {
         self.apps
             .values()
             .fold([0, 0], |[s, f], c| [s + c.succeeded, f + c.failed])
+    }
+
+    /// Failed syncs of every App so far that were kapp-controller's reaper race.
+    fn raced(&self) -> u64 {
+        self.apps.values().map(|c| c.raced).sum()
     }
 
     fn every_app_synced(&self, apps: usize) -> bool {
@@ -161,11 +177,12 @@ fn watch_apps(
                 counter("consecutiveReconcileSuccesses"),
                 counter("consecutiveReconcileFailures"),
             );
+            let raced = kapp_controller::failed_by_reaper_race(&app);
             let Ok(mut seen) = out.lock() else { return };
             seen.apps
                 .entry(app.name_any())
                 .or_default()
-                .observe(successes, failures);
+                .observe(successes, failures, raced);
         }
     });
     (seen, task)
@@ -191,6 +208,8 @@ struct Arm {
     failed_syncs: u64,
     outage_syncs: u64,
     failed_in_outage: u64,
+    /// Failed syncs over the whole arm that were kapp-controller's reaper race.
+    reaper_races: u64,
     run: Duration,
 }
 
@@ -332,7 +351,8 @@ async fn arm(
     registry.stop();
     eprintln!("  {name}: registry stopped for {} s", plan.outage.as_secs());
     tokio::time::sleep(plan.outage).await;
-    let [after_syncs, after_failed] = snapshot(&seen)?.totals();
+    let after = snapshot(&seen)?;
+    let [after_syncs, after_failed] = after.totals();
     registry.start().await?;
     pause_all(&api, plan.apps).await?;
     stop.cancel();
@@ -347,6 +367,7 @@ async fn arm(
         failed_syncs,
         outage_syncs: after_syncs - syncs,
         failed_in_outage: after_failed - failed_syncs,
+        reaper_races: after.raced(),
         run,
     })
 }
@@ -428,7 +449,7 @@ async fn main() -> Result<()> {
     drop(env);
 
     println!(
-        "{:<8} {:>9} {:>9} {:>11} {:>12} {:>7} {:>13} {:>7} {:>12} {:>16} {:>13}",
+        "{:<8} {:>9} {:>9} {:>11} {:>12} {:>7} {:>13} {:>7} {:>12} {:>16} {:>13} {:>12}",
         "arm",
         "GET",
         "HEAD",
@@ -439,11 +460,12 @@ async fn main() -> Result<()> {
         "failed",
         "outage_syncs",
         "failed_in_outage",
-        "steady_req/min"
+        "steady_req/min",
+        "reaper_races"
     );
     for a in [&without, &with] {
         println!(
-            "{:<8} {:>9} {:>9} {:>11} {:>12.1} {:>7} {:>13.2} {:>7} {:>12} {:>16} {:>13.2}",
+            "{:<8} {:>9} {:>9} {:>11} {:>12.1} {:>7} {:>13.2} {:>7} {:>12} {:>16} {:>13.2} {:>12}",
             a.name,
             a.requests[0],
             a.requests[1],
@@ -454,7 +476,8 @@ async fn main() -> Result<()> {
             a.failed_syncs,
             a.outage_syncs,
             a.failed_in_outage,
-            a.steady_per_minute()
+            a.steady_per_minute(),
+            a.reaper_races
         );
     }
     let ratio = total(without.requests) as f64 / total(with.requests).max(1) as f64;
@@ -482,13 +505,14 @@ async fn main() -> Result<()> {
         with.requests[1]
     );
     println!(
-        "registry_request_ratio={ratio:.1} failed_syncs_without={} failed_syncs_with={} steady_state_ratio={steady_ratio:.0} apps={apps} sync_rate_without={:.2} sync_rate_with={:.2} holdfast_requests_with={} with_over_first_fetch_floor={:.3}",
+        "registry_request_ratio={ratio:.1} failed_syncs_without={} failed_syncs_with={} steady_state_ratio={steady_ratio:.0} apps={apps} sync_rate_without={:.2} sync_rate_with={:.2} holdfast_requests_with={} with_over_first_fetch_floor={:.3} reaper_races={}",
         without.failed_in_outage,
         with.failed_in_outage,
         without.sync_rate(apps),
         with.sync_rate(apps),
         with.requests[1],
-        total(with.requests) as f64 / with.requests[0].max(1) as f64
+        total(with.requests) as f64 / with.requests[0].max(1) as f64,
+        without.reaper_races + with.reaper_races
     );
     Ok(())
 }

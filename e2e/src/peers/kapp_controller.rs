@@ -269,12 +269,39 @@ pub fn has_condition(object: &DynamicObject, condition: &str) -> bool {
     true_conditions(object).iter().any(|t| t == condition)
 }
 
+/// What kapp-controller v0.53 reports when its sidecar's zombie reaper (`reapZombies`: `wait4(-1)`
+/// every second) takes the exit status of the vendir/ytt/kbld it is running before `cmd.Wait`
+/// does. An upstream race, fixed by carvel-dev/kapp-controller#1806 in no release the module proxy
+/// serves here; kapp-controller retries the reconcile, as in a cluster.
+const REAPER_RACE: &str = "waitid: no child processes";
+
+/// Whether `object` reports `ReconcileFailed` because of that race, not because of what it fetched.
+pub fn failed_by_reaper_race(object: &DynamicObject) -> bool {
+    has_condition(object, "ReconcileFailed")
+        && object.data["status"]["usefulErrorMessage"]
+            .as_str()
+            .is_some_and(|m| m.contains(REAPER_RACE))
+}
+
+/// Whether `object` reports `ReconcileFailed` for a reason of its own (see [`failed_by_reaper_race`]).
+pub fn reconcile_failed(object: &DynamicObject) -> bool {
+    has_condition(object, "ReconcileFailed") && !failed_by_reaper_race(object)
+}
+
 /// Waits, on a watch, until kapp-controller reports `name` reconciled; fails at once if it
-/// reports a failure, with its message.
+/// reports a failure, with its message, except a failure by its reaper race
+/// ([`failed_by_reaper_race`]), which it retries: that one is waited through.
 pub async fn until_reconciled(env: &Env, api: &Api<DynamicObject>, name: &str) -> Result<DynamicObject> {
     let limit = crate::wait::DEFAULT_TIMEOUT * 2;
-    let done = |o: Option<&DynamicObject>| {
-        o.is_some_and(|o| has_condition(o, "ReconcileSucceeded") || has_condition(o, "ReconcileFailed"))
+    let raced = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen_race = raced.clone();
+    let done = move |o: Option<&DynamicObject>| {
+        o.is_some_and(|o| {
+            if failed_by_reaper_race(o) {
+                seen_race.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            has_condition(o, "ReconcileSucceeded") || reconcile_failed(o)
+        })
     };
     let object = tokio::time::timeout(
         limit,
@@ -288,6 +315,9 @@ pub async fn until_reconciled(env: &Env, api: &Api<DynamicObject>, name: &str) -
         )
     })??
     .context("object gone")?;
+    if raced.load(std::sync::atomic::Ordering::Relaxed) {
+        eprintln!("{name}: kapp-controller's reaper race failed a reconcile ({REAPER_RACE}); it retried");
+    }
     if has_condition(&object, "ReconcileFailed") {
         bail!(
             "{name} failed to reconcile: {} {}",
@@ -338,4 +368,39 @@ fn tool_path(tools: &[PathBuf]) -> Result<String> {
         &std::env::var_os("PATH").unwrap_or_default(),
     ));
     Ok(std::env::join_paths(dirs)?.to_string_lossy().into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An App as kapp-controller reports a failed reconcile, with `message`.
+    fn failed_app(message: &str) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "kappctrl.k14s.io/v1alpha1",
+            "kind": "App",
+            "metadata": {"name": "web"},
+            "status": {
+                "conditions": [{"type": "ReconcileFailed", "status": "True", "message": message}],
+                "usefulErrorMessage": message,
+            },
+        }))
+        .expect("an App")
+    }
+
+    #[test]
+    fn the_reaper_race_is_told_apart_from_a_failure_of_the_app() {
+        let raced = failed_app("Fetching resources: waitid: no child processes");
+        assert!(failed_by_reaper_race(&raced));
+        assert!(!reconcile_failed(&raced));
+
+        let refused = failed_app("Fetching resources: connect: connection refused");
+        assert!(!failed_by_reaper_race(&refused));
+        assert!(reconcile_failed(&refused));
+
+        let mut succeeded = failed_app("Fetching resources: waitid: no child processes");
+        succeeded.data["status"]["conditions"][0]["type"] = "ReconcileSucceeded".into();
+        assert!(!failed_by_reaper_race(&succeeded));
+        assert!(!reconcile_failed(&succeeded));
+    }
 }
