@@ -45,6 +45,8 @@ use crate::{
 pub enum Error {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Deadline(#[from] crate::metrics::DeadlineExceeded),
 }
 
 /// The fast finalizer's opt-in deletions.

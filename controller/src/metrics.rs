@@ -43,6 +43,16 @@ pub struct ResultLabels {
 
 type Durations = Family<KindLabels, Histogram, fn() -> Histogram>;
 
+/// The longest one reconcile may take: every call in it has its own timeout (the resolver's,
+/// the API client's), so only a reconcile stuck in a loop of them or in something unbounded
+/// reaches it.
+pub const RECONCILE_DEADLINE: Duration = Duration::from_secs(60);
+
+/// A reconcile dropped at [`RECONCILE_DEADLINE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the reconcile did not finish within {0:?}")]
+pub struct DeadlineExceeded(pub Duration);
+
 /// 1 ms to 30 s: a reconcile answered from the caches takes milliseconds, one that waits on the
 /// API server or a registry (bounded by the resolver's timeout) seconds.
 const DURATION_BUCKETS: [f64; 13] = [
@@ -180,15 +190,40 @@ impl Metrics {
         let _ = self.cache.set(cache);
     }
 
-    /// Runs one reconcile, counting it by its result and timing it.
-    pub async fn reconcile<T, E>(
+    /// Runs one reconcile within [`RECONCILE_DEADLINE`], counting it by its result and timing
+    /// it. Past the deadline the reconcile is dropped and fails with [`DeadlineExceeded`]: its
+    /// error policy retries it, and a hanging registry or API server cannot hold a reconcile
+    /// slot (or the memory of what it was reading) for ever.
+    pub async fn reconcile<T, E: From<DeadlineExceeded>>(
         &self,
         controller: &'static str,
         kind: &'static str,
         work: impl Future<Output = Result<T, E>>,
     ) -> Result<T, E> {
+        self.reconcile_within(RECONCILE_DEADLINE, controller, kind, work)
+            .await
+    }
+
+    async fn reconcile_within<T, E: From<DeadlineExceeded>>(
+        &self,
+        deadline: Duration,
+        controller: &'static str,
+        kind: &'static str,
+        work: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
         let started = Instant::now();
-        let result = work.await;
+        let result = match tokio::time::timeout(deadline, work).await {
+            Ok(result) => result,
+            Err(_) => {
+                tracing::warn!(
+                    controller,
+                    kind,
+                    deadline_s = deadline.as_secs(),
+                    "reconcile exceeded its deadline; dropped, to be retried"
+                );
+                Err(DeadlineExceeded(deadline).into())
+            }
+        };
         self.durations
             .get_or_create(&KindLabels { controller, kind })
             .observe(started.elapsed().as_secs_f64());
@@ -288,10 +323,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_reconcile_past_its_deadline_fails_and_is_counted() {
+        let metrics = Metrics::new();
+        let stuck = std::future::pending::<Result<(), DeadlineExceeded>>();
+        let result = metrics
+            .reconcile_within(Duration::from_millis(10), "pinning", "App", stuck)
+            .await;
+        assert_eq!(result, Err(DeadlineExceeded(Duration::from_millis(10))));
+        assert_eq!(metrics.reconciles("pinning", "App", "error"), 1);
+    }
+
+    #[tokio::test]
     async fn reconciles_are_counted_by_result_and_timed() {
         let metrics = Metrics::new();
-        let ok: Result<(), ()> = metrics.reconcile("pinning", "App", async { Ok(()) }).await;
-        let failed: Result<(), ()> = metrics.reconcile("pinning", "App", async { Err(()) }).await;
+        let ok: Result<(), DeadlineExceeded> = metrics.reconcile("pinning", "App", async { Ok(()) }).await;
+        let failed: Result<(), DeadlineExceeded> = metrics
+            .reconcile("pinning", "App", async { Err(DeadlineExceeded(Duration::ZERO)) })
+            .await;
         assert!(ok.is_ok() && failed.is_err());
         metrics.set_leader(true);
         metrics.refresh_round(3, 1, 0, Duration::from_millis(1500));

@@ -37,6 +37,8 @@ pub enum Error {
     Patch(#[from] json_patch::PatchError),
     #[error("object has no namespace")]
     NoNamespace,
+    #[error(transparent)]
+    Deadline(#[from] crate::metrics::DeadlineExceeded),
 }
 
 /// Who the API server records as the controller: `reportingController` of its Events and field

@@ -15,7 +15,7 @@ use holdfast_registry::{
 };
 use holdfast_webhook::{
     cluster::Cluster,
-    handler::{DEFAULT_BODY_LIMIT, DEFAULT_DEADLINE},
+    handler::{DEFAULT_DEADLINE, Limits},
     rules::{MUTATE_PATH, RuleContext, VALIDATE_PATH, policy::Policy},
     server::{self, Running, Settings},
 };
@@ -407,7 +407,7 @@ impl LocalWebhook {
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             deadline: DEFAULT_DEADLINE,
-            body_limit: DEFAULT_BODY_LIMIT,
+            limits: Limits::default(),
             handshake_timeout: Duration::from_secs(5),
         };
         let running = server::start(settings, context, synced, store.resolver()).await?;

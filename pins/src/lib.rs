@@ -104,6 +104,7 @@ pub mod args;
 pub mod logs;
 pub mod mirror_scope;
 mod original_refs;
+pub mod other_sources;
 mod patch;
 mod policy;
 pub mod repin;
@@ -120,10 +121,14 @@ pub use original_refs::{ORIGINAL_REFS_ANNOTATION, OriginalRef, OriginalRefs, Ori
 pub use patch::{PinOutcome, Resolution, pin_patch};
 pub use policy::{PIN_KEY, PinPolicy, UnknownPinPolicy};
 pub use resolve::Pinner;
-pub use sites::{FetchSite, PinnedKind, SiteKind, fetch_sites};
+pub use sites::{FetchSite, PinnedKind, SiteKind, fetch_entries, fetch_sites};
 
 /// The rule's name in metrics and logs.
 pub const NAME: &str = "pin-fetch-refs";
+
+/// The largest `tagSelection` pinned, as canonical JSON (it becomes part of a cache key and of
+/// a `DigestCacheEntry`); vendir's selections are a constraint and a few identifiers, far less.
+pub const MAX_TAG_SELECTION_BYTES: usize = 1024;
 
 /// What a site needs before it can be pinned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,6 +173,8 @@ pub enum SiteError {
     InvalidTagSelection { field: String, reason: String },
     #[error("{field}: Unsupported version selection type (currently supported: semver); left unpinned")]
     UnsupportedSelection { field: String },
+    #[error("{field}: the tagSelection is {len} bytes, more than holdfast pins ({max}); left unpinned")]
+    SelectionTooLarge { field: String, len: usize, max: usize },
 }
 
 /// What a site needs (see [`Need`]), or why it cannot be pinned.
@@ -209,6 +216,14 @@ pub fn plan(site: &FetchSite) -> Result<Need, SiteError> {
     if selection.semver.is_none() {
         return Err(SiteError::UnsupportedSelection {
             field: site.field.clone(),
+        });
+    }
+    let len = serde_json::to_string(&selection).map_or(usize::MAX, |json| json.len());
+    if len > MAX_TAG_SELECTION_BYTES {
+        return Err(SiteError::SelectionTooLarge {
+            field: site.field.clone(),
+            len,
+            max: MAX_TAG_SELECTION_BYTES,
         });
     }
     Ok(Need::Select(reference, selection))

@@ -156,6 +156,16 @@ pub(crate) fn secret_name_pointer(reference: &json_patch::jsonptr::Pointer) -> P
 /// does a source without a string reference (nothing to pin; the schema is the API server's
 /// business). `null` counts as absent, as it does for the API server's pruning.
 pub fn fetch_sites(kind: PinnedKind, object: &Value) -> Vec<FetchSite> {
+    let mut sites = Vec::new();
+    for (pointer, field, entry) in fetch_entries(kind, object) {
+        entry_sites(entry, &pointer, &field, &mut sites);
+    }
+    sites
+}
+
+/// The entries of `object`'s fetch field with their pointers and fields for people
+/// (`spec.fetch[0]`), in document order; a PackageRepository's single entry is `spec.fetch`.
+pub fn fetch_entries(kind: PinnedKind, object: &Value) -> Vec<(PointerBuf, String, &Value)> {
     let mut fetch = object;
     for key in kind.fetch_path() {
         match fetch.get(key) {
@@ -165,17 +175,20 @@ pub fn fetch_sites(kind: PinnedKind, object: &Value) -> Vec<FetchSite> {
     }
     let pointer = PointerBuf::from_tokens(kind.fetch_path().iter().copied());
     let field = kind.fetch_path().join(".");
-    let mut sites = Vec::new();
-    if kind.fetch_is_list() {
-        for (index, entry) in fetch.as_array().into_iter().flatten().enumerate() {
+    if !kind.fetch_is_list() {
+        return vec![(pointer, field, fetch)];
+    }
+    fetch
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(index, entry)| {
             let mut pointer = pointer.clone();
             pointer.push_back(index);
-            entry_sites(entry, &pointer, &format!("{field}[{index}]"), &mut sites);
-        }
-    } else {
-        entry_sites(fetch, &pointer, &field, &mut sites);
-    }
-    sites
+            (pointer, format!("{field}[{index}]"), entry)
+        })
+        .collect()
 }
 
 fn entry_sites(entry: &Value, pointer: &PointerBuf, field: &str, sites: &mut Vec<FetchSite>) {

@@ -260,6 +260,12 @@ impl AuthCache {
         if entries.len() >= SWEEP_THRESHOLD {
             let now = Instant::now();
             entries.retain(|_, e| e.valid_until.is_none_or(|t| t > now));
+            // Still full (Basic schemes never expire; a tenant can name many repositories):
+            // forget them all. What is forgotten costs one challenge round trip when next used.
+            if entries.len() >= SWEEP_THRESHOLD {
+                tracing::debug!(held = entries.len(), "auth cache full; cleared");
+                entries.clear();
+            }
         }
         entries.insert(key, entry);
     }

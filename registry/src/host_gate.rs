@@ -15,7 +15,11 @@ struct HostState {
     not_before: Option<Instant>,
 }
 
-/// Gates keyed by request authority (`host[:port]`), created on first use.
+/// Hosts held before idle ones are dropped: a tenant can name any number of registries.
+const MAX_HOSTS: usize = 1024;
+
+/// Gates keyed by request authority (`host[:port]`), created on first use; at [`MAX_HOSTS`],
+/// the hosts with no request in flight and no open rate-limit window are dropped.
 pub(crate) struct HostGates {
     max_concurrent: usize,
     hosts: Mutex<HashMap<String, HostState>>,
@@ -31,6 +35,14 @@ impl HostGates {
 
     fn with_host<T>(&self, host: &str, f: impl FnOnce(&mut HostState) -> T) -> T {
         let mut hosts = self.hosts.lock().unwrap_or_else(PoisonError::into_inner);
+        if hosts.len() >= MAX_HOSTS && !hosts.contains_key(host) {
+            let now = Instant::now();
+            hosts.retain(|_, state| {
+                Arc::strong_count(&state.permits) > 1
+                    || state.permits.available_permits() < self.max_concurrent
+                    || state.not_before.is_some_and(|t| t > now)
+            });
+        }
         let state = hosts.entry(host.to_owned()).or_insert_with(|| HostState {
             permits: Arc::new(Semaphore::new(self.max_concurrent)),
             not_before: None,
@@ -86,6 +98,28 @@ mod tests {
         assert_eq!(gates.blocked_for("r.io"), Some(Duration::from_secs(6)));
         tokio::time::advance(Duration::from_secs(6)).await;
         assert_eq!(gates.blocked_for("r.io"), None);
+    }
+
+    #[tokio::test]
+    async fn idle_hosts_are_dropped_past_the_bound_and_busy_ones_kept() {
+        let gates = HostGates::new(1);
+        let busy = gates.permits("busy.io");
+        let _held = busy.clone().try_acquire_owned().unwrap();
+        drop(busy);
+        gates.block("limited.io", Duration::from_secs(60));
+        for i in 0..MAX_HOSTS {
+            let _ = gates.permits(&format!("h{i}.io"));
+        }
+        let hosts = gates.hosts.lock().unwrap();
+        assert!(hosts.len() <= MAX_HOSTS, "{} hosts held", hosts.len());
+        assert!(
+            hosts.contains_key("busy.io"),
+            "a host with a request in flight is kept"
+        );
+        assert!(
+            hosts.contains_key("limited.io"),
+            "an open rate-limit window is kept"
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! - [`semver_select`]: vendir's `tagSelection.semver` (which tag vendir would pick).
 //! - [`credentials`]: registry credentials from a `secretRef` Secret, as vendir reads them.
 //! - [`resolve`]: the registry client: tag → digest, tag lists, auth, rate limits, budgets.
+//! - [`tag_list`]: a tag list page read keeping only the tags that parse as versions, bounded.
 //! - [`mirror`]: copies pinned content (and imgpkg bundles, relocated) into a cache registry.
 
 mod auth;
@@ -23,6 +24,7 @@ pub mod reference;
 pub mod resolve;
 mod retry_after;
 pub mod semver_select;
+pub mod tag_list;
 
 pub use credentials::{AuthConfig, Credentials, CredentialsError};
 pub use digest::{Digest, DigestError};

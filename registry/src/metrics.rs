@@ -78,6 +78,20 @@ impl Collector for CacheCollector {
             None,
             entries.metric_type(),
         )?)?;
+        let flights = ConstGauge::new(i64::try_from(self.0.flights_in_flight()).unwrap_or(i64::MAX));
+        flights.encode(encoder.encode_descriptor(
+            "registry_lookups_in_flight",
+            "Registry lookups under way (one per key, however many callers wait; a caller that gives up leaves its lookup to finish)",
+            None,
+            flights.metric_type(),
+        )?)?;
+        let negative = ConstGauge::new(i64::try_from(self.0.negative_count()).unwrap_or(i64::MAX));
+        negative.encode(encoder.encode_descriptor(
+            "digest_cache_failures_remembered",
+            "Failed lookups of uncached references remembered for --cache-negative-ttl (at most --cache-max-entries)",
+            None,
+            negative.metric_type(),
+        )?)?;
         Ok(())
     }
 }

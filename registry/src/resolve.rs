@@ -46,6 +46,7 @@ use crate::{
     host_gate::HostGates,
     reference::Reference,
     retry_after::parse_retry_after,
+    tag_list::read_version_tags,
 };
 
 /// The manifest media types we accept, most specific multi-platform form first.
@@ -81,13 +82,21 @@ pub struct ResolverConfig {
     pub tag_page_size: Option<u32>,
     /// Stop following tag list pages after this many (protects against link loops).
     pub max_tag_pages: usize,
+    /// At most this many bytes of tag list pages are read for one listing, all pages together.
+    pub max_tag_list_total_bytes: usize,
+    /// At most this many tags that parse as versions are kept from one listing (the others are
+    /// dropped as they are parsed); a listing with more fails.
+    pub max_version_tags: usize,
+    /// Tag listings in flight at once, over all registries (each holds up to one page in
+    /// memory), so that many hosts answering maximal pages cannot add up.
+    pub max_concurrent_tag_lists: usize,
     /// Window used when a 429 has no (valid) `Retry-After`.
     pub default_retry_after: Duration,
     /// Upper bound on a `Retry-After` window.
     pub max_retry_after: Duration,
     /// Largest manifest read when hashing it (distribution caps manifests at 4 MiB).
     pub max_manifest_bytes: usize,
-    /// Largest tag list page read.
+    /// Largest tag list page read (distribution's own pages are far smaller).
     pub max_tag_list_bytes: usize,
     /// `User-Agent` header.
     pub user_agent: String,
@@ -103,10 +112,13 @@ impl Default for ResolverConfig {
             root_certificates_pem: Vec::new(),
             tag_page_size: None,
             max_tag_pages: 100,
+            max_tag_list_total_bytes: 16 * 1024 * 1024,
+            max_version_tags: 10_000,
+            max_concurrent_tag_lists: 4,
             default_retry_after: Duration::from_secs(30),
             max_retry_after: Duration::from_secs(15 * 60),
             max_manifest_bytes: 4 * 1024 * 1024,
-            max_tag_list_bytes: 8 * 1024 * 1024,
+            max_tag_list_bytes: 4 * 1024 * 1024,
             user_agent: concat!("holdfast/", env!("CARGO_PKG_VERSION")).to_owned(),
         }
     }
@@ -273,6 +285,8 @@ struct Inner {
     config: ResolverConfig,
     gates: HostGates,
     auth: AuthCache,
+    /// [`ResolverConfig::max_concurrent_tag_lists`].
+    tag_lists: tokio::sync::Semaphore,
 }
 
 /// One repository on one registry, with the credential chosen for it.
@@ -352,12 +366,6 @@ impl BodyStream {
     }
 }
 
-#[derive(Deserialize)]
-struct TagList {
-    #[serde(default)]
-    tags: Option<Vec<String>>,
-}
-
 impl Resolver {
     /// Builds the resolver and its HTTP client. Needs an installed rustls crypto provider.
     pub fn new(config: ResolverConfig) -> Result<Self, ResolverBuildError> {
@@ -385,6 +393,7 @@ impl Resolver {
                 client,
                 gates: HostGates::new(config.max_concurrent_per_host),
                 auth: AuthCache::default(),
+                tag_lists: tokio::sync::Semaphore::new(config.max_concurrent_tag_lists.max(1)),
                 config,
             }),
         })
@@ -451,7 +460,11 @@ impl Resolver {
         Ok(digest)
     }
 
-    /// All tags of the repository of `reference`, in registry order, following pagination.
+    /// The tags of the repository of `reference` that parse as versions (all that
+    /// `tagSelection.semver` considers), in registry order, following pagination. Bounded:
+    /// [`ResolverConfig::max_tag_list_bytes`] per page, [`ResolverConfig::max_tag_list_total_bytes`]
+    /// and [`ResolverConfig::max_version_tags`] per listing, and
+    /// [`ResolverConfig::max_concurrent_tag_lists`] listings at once.
     #[tracing::instrument(
         level = "debug",
         skip_all,
@@ -464,29 +477,46 @@ impl Resolver {
     ) -> Result<Vec<String>, ResolveError> {
         let config = &self.inner.config;
         let target = self.target(reference, credentials);
+        let _listing = tokio::time::timeout(config.request_timeout, self.inner.tag_lists.acquire())
+            .await
+            .map_err(|_| target.timeout(config.request_timeout))?
+            .map_err(|_| target.transport("the resolver is shutting down".into()))?;
         let mut url = target.url("tags/list")?;
         if let Some(n) = config.tag_page_size {
             url.query_pairs_mut().append_pair("n", &n.to_string());
         }
         let mut tags = Vec::new();
         let mut pages = 0;
+        let mut bytes = 0;
         loop {
             pages += 1;
+            let room = config.max_tag_list_total_bytes.saturating_sub(bytes);
             let page = self
                 .authorized(
                     &target,
                     Method::GET,
                     &url,
                     "application/json",
-                    Some(config.max_tag_list_bytes),
+                    Some(config.max_tag_list_bytes.min(room)),
                 )
-                .await?;
+                .await
+                .map_err(|e| match e {
+                    ResolveError::Protocol { detail, .. }
+                        if room < config.max_tag_list_bytes && detail.starts_with("response body larger") =>
+                    {
+                        target.protocol(format!(
+                            "tag list larger than {} bytes in all",
+                            config.max_tag_list_total_bytes
+                        ))
+                    }
+                    e => e,
+                })?;
             if !page.status.is_success() {
                 return Err(target.status_error(page.status, "tag list", &page.body));
             }
-            let list: TagList = serde_json::from_slice(&page.body)
-                .map_err(|e| target.protocol(format!("invalid tag list response: {e}")))?;
-            tags.extend(list.tags.unwrap_or_default());
+            bytes += page.body.len();
+            read_version_tags(&page.body, &mut tags, config.max_version_tags)
+                .map_err(|e| target.protocol(e.to_string()))?;
             let Some(next) = next_link(&page.headers, &url) else {
                 break;
             };
@@ -498,7 +528,7 @@ impl Resolver {
             }
             url = next;
         }
-        debug!(tags = tags.len(), pages, "listed tags");
+        debug!(tags = tags.len(), pages, bytes, "listed version tags");
         Ok(tags)
     }
 
@@ -1052,7 +1082,7 @@ pub(crate) fn same_origin(a: &Url, b: &Url) -> bool {
 }
 
 /// The `rel="next"` target of the `Link` headers, resolved against the current URL.
-fn next_link(headers: &HeaderMap, current: &Url) -> Option<Url> {
+pub(crate) fn next_link(headers: &HeaderMap, current: &Url) -> Option<Url> {
     for value in headers.get_all(header::LINK) {
         let Ok(value) = value.to_str() else { continue };
         let mut rest = value;

@@ -611,7 +611,7 @@ async fn tag_list_follows_link_pagination() {
         .list_tags(&reference(&registry, "paged/app"), &Credentials::anonymous())
         .await
         .unwrap();
-    assert_eq!(tags, PAGED_TAGS);
+    assert_eq!(tags, version_tags());
     let queries: Vec<Option<String>> = registry.requests().into_iter().map(|r| r.query).collect();
     assert_eq!(
         queries,
@@ -631,8 +631,63 @@ async fn tag_list_without_page_size_is_one_request() {
         .list_tags(&reference(&registry, "paged/app"), &Credentials::anonymous())
         .await
         .unwrap();
-    assert_eq!(tags, PAGED_TAGS);
+    assert_eq!(tags, version_tags());
     assert_eq!(registry.requests().len(), 1);
+}
+
+/// The fake's paged tags that parse as versions: all a listing keeps (`latest` is dropped).
+fn version_tags() -> Vec<&'static str> {
+    PAGED_TAGS.into_iter().filter(|t| *t != "latest").collect()
+}
+
+#[tokio::test]
+async fn a_page_of_junk_tags_keeps_only_the_versions() {
+    let registry = FakeRegistry::start().await;
+    // A 4 MB page, built and parsed by debug builds of the fake and the resolver.
+    let resolver = resolver_for(&registry, |c| c.request_timeout = Duration::from_secs(30));
+    let tags = resolver
+        .list_tags(&reference(&registry, "junk/app"), &Credentials::anonymous())
+        .await
+        .unwrap();
+    assert_eq!(tags, ["1.0.0", "2.0.0"]);
+}
+
+#[tokio::test]
+async fn tag_listings_stop_at_their_total_byte_bound() {
+    let registry = FakeRegistry::start().await;
+    let resolver = resolver_for(&registry, |c| c.max_tag_list_total_bytes = 3 * 1024 * 1024);
+    let err = resolver
+        .list_tags(&reference(&registry, "endless/app"), &Credentials::anonymous())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ResolveError::Protocol { detail, .. } if detail == "tag list larger than 3145728 bytes in all"),
+        "{err:?}"
+    );
+    assert_eq!(
+        registry.requests().len(),
+        3,
+        "1 MiB pages: the third passes the bound"
+    );
+}
+
+#[tokio::test]
+async fn tag_listings_stop_at_their_version_bound() {
+    let registry = FakeRegistry::start().await;
+    let resolver = resolver_for(&registry, |c| c.max_version_tags = 10);
+    let err = resolver
+        .list_tags(&reference(&registry, "versions/app"), &Credentials::anonymous())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ResolveError::Protocol { detail, .. } if detail == "the tag list has more than 10 tags that parse as versions"),
+        "{err:?}"
+    );
+    let all = resolver_for(&registry, |c| c.max_version_tags = 20)
+        .list_tags(&reference(&registry, "versions/app"), &Credentials::anonymous())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 20);
 }
 
 #[tokio::test]
@@ -672,4 +727,51 @@ async fn https_unless_configured_insecure() {
     // The fake speaks plain HTTP, so the TLS handshake fails.
     assert!(matches!(err, ResolveError::Transport { .. }), "{err:?}");
     assert!(registry.requests().is_empty(), "no plain-HTTP request was made");
+}
+
+/// Admissions cut off by their deadline while a registry hangs (the webhook drops the lookup)
+/// must not strand the registry's connection budget: once it answers, the next new tag is
+/// resolved at once, and every single-flight slot is gone.
+#[tokio::test]
+async fn lookups_cut_off_while_a_registry_hangs_release_its_budget() {
+    use std::sync::Arc;
+
+    use futures::FutureExt as _;
+    use holdfast_registry::cache::{CacheConfig, CacheKey, DigestCache, Loaded, Scope};
+
+    let registry = FakeRegistry::start().await;
+    let resolver = resolver_for(&registry, |c| {
+        c.max_concurrent_per_host = 2;
+        c.request_timeout = Duration::from_secs(5);
+    });
+    let cache = DigestCache::new(Arc::new(resolver), CacheConfig::default(), None);
+    let lookup = |path: &str| {
+        let target = reference(&registry, path);
+        cache.lookup(CacheKey::tag(&target, Scope::Anonymous), target, None, || {
+            futures::future::ready(Ok(Loaded::anonymous())).boxed()
+        })
+    };
+    // Two hanging tags take both of the host's slots; their callers give up.
+    for tag in ["gated/app:v1", "gated/app:v2"] {
+        let cut = tokio::time::timeout(Duration::from_millis(100), lookup(tag)).await;
+        assert!(cut.is_err(), "{tag} answered while the registry hangs");
+    }
+    assert_eq!(cache.flights_in_flight(), 2);
+    registry.release();
+    let started = Instant::now();
+    let answer = lookup("plain/app:v1").await.unwrap();
+    assert_eq!(answer.digest, expected_digest("plain/app"));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "waited {:?} for a slot",
+        started.elapsed()
+    );
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while cache.flights_in_flight() > 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the cut-off flights landed");
+    assert_eq!(registry.count("/v2/gated/app/manifests/v1"), 1, "asked once");
 }

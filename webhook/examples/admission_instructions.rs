@@ -77,7 +77,7 @@ fn holdfast_router() -> anyhow::Result<Router> {
         metrics: Arc::new(Metrics::new(None)),
         deadline: Duration::from_secs(3),
     });
-    Ok(handler::router(state, handler::DEFAULT_BODY_LIMIT))
+    Ok(handler::router(state, handler::Limits::default()))
 }
 
 /// The benchmark's bare handler: reads the body, answers a fixed review.

@@ -20,6 +20,10 @@ pub struct Args {
     /// Largest AdmissionReview body accepted; larger ones get 413.
     #[arg(long, env = "HOLDFAST_BODY_LIMIT_BYTES", default_value_t = crate::handler::DEFAULT_BODY_LIMIT)]
     pub body_limit_bytes: usize,
+    /// Bytes of admission bodies read or decided at once (at least --body-limit-bytes); past
+    /// it a request waits up to the deadline, then gets 503.
+    #[arg(long, env = "HOLDFAST_IN_FLIGHT_BYTES", default_value_t = crate::handler::DEFAULT_IN_FLIGHT_BYTES)]
+    pub in_flight_bytes: usize,
     /// Log format.
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,

@@ -10,12 +10,14 @@ use axum::{
     Json, Router,
     extract::{DefaultBodyLimit, FromRequestParts, State},
     http::{HeaderValue, StatusCode, header, request::Parts},
+    middleware::{self, Next},
     response::{IntoResponse, Response},
     routing::post,
 };
 use bytes::Bytes;
 use kube::core::admission::Operation;
 use serde_json::json;
+use tokio::sync::Semaphore;
 
 use crate::{
     decision::{Outcome, Verdict},
@@ -24,8 +26,16 @@ use crate::{
     rules::{Family, MUTATE_PATH, Rule, RuleContext, VALIDATE_PATH},
 };
 
-/// The API server sends at most two objects of at most 3 MiB each (object and oldObject).
-pub const DEFAULT_BODY_LIMIT: usize = 7 * 1024 * 1024;
+/// The largest review of the kinds holdfast is called for: an UPDATE carries two objects of at
+/// most etcd's 1.5 MiB each (object and oldObject), a CREATE one of at most the API server's
+/// 3 MiB request body; 4 MiB holds either with the review around it. A larger one could not be
+/// stored anyway; it gets 413, and the API server applies the webhook's failure policy.
+pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
+/// Review bodies being read or decided at once, in bytes (as their `Content-Length` says, or
+/// the body limit when they say nothing): four reviews of the largest size, thousands of
+/// ordinary ones. A decoded review takes a few times its bytes, so this bounds the memory
+/// admission can take whatever a client on the port sends.
+pub const DEFAULT_IN_FLIGHT_BYTES: usize = 16 * 1024 * 1024;
 /// Well under the manifests' `timeoutSeconds` (5 s), so holdfast answers before the API server gives up.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(3);
 
@@ -35,18 +45,86 @@ pub struct AdmissionState {
     pub deadline: Duration,
 }
 
-/// The admission routes, with a body limit (oversized bodies get 413).
-pub fn router(state: Arc<AdmissionState>, body_limit: usize) -> Router {
+/// What one replica spends on the bodies it is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest body accepted; larger ones get 413.
+    pub body_bytes: usize,
+    /// Bytes of bodies in flight at once (see [`DEFAULT_IN_FLIGHT_BYTES`]); a request waits for
+    /// room up to the deadline, then gets 503 (the API server applies the failure policy). At
+    /// least `body_bytes`, so the largest body can always be served.
+    pub in_flight_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            body_bytes: DEFAULT_BODY_LIMIT,
+            in_flight_bytes: DEFAULT_IN_FLIGHT_BYTES,
+        }
+    }
+}
+
+/// The in-flight byte budget, in KiB permits.
+struct Budget {
+    permits: Semaphore,
+    body_bytes: usize,
+    wait: Duration,
+    metrics: Arc<Metrics>,
+}
+
+/// The admission routes, with a body limit (oversized bodies get 413) and the in-flight
+/// budget (requests past it wait, then get 503).
+pub fn router(state: Arc<AdmissionState>, limits: Limits) -> Router {
+    let budget = Arc::new(Budget {
+        permits: Semaphore::new(kib(limits.in_flight_bytes.max(limits.body_bytes))),
+        body_bytes: limits.body_bytes,
+        wait: state.deadline,
+        metrics: state.metrics.clone(),
+    });
     Router::new()
         .route(MUTATE_PATH, post(mutate))
         .route(VALIDATE_PATH, post(validate))
-        // One `layer` call for both (outermost first): each call wraps every route in one more
+        // One `layer` call for all (outermost first): each call wraps every route in one more
         // boxed service, cloned and boxed again on every request.
         .layer((
             tower_http::catch_panic::CatchPanicLayer::custom(panic_response),
-            DefaultBodyLimit::max(body_limit),
+            middleware::from_fn_with_state(budget, reserve),
+            DefaultBodyLimit::max(limits.body_bytes),
         ))
         .with_state(state)
+}
+
+fn kib(bytes: usize) -> usize {
+    bytes.div_ceil(1024).clamp(1, Semaphore::MAX_PERMITS)
+}
+
+/// Holds the request's share of the in-flight budget until its answer is written, before its
+/// body is read.
+async fn reserve(State(budget): State<Arc<Budget>>, request: axum::extract::Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .unwrap_or(budget.body_bytes)
+        .min(budget.body_bytes);
+    let share = u32::try_from(kib(declared)).unwrap_or(u32::MAX);
+    match tokio::time::timeout(budget.wait, budget.permits.acquire_many(share)).await {
+        Ok(Ok(_held)) => next.run(request).await,
+        _ => {
+            budget.metrics.count(Outcome::Error);
+            budget.metrics.shed();
+            tracing::warn!(
+                bytes = declared,
+                wait_ms = budget.wait.as_millis() as u64,
+                "admission bodies in flight at their budget; answered 503"
+            );
+            error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "holdfast is at its in-flight review budget; retry",
+            )
+        }
+    }
 }
 
 async fn mutate(

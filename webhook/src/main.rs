@@ -77,7 +77,10 @@ async fn main() -> Result<()> {
         addr: args.addr,
         admin_addr: args.admin_addr,
         deadline: args.deadline(),
-        body_limit: args.body_limit_bytes,
+        limits: holdfast_webhook::handler::Limits {
+            body_bytes: args.body_limit_bytes,
+            in_flight_bytes: args.in_flight_bytes,
+        },
         handshake_timeout: Duration::from_secs(5),
     };
     let running = server::start(settings, context, synced, certificate).await?;

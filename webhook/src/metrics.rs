@@ -32,6 +32,7 @@ pub struct Metrics {
     registry: Registry,
     duration: HistogramFamily,
     requests: Family<OutcomeLabels, Counter>,
+    shed: Counter,
     certificate_expiry: Gauge<f64, AtomicU64>,
 }
 
@@ -71,6 +72,12 @@ impl Metrics {
             "Admission requests by outcome: allowed, patched, denied, error",
             requests.clone(),
         );
+        let shed = Counter::default();
+        registry.register(
+            "admission_shed",
+            "Admission requests answered 503 because the bodies in flight were at --in-flight-bytes for the whole deadline",
+            shed.clone(),
+        );
         let certificate_expiry = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "serving_certificate_expiry_seconds",
@@ -81,6 +88,7 @@ impl Metrics {
             registry,
             duration,
             requests,
+            shed,
             certificate_expiry,
         }
     }
@@ -101,6 +109,11 @@ impl Metrics {
                 outcome: outcome.as_str(),
             })
             .inc();
+    }
+
+    /// A request refused at the in-flight budget.
+    pub fn shed(&self) {
+        self.shed.inc();
     }
 
     pub fn set_certificate_expiry(&self, seconds: f64) {

@@ -20,7 +20,7 @@ pub struct Settings {
     pub addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub deadline: Duration,
-    pub body_limit: usize,
+    pub limits: handler::Limits,
     /// A client that opens a connection must finish its TLS handshake within this.
     pub handshake_timeout: Duration,
 }
@@ -95,7 +95,7 @@ pub async fn start(
             metrics: metrics.clone(),
             deadline: settings.deadline,
         }),
-        settings.body_limit,
+        settings.limits,
     );
     let tls = RustlsConfig::from_config(Arc::new(holdfast_certs::server_config(certificate)?));
     let handle = Handle::<SocketAddr>::new();

@@ -9,7 +9,7 @@ use std::{sync::Arc, time::Duration};
 use axum::body::Body;
 use holdfast_webhook::{
     cluster::StaticCluster,
-    handler::{AdmissionState, router},
+    handler::{AdmissionState, Limits, router},
     metrics::Metrics,
 };
 use http::{Request, StatusCode};
@@ -27,6 +27,10 @@ const APP_CONFIG: &str = "registry.example/team/app-config:1.0.0";
 const UID: &str = "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4";
 
 fn state() -> (Arc<AdmissionState>, Arc<Metrics>) {
+    state_with_deadline(Duration::from_secs(3))
+}
+
+fn state_with_deadline(deadline: Duration) -> (Arc<AdmissionState>, Arc<Metrics>) {
     let owner = OwnerReference {
         api_version: "korifi.cloudfoundry.org/v1alpha1".into(),
         kind: "CFApp".into(),
@@ -47,7 +51,7 @@ fn state() -> (Arc<AdmissionState>, Arc<Metrics>) {
     let state = AdmissionState {
         context,
         metrics: metrics.clone(),
-        deadline: Duration::from_secs(3),
+        deadline,
     };
     (Arc::new(state), metrics)
 }
@@ -68,6 +72,13 @@ fn review(group: &str, resource: &str, kind: &str, name: &str) -> Value {
     })
 }
 
+fn body_limit(body_bytes: usize) -> Limits {
+    Limits {
+        body_bytes,
+        ..Limits::default()
+    }
+}
+
 async fn post(
     path: &str,
     content_type: &str,
@@ -75,7 +86,7 @@ async fn post(
     limit: usize,
 ) -> (StatusCode, Value, Arc<Metrics>) {
     let (state, metrics) = state();
-    let rsp = router(state, limit)
+    let rsp = router(state, body_limit(limit))
         .oneshot(
             Request::post(path)
                 .header("content-type", content_type)
@@ -219,10 +230,67 @@ async fn an_oversized_body_is_a_413() {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 }
 
+/// A body still being sent holds its share of the in-flight budget: a second request past the
+/// budget waits out the deadline and gets 503 (counted), and once the first is done the next
+/// one is served.
+#[tokio::test]
+async fn requests_past_the_in_flight_budget_are_shed_until_room_comes_back() {
+    let (state, metrics) = state_with_deadline(Duration::from_millis(200));
+    let app = router(
+        state,
+        Limits {
+            body_bytes: 64 * 1024,
+            in_flight_bytes: 64 * 1024,
+        },
+    );
+    // 40 KiB each (JSON takes trailing whitespace): two do not fit in 64 KiB.
+    let mut body = serde_json::to_vec(&review("kpack.io", "images", "Image", "app-guid")).unwrap();
+    body.resize(40 * 1024, b' ');
+    let (sender, chunks) = futures::channel::mpsc::unbounded::<Result<bytes::Bytes, std::io::Error>>();
+    sender.unbounded_send(Ok(body[..10].to_vec().into())).unwrap();
+    let mut slow = Box::pin(
+        app.clone().oneshot(
+            Request::post("/mutate")
+                .header("content-type", "application/json")
+                .header("content-length", body.len())
+                .body(Body::from_stream(chunks))
+                .unwrap(),
+        ),
+    );
+    // One poll: it takes its share of the budget and waits for the rest of its body.
+    assert!(futures::poll!(&mut slow).is_pending());
+    let send = |app: axum::Router| {
+        let body = body.clone();
+        async move {
+            app.oneshot(
+                Request::post("/mutate")
+                    .header("content-type", "application/json")
+                    .header("content-length", body.len())
+                    .body(Body::from(body))
+                    .unwrap(),
+            )
+            .await
+            .unwrap()
+            .status()
+        }
+    };
+    assert_eq!(send(app.clone()).await, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        metrics
+            .encode()
+            .unwrap()
+            .contains("holdfast_webhook_admission_shed_total 1")
+    );
+    sender.unbounded_send(Ok(body[10..].to_vec().into())).unwrap();
+    drop(sender);
+    assert_eq!(slow.await.unwrap().status(), StatusCode::OK);
+    assert_eq!(send(app).await, StatusCode::OK);
+}
+
 #[tokio::test]
 async fn other_paths_and_methods_are_refused() {
     let (state, _) = state();
-    let app = router(state, 1 << 20);
+    let app = router(state, body_limit(1 << 20));
     let rsp = app
         .clone()
         .oneshot(Request::get("/mutate").body(Body::empty()).unwrap())

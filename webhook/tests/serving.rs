@@ -48,7 +48,10 @@ async fn start_with(registry: support::FixedRegistry) -> Fixture {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         deadline: Duration::from_secs(3),
-        body_limit: 1 << 20,
+        limits: holdfast_webhook::handler::Limits {
+            body_bytes: 1 << 20,
+            ..Default::default()
+        },
         handshake_timeout: Duration::from_secs(2),
     };
     let running = server::start(

@@ -96,7 +96,7 @@ async fn run() -> Result<()> {
             addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             deadline: Duration::from_secs(3),
-            body_limit: holdfast_webhook::handler::DEFAULT_BODY_LIMIT,
+            limits: holdfast_webhook::handler::Limits::default(),
             handshake_timeout: Duration::from_secs(5),
         },
         RuleContext {

@@ -384,9 +384,7 @@ fn the_reconcile_of_an_edited_private_mirror_pin_resolves_with_the_users_secret(
         std::time::SystemTime::now(),
     ));
     let pinner = Pinner::new(std::sync::Arc::new(cache), None);
-    let update =
-        futures::executor::block_on(pinner.reconcile(PinnedKind::App, namespace, &BTreeMap::new(), &stored))
-            .unwrap();
+    let update = block_on(pinner.reconcile(PinnedKind::App, namespace, &BTreeMap::new(), &stored)).unwrap();
     assert_eq!(update.warnings, Vec::<String>::new());
     let out = apply(&stored, &update.ops);
     let image = &out["spec"]["fetch"][0]["image"];
@@ -396,7 +394,7 @@ fn the_reconcile_of_an_edited_private_mirror_pin_resolves_with_the_users_secret(
     );
     assert_eq!(image["secretRef"]["name"], "team-creds");
     // The webhook's UPDATE, likewise.
-    let outcome = futures::executor::block_on(pinner.pin(
+    let outcome = block_on(pinner.pin(
         PinnedKind::App,
         namespace,
         &BTreeMap::new(),
@@ -504,7 +502,7 @@ fn an_entry_no_object_names_is_not_refreshed_and_its_secret_never_read() {
     ));
     let secrets = RecordingSecrets::new("uid-1");
     let pinner = Pinner::new(std::sync::Arc::new(cache), Some(secrets.clone()));
-    let report = futures::executor::block_on(pinner.refresh_all(&std::collections::HashSet::new()));
+    let report = block_on(pinner.refresh_all(&std::collections::HashSet::new()));
     assert_eq!(secrets.reads(), Vec::<(String, String)>::new());
     assert_eq!((report.checked, report.failed, report.unnamed), (0, 0, 1));
 }
@@ -545,7 +543,7 @@ fn objects_name_the_keys_of_their_own_secret_and_namespace_only() {
     let secrets = RecordingSecrets::new("uid-1");
     let pinner = Pinner::new(std::sync::Arc::new(cache), Some(secrets.clone()));
     let named = keys.into_iter().collect();
-    let report = futures::executor::block_on(pinner.refresh_all(&named));
+    let report = block_on(pinner.refresh_all(&named));
     assert!(secrets.reads().is_empty());
     assert_eq!(report.unnamed, 1);
 }
@@ -603,7 +601,7 @@ fn a_refresh_reports_which_keys_moved() {
     }
     let named = entries.iter().map(|e| e.key.clone()).collect();
     let pinner = Pinner::new(cache, None);
-    let report = futures::executor::block_on(pinner.refresh_all(&named));
+    let report = block_on(pinner.refresh_all(&named));
     assert_eq!((report.checked, report.moved), (2, 0));
     assert!(report.moved_keys.is_empty());
 
@@ -612,7 +610,7 @@ fn a_refresh_reports_which_keys_moved() {
         .lock()
         .unwrap()
         .insert(entries[0].key.reference.clone(), digest(2));
-    let report = futures::executor::block_on(pinner.refresh_all(&named));
+    let report = block_on(pinner.refresh_all(&named));
     assert_eq!((report.checked, report.moved), (2, 1));
     assert_eq!(
         report.moved_keys,
@@ -627,4 +625,13 @@ fn refreshable_keys_are_the_named_ones_once_each() {
     let named = std::collections::HashSet::from([named_entry.key.clone()]);
     let keys = resolve::refreshable(vec![named_entry.clone(), other, named_entry.clone()], &named);
     assert_eq!(keys, [(named_entry.key, named_entry.digest)]);
+}
+
+/// Runs `work` on a runtime of its own: the digest cache's lookups are tasks.
+fn block_on<F: std::future::Future>(work: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(work)
 }

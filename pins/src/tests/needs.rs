@@ -78,6 +78,34 @@ fn plan_rejects_what_vendir_would_fail_on() {
 }
 
 #[test]
+fn a_tag_selection_past_the_bound_is_left_unpinned_with_its_size() {
+    let at_bound = |constraints: String| json!({"semver": {"constraints": constraints}});
+    // `{"semver":{"constraints":"…"}}` is 29 bytes around the constraints.
+    let fits = ">=1.0.0 ".repeat(124);
+    assert!(plan(&site("registry.corp.com/team/app", Some(at_bound(fits)))).is_ok());
+    let err = plan(&site(
+        "registry.corp.com/team/app",
+        Some(at_bound("1".repeat(MAX_TAG_SELECTION_BYTES))),
+    ))
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            SiteError::SelectionTooLarge {
+                max: MAX_TAG_SELECTION_BYTES,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("more than holdfast pins (1024); left unpinned"),
+        "{err}"
+    );
+}
+
+#[test]
 fn plan_reports_unparsable_references_specifically() {
     let cases = [
         ("", "image reference is empty"),

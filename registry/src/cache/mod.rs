@@ -137,7 +137,33 @@ pub struct CacheEntry {
     pub secret_uid: Option<String>,
 }
 
+/// The largest entry kept (see [`CacheEntry::approximate_bytes`]): references are at most
+/// ~640 bytes and admission refuses larger tag selections, so only a key built past those
+/// bounds reaches it. With [`CacheConfig::max_entries`] it bounds what the cache holds in
+/// memory and in its `DigestCacheEntry` objects.
+pub const MAX_ENTRY_BYTES: usize = 4096;
+
+/// The longest registry error recorded in an entry (its `error` field), in bytes.
+pub const MAX_ERROR_BYTES: usize = 512;
+
 impl CacheEntry {
+    /// The bytes of the entry's variable-length fields, plus a fixed allowance for the rest.
+    pub fn approximate_bytes(&self) -> usize {
+        const FIXED: usize = 256;
+        let scope = match &self.key.scope {
+            Scope::Anonymous => 0,
+            Scope::Secret { namespace, name } => namespace.len() + name.len(),
+        };
+        FIXED
+            + self.key.reference.len()
+            + self.key.selection.as_ref().map_or(0, String::len)
+            + scope
+            + self.digest.as_str().len()
+            + self.tag.as_ref().map_or(0, String::len)
+            + self.error.as_ref().map_or(0, String::len)
+            + self.secret_uid.as_ref().map_or(0, String::len)
+    }
+
     /// An answer the registry gave `at`: no tag picked, no failure, no Secret behind it.
     pub fn resolved(key: CacheKey, digest: Digest, at: SystemTime) -> Self {
         CacheEntry {
@@ -211,6 +237,9 @@ pub enum CacheError {
         tag: String,
         detail: String,
     },
+    /// The lookup's task ended without an answer (it panicked, or the runtime is stopping).
+    #[error("the registry lookup ended without an answer: {0}")]
+    Interrupted(String),
 }
 
 /// Knobs, with the defaults documented in the README's configuration reference.
@@ -310,6 +339,10 @@ struct Flown {
 
 type Flight = Shared<BoxFuture<'static, Flown>>;
 
+/// The lookups in flight, by key, each with the id of its flight: a flight removes its own
+/// slot when it lands, whether or not anyone still waits for it.
+type Flights = Arc<Mutex<HashMap<CacheKey, (u64, Flight)>>>;
+
 /// New keys kept in the current minute.
 #[derive(Debug)]
 struct Budget {
@@ -326,7 +359,9 @@ pub struct DigestCache {
     /// Bumped on every change of an entry or a mirror record.
     changes: tokio::sync::watch::Sender<u64>,
     negative: Mutex<HashMap<CacheKey, (Instant, CacheError)>>,
-    flights: Mutex<HashMap<CacheKey, Flight>>,
+    flights: Flights,
+    /// The id of the next flight.
+    next_flight: AtomicU64,
     budget: Mutex<Budget>,
     sink: Option<Arc<dyn EntrySink>>,
     pub stats: CacheStats,
@@ -341,7 +376,8 @@ impl DigestCache {
             mirrored: RwLock::default(),
             changes: tokio::sync::watch::Sender::new(0),
             negative: Mutex::default(),
-            flights: Mutex::default(),
+            flights: Flights::default(),
+            next_flight: AtomicU64::new(0),
             budget: Mutex::new(Budget {
                 since: Instant::now(),
                 used: 0,
@@ -427,7 +463,8 @@ impl DigestCache {
 
     /// The digest for `key`: from memory when fresh; else from the registry, once however many
     /// callers ask at the same time; else, if the registry fails, the last digest within the
-    /// allowed staleness. `credentials` is only called when the registry must be asked.
+    /// allowed staleness. `credentials` is only called when the registry must be asked. The
+    /// registry is asked from a Tokio task (see `flight`): call it inside a Tokio runtime.
     pub async fn lookup<F>(
         &self,
         key: CacheKey,
@@ -529,7 +566,7 @@ impl DigestCache {
                         };
                         self.store(CacheEntry {
                             checked_at,
-                            error: Some(error.to_string()),
+                            error: Some(truncated(&error.to_string(), MAX_ERROR_BYTES).into_owned()),
                             ..entry
                         });
                         Ok(answer)
@@ -555,11 +592,29 @@ impl DigestCache {
         }
     }
 
+    /// Remembers a failed miss for [`CacheConfig::negative_ttl`]. Held to
+    /// [`CacheConfig::max_entries`] too: past it the expired failures are swept, then the
+    /// oldest dropped (forgetting one costs one more registry call).
     fn remember_failure(&self, key: CacheKey, error: CacheError) {
-        self.negative
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, (Instant::now(), error));
+        let mut negative = self.negative.lock().unwrap_or_else(|e| e.into_inner());
+        if negative.len() >= self.config.max_entries.max(1) && !negative.contains_key(&key) {
+            let ttl = self.config.negative_ttl;
+            negative.retain(|_, (at, _)| at.elapsed() < ttl);
+            if negative.len() >= self.config.max_entries.max(1)
+                && let Some(oldest) = negative
+                    .iter()
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(k, _)| k.clone())
+            {
+                negative.remove(&oldest);
+            }
+        }
+        negative.insert(key, (Instant::now(), error));
+    }
+
+    /// Failed misses remembered (for metrics).
+    pub fn negative_count(&self) -> usize {
+        self.negative.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     fn store(&self, entry: CacheEntry) {
@@ -567,6 +622,11 @@ impl DigestCache {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&entry.key);
+        if entry.approximate_bytes() > MAX_ENTRY_BYTES {
+            self.stats.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(reference = %truncated(&entry.key.reference, 256), bytes = entry.approximate_bytes(), max = MAX_ENTRY_BYTES, "digest cache entry too large; answered without keeping it");
+            return;
+        }
         let mut entries = self.entries.write().unwrap_or_else(|e| e.into_inner());
         if !entries.contains_key(&entry.key) && !self.admit_new(entries.len()) {
             self.stats.refused.fetch_add(1, Ordering::Relaxed);
@@ -599,7 +659,15 @@ impl DigestCache {
         true
     }
 
-    /// Joins the flight for `key`, or starts it.
+    /// Registry lookups in flight (for metrics, and for tests that a cancelled lookup lands).
+    pub fn flights_in_flight(&self) -> usize {
+        self.flights.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Joins the flight for `key`, or starts it. A flight is a task of its own: a caller that
+    /// stops waiting (the admission deadline dropped it) neither cancels nor strands it, so its
+    /// per-host permit comes back when the request ends (bounded by the request timeout) and it
+    /// removes its single-flight slot when it lands; the next lookup of the key asks afresh.
     async fn flight<F>(
         &self,
         key: &CacheKey,
@@ -613,42 +681,57 @@ impl DigestCache {
         let flight = {
             let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
             match flights.get(key) {
-                Some(flight) => flight.clone(),
+                Some((_, flight)) => flight.clone(),
                 None => {
                     self.stats.registry_lookups.fetch_add(1, Ordering::Relaxed);
+                    let id = self.next_flight.fetch_add(1, Ordering::Relaxed);
                     let source = self.source.clone();
                     let credentials = credentials();
-                    let flight = async move {
-                        let loaded = match credentials.await {
-                            Ok(loaded) => loaded,
-                            Err(error) => {
-                                return Flown {
-                                    secret_uid: None,
-                                    result: Err(error),
-                                };
-                            }
-                        };
-                        let result =
-                            resolve(source.as_ref(), &target, selection.as_ref(), &loaded.credentials).await;
-                        Flown {
-                            secret_uid: loaded.secret_uid,
-                            result,
+                    let slots = Arc::clone(&self.flights);
+                    let landing = key.clone();
+                    // The slot is inserted below while the lock is held, so the task cannot
+                    // land before it exists.
+                    let task = tokio::spawn(async move {
+                        let flown = fly(source.as_ref(), &target, selection.as_ref(), credentials).await;
+                        let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
+                        if slots.get(&landing).is_some_and(|(flying, _)| *flying == id) {
+                            slots.remove(&landing);
                         }
+                        flown
+                    });
+                    let flight = async move {
+                        task.await.unwrap_or_else(|e| Flown {
+                            secret_uid: None,
+                            result: Err(CacheError::Interrupted(e.to_string())),
+                        })
                     }
                     .boxed()
                     .shared();
-                    flights.insert(key.clone(), flight.clone());
+                    flights.insert(key.clone(), (id, flight.clone()));
                     flight
                 }
             }
         };
-        let result = flight.clone().await;
-        let mut flights = self.flights.lock().unwrap_or_else(|e| e.into_inner());
-        // Only this flight: a later one for the same key may have started since it landed.
-        if flights.get(key).is_some_and(|f| Shared::ptr_eq(f, &flight)) {
-            flights.remove(key);
-        }
-        result
+        flight.await
+    }
+}
+
+/// One flight's work: the credentials, then the registry.
+async fn fly(
+    source: &dyn Source,
+    target: &Reference,
+    selection: Option<&VersionSelection>,
+    credentials: BoxFuture<'static, Result<Loaded, CacheError>>,
+) -> Flown {
+    match credentials.await {
+        Ok(loaded) => Flown {
+            result: resolve(source, target, selection, &loaded.credentials).await,
+            secret_uid: loaded.secret_uid,
+        },
+        Err(error) => Flown {
+            secret_uid: None,
+            result: Err(error),
+        },
     }
 }
 
@@ -687,6 +770,18 @@ fn same_secret(entry: &CacheEntry, loaded: Option<&str>, error: &CacheError) -> 
         (Scope::Secret { .. }, Some(uid)) => entry.secret_uid.as_deref() == Some(uid),
         (Scope::Secret { .. }, None) => !matches!(error, CacheError::SecretGone { .. }),
     }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked with `…` when cut.
+fn truncated(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return text.into();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end]).into()
 }
 
 fn age(since: SystemTime, now: SystemTime) -> Duration {
@@ -827,6 +922,101 @@ mod tests {
         }
         assert_eq!(source.calls.load(Ordering::SeqCst), 1);
         assert_eq!(cache.stats.registry_lookups.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_lookup_dropped_by_its_caller_lands_and_frees_its_slot() {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let source = FakeSource {
+            gate: Some(gate.clone()),
+            ..FakeSource::with(&[(APP, "v1")])
+        };
+        let (source, cache) = cache(source, CacheConfig::default());
+        let cut =
+            tokio::time::timeout(Duration::from_millis(20), lookup(&cache, APP, Scope::Anonymous)).await;
+        assert!(cut.is_err(), "answered through a closed gate");
+        assert_eq!(
+            cache.flights_in_flight(),
+            1,
+            "the flight goes on without its caller"
+        );
+        gate.add_permits(10);
+        while cache.flights_in_flight() > 0 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+        let answer = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        assert_eq!((answer.digest, answer.origin), (digest("v1"), Origin::Registry));
+        assert_eq!(
+            source.calls.load(Ordering::SeqCst),
+            2,
+            "the next lookup asks afresh"
+        );
+        assert_eq!(cache.flights_in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn failed_misses_are_held_to_the_entry_bound() {
+        let config = CacheConfig {
+            max_entries: 3,
+            ..Default::default()
+        };
+        let (source, cache) = cache(FakeSource::default(), config);
+        source.failing.store(true, Ordering::SeqCst);
+        for i in 0..10 {
+            let r = format!("registry.example/team/app{i}:1.0.0");
+            assert!(lookup(&cache, &r, Scope::Anonymous).await.is_err());
+        }
+        assert_eq!(cache.negative_count(), 3);
+        let newest = "registry.example/team/app9:1.0.0";
+        assert!(
+            cache
+                .negative(&CacheKey::tag(&reference(newest), Scope::Anonymous))
+                .is_some(),
+            "the newest is kept"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_entry_past_the_size_bound_is_answered_but_not_kept() {
+        let (_, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let target = reference(APP);
+        let key = CacheKey {
+            selection: Some("x".repeat(MAX_ENTRY_BYTES)),
+            ..CacheKey::tag(&target, Scope::Anonymous)
+        };
+        let answer = cache.lookup(key.clone(), target, None, anonymous).await.unwrap();
+        assert_eq!(answer.digest, digest("v1"));
+        assert!(cache.get(&key).is_none());
+        assert_eq!(cache.stats.refused.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_recorded_registry_error_is_bounded() {
+        let config = CacheConfig {
+            max_age: Duration::ZERO,
+            ..Default::default()
+        };
+        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), config);
+        lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        source.failing.store(true, Ordering::SeqCst);
+        lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        let entry = cache
+            .get(&CacheKey::tag(&reference(APP), Scope::Anonymous))
+            .unwrap();
+        assert!(entry.error.as_ref().is_some_and(|e| e.len() <= MAX_ERROR_BYTES));
+        assert!(entry.approximate_bytes() <= MAX_ENTRY_BYTES);
+    }
+
+    #[test]
+    fn truncation_keeps_characters_whole() {
+        assert_eq!(truncated("short", 10), "short");
+        let cut = truncated("ééééé", 6);
+        assert!(cut.len() <= 6 && cut.ends_with('…'), "{cut:?}");
+        assert_eq!(
+            truncated(&"a".repeat(600), MAX_ERROR_BYTES).len(),
+            MAX_ERROR_BYTES
+        );
     }
 
     #[tokio::test]

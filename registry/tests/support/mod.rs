@@ -20,7 +20,14 @@
 //! - `slow/app`: answers after 2 s; `concurrent/app`: answers after 200 ms;
 //! - `broken/app`: 500 with a distribution error body; `baddigest/app`: a malformed digest;
 //! - `moved/app`: a 307 redirect to `plain/app`;
-//! - `paged/app`: 5 tags, paginated by `n`/`last` with `Link` headers.
+//! - `paged/app`: 5 tags, paginated by `n`/`last` with `Link` headers;
+//! - `junk/app`: one page of a million one-letter tags, then `1.0.0` and `2.0.0`;
+//! - `endless/app`: pages of 1 MiB of one-letter tags, each linking to the next, forever;
+//! - `maximal/app`: pages of 4 MB (a million one-letter tags, one shared buffer), each linking
+//!   to the next, forever;
+//! - `versions/app`: 20 version tags `1.0.0` … `1.0.19`;
+//! - `gated/app`: holds every manifest request until [`FakeRegistry::release`] (a registry that
+//!   hangs, then answers).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test fixture
 
 use std::{
@@ -72,13 +79,14 @@ impl Recorded {
     }
 }
 
-#[derive(Default)]
 pub struct Registry {
     addr: Mutex<Option<SocketAddr>>,
     requests: Mutex<Vec<Recorded>>,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     token_ttl_secs: AtomicU64,
+    /// Open once released: `gated/app` waits for it.
+    released: tokio::sync::Semaphore,
 }
 
 /// A running fake registry on 127.0.0.1:<random port>.
@@ -96,7 +104,14 @@ impl Drop for FakeRegistry {
 
 impl FakeRegistry {
     pub async fn start() -> Self {
-        let state = Arc::new(Registry::default());
+        let state = Arc::new(Registry {
+            addr: Mutex::default(),
+            requests: Mutex::default(),
+            in_flight: AtomicUsize::default(),
+            max_in_flight: AtomicUsize::default(),
+            token_ttl_secs: AtomicU64::default(),
+            released: tokio::sync::Semaphore::new(0),
+        });
         state.token_ttl_secs.store(300, Ordering::SeqCst);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -123,6 +138,13 @@ impl FakeRegistry {
 
     pub fn max_in_flight(&self) -> usize {
         self.state.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// `gated/app` answers from now on, and every request it holds goes on.
+    pub fn release(&self) {
+        self.state
+            .released
+            .add_permits(tokio::sync::Semaphore::MAX_PERMITS);
     }
 
     pub fn set_token_ttl(&self, secs: u64) {
@@ -182,6 +204,10 @@ async fn handle(
         return not_found();
     };
     if let Some((repository, reference)) = rest.split_once("/manifests/") {
+        if repository == "gated/app" {
+            let _open = state.released.acquire().await;
+            return serve_manifest(&method, repository, true);
+        }
         manifest(addr, &method, repository, reference, authorization.as_deref()).await
     } else if let Some(repository) = rest.strip_suffix("/tags/list") {
         tags(repository, uri.query())
@@ -334,8 +360,57 @@ async fn manifest(
 
 /// `GET /v2/paged/app/tags/list[?n=N[&last=T]]`, paginated like distribution.
 fn tags(repository: &str, query: Option<&str>) -> Response {
-    if repository != "paged/app" {
-        return not_found();
+    let json = |body: String| ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+    let junk = |n: usize| {
+        (0..n)
+            .map(|i| format!("\"{}\"", char::from(b'a' + (i % 26) as u8)))
+            .collect::<Vec<_>>()
+    };
+    match repository {
+        "paged/app" => {}
+        "junk/app" => {
+            // Built once: a debug build takes a while over a million strings.
+            static PAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+            let page = PAGE.get_or_init(|| {
+                let mut tags = junk(1_000_000);
+                tags.extend(["\"1.0.0\"".to_owned(), "\"2.0.0\"".to_owned()]);
+                format!(r#"{{"name":"junk/app","tags":[{}]}}"#, tags.join(","))
+            });
+            return json(page.clone());
+        }
+        "endless/app" => {
+            let page = junk(256 * 1024).join(",");
+            let mut response = json(format!(r#"{{"name":"endless/app","tags":[{page}]}}"#));
+            response.headers_mut().insert(
+                header::LINK,
+                HeaderValue::from_static(r#"</v2/endless/app/tags/list?page=next>; rel="next""#),
+            );
+            return response;
+        }
+        "maximal/app" => {
+            static PAGE: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+            let page = PAGE.get_or_init(|| {
+                format!(
+                    r#"{{"name":"maximal/app","tags":[{}]}}"#,
+                    junk(1_000_000).join(",")
+                )
+                .into()
+            });
+            let mut response = ([(header::CONTENT_TYPE, "application/json")], page.clone()).into_response();
+            response.headers_mut().insert(
+                header::LINK,
+                HeaderValue::from_static(r#"</v2/maximal/app/tags/list?page=next>; rel="next""#),
+            );
+            return response;
+        }
+        "versions/app" => {
+            let tags: Vec<String> = (0..20).map(|i| format!("\"1.0.{i}\"")).collect();
+            return json(format!(
+                r#"{{"name":"versions/app","tags":[{}]}}"#,
+                tags.join(",")
+            ));
+        }
+        _ => return not_found(),
     }
     let params: Vec<(String, String)> = url::form_urlencoded::parse(query.unwrap_or_default().as_bytes())
         .into_owned()

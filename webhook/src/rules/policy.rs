@@ -4,8 +4,13 @@
 //! Runs after the mutating webhook, so it sees what holdfast pinned: a namespace that requires
 //! digests denies only what could not be pinned (a tag the registry did not resolve, an invalid
 //! reference), with a message that says what to fix.
+//!
+//! The sources holdfast does not pin are judged too, so they are no way around the policy: the
+//! allowlist applies to where an `http`, `git` or `helmChart` source fetches from (its URL's
+//! `host[:port]/path`), and a namespace that requires digests takes them only when their spec
+//! fixes the content (`http` with `sha256`, `git` at a full commit id; never `helmChart`).
 
-use holdfast_pins::{PinnedKind, fetch_sites};
+use holdfast_pins::{PinnedKind, fetch_sites, other_sources::other_sources};
 use holdfast_registry::Reference;
 use kube::core::admission::Operation;
 use serde::Deserialize;
@@ -53,11 +58,18 @@ impl Policy {
     }
 
     fn allows(&self, reference: &Reference) -> bool {
+        self.allows_location(&reference.name())
+    }
+
+    /// Whether `location` (`host[:port]/path`) is one of the allowed entries or below one.
+    fn allows_location(&self, location: &str) -> bool {
         self.allowed_registries.is_empty()
             || self.allowed_registries.iter().any(|allowed| {
-                let name = reference.name();
                 let allowed = allowed.trim_end_matches('/');
-                name == allowed || name.starts_with(&format!("{allowed}/"))
+                location == allowed
+                    || location
+                        .strip_prefix(allowed)
+                        .is_some_and(|rest| rest.starts_with('/'))
             })
     }
 }
@@ -119,6 +131,36 @@ pub fn check(
                     ));
                 }
             }
+        }
+    }
+    for source in other_sources(kind, object) {
+        let allowed = policy.allowed_registries.is_empty()
+            || source
+                .location
+                .as_deref()
+                .is_some_and(|location| policy.allows_location(location));
+        if !allowed {
+            violations.push(format!(
+                "{}: {} source {:?} is not in an allowed location (allowed: {})",
+                source.field,
+                source.source,
+                source.url,
+                policy.allowed_registries.join(", ")
+            ));
+        }
+        if requires_digests && !source.fixed {
+            violations.push(format!(
+                "{}: the {} source {:?} does not fix its content and namespace {namespace} requires digests ({}=true); {}",
+                source.field,
+                source.source,
+                source.url,
+                policy.require_digests_label,
+                match source.source {
+                    "http" => "give its sha256",
+                    "git" => "set ref to a full commit id",
+                    _ => "use an imgpkgBundle or image source by digest",
+                }
+            ));
         }
     }
     match (violations.is_empty(), policy.mode) {
@@ -222,6 +264,67 @@ mod tests {
             verdict.warnings[0].starts_with("holdfast policy (audit):"),
             "{:?}",
             verdict.warnings
+        );
+    }
+
+    #[test]
+    fn other_sources_are_held_to_the_allowlist_by_location() {
+        let p = policy("allowedRegistries: [registry.corp.com, git.corp.com/platform]\n");
+        let fetch = |entries: serde_json::Value| json!({"spec": {"fetch": entries}});
+        let ok = fetch(json!([
+            {"helmChart": {"name": "a", "repository": {"url": "oci://registry.corp.com/charts"}}},
+            {"git": {"url": "https://git.corp.com/platform/config", "ref": "origin/main"}},
+            {"inline": {"paths": {"a.yml": "x"}}},
+        ]));
+        assert_eq!(check(PinnedKind::App, &ok, &p, false, "ns"), Verdict::allow());
+        let bad = fetch(json!([
+            {"http": {"url": "https://evil.example/x.tgz"}},
+            {"git": {"url": "https://git.corp.com/platformer/x"}},
+            {"helmChart": {"name": "a", "repository": {"url": "file:///etc"}}},
+        ]));
+        let Decision::Deny(message) = check(PinnedKind::App, &bad, &p, false, "ns").decision else {
+            panic!("not denied")
+        };
+        for field in [
+            "spec.fetch[0].http.url",
+            "spec.fetch[1].git.url",
+            "spec.fetch[2].helmChart.repository.url",
+        ] {
+            assert!(
+                message.contains(&format!("{field}: ")),
+                "{field} not in {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn namespaces_requiring_digests_take_other_sources_only_when_fixed() {
+        let p = Policy::default();
+        let fetch = |entries: serde_json::Value| json!({"spec": {"fetch": entries}});
+        let fixed = fetch(json!([
+            {"http": {"url": "https://f.corp.com/x.tgz", "sha256": "b".repeat(64)}},
+            {"git": {"url": "https://git.corp.com/x", "ref": "0123456789abcdef0123456789abcdef01234567"}},
+        ]));
+        assert_eq!(check(PinnedKind::App, &fixed, &p, true, "prod"), Verdict::allow());
+        let moving = fetch(json!([
+            {"http": {"url": "https://f.corp.com/x.tgz"}},
+            {"git": {"url": "https://git.corp.com/x", "ref": "origin/main"}},
+            {"helmChart": {"name": "a", "repository": {"url": "https://charts.corp.com"}}},
+        ]));
+        let Decision::Deny(message) = check(PinnedKind::App, &moving, &p, true, "prod").decision else {
+            panic!("not denied")
+        };
+        for hint in [
+            "give its sha256",
+            "set ref to a full commit id",
+            "use an imgpkgBundle or image source by digest",
+        ] {
+            assert!(message.contains(hint), "{hint} not in {message}");
+        }
+        assert_eq!(
+            check(PinnedKind::App, &moving, &p, false, "dev"),
+            Verdict::allow(),
+            "no allowlist and no digests required: nothing to judge"
         );
     }
 
