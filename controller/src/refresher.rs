@@ -8,19 +8,18 @@
 //! forever for nobody.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::Arc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use holdfast_pins::{
-    PinnedKind, Pinner,
-    resolve::{RefreshReport, named_keys},
-};
+use futures::StreamExt;
+use holdfast_pins::{PinnedKind, Pinner, resolve::named_keys};
 use holdfast_registry::{
-    Digest,
-    cache::{CacheEntry, CacheKey, DigestCache},
+    Digest, Reference,
+    cache::{CacheEntry, CacheKey, DigestCache, Origin},
 };
+use tokio::sync::Semaphore;
 
 use crate::{
     metrics::Metrics,
@@ -35,6 +34,97 @@ pub enum Error {
     /// only the missing objects name would look unnamed and be collected.
     #[error("the watches have not listed every pinned kind yet; nothing refreshed or collected")]
     NotListed,
+}
+
+/// One round's registry checks: keys answered by the registry, of which moved, keys that
+/// failed, and entries left alone because no live object names their key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RefreshReport {
+    pub checked: usize,
+    /// How many keys moved (`moved_keys.len()`, for the metrics and the round's log line).
+    pub moved: usize,
+    pub failed: usize,
+    pub unnamed: usize,
+    /// The keys whose digest moved: only the objects naming them can need a re-pin.
+    pub moved_keys: BTreeSet<CacheKey>,
+}
+
+/// Keys of one registry asked at once in a round: a registry that hangs holds this many of the
+/// round's checks (each until the resolver's timeout), never the others'.
+const CHECKS_PER_REGISTRY: usize = 4;
+/// Keys asked at once in a round, over all registries.
+const CHECKS_PER_ROUND: usize = 32;
+
+/// Asks the registry once for every cache key in `named` (one check per unique tag or tag
+/// selection and credential scope, however many objects use it), each registry's keys in a
+/// lane of their own ([`CHECKS_PER_REGISTRY`], at most [`CHECKS_PER_ROUND`] in all), so that
+/// one slow registry cannot stall the others'. `named` holds the keys live objects name
+/// ([`named_keys`]): an entry no object names is not refreshed, so its Secret is not read,
+/// whatever the entry says (anyone who can write an entry must not gain the controller's
+/// Secret access through it). The report names the keys that moved, so that only the objects
+/// naming them are reconciled again.
+pub async fn refresh_named(pinner: &Pinner, named: &HashSet<CacheKey>) -> RefreshReport {
+    let cache = pinner.cache();
+    let entries = cache.entries();
+    let held = entries.len();
+    let keys = refreshable(entries, named);
+    let mut report = RefreshReport {
+        unnamed: held - keys.len(),
+        ..RefreshReport::default()
+    };
+    let mut lanes: BTreeMap<String, Vec<(CacheKey, Digest)>> = BTreeMap::new();
+    for (key, before) in keys {
+        let registry = Reference::parse(&key.reference)
+            .map_or_else(|_| key.reference.clone(), |r| r.registry().to_owned());
+        lanes.entry(registry).or_default().push((key, before));
+    }
+    let round = Semaphore::new(CHECKS_PER_ROUND);
+    let check = |key: CacheKey, before: Digest| {
+        let round = &round;
+        async move {
+            let _slot = round.acquire().await;
+            let scope = key.scope.clone();
+            let answer = cache.refresh(&key, || pinner.credentials(scope)).await;
+            (key, before, answer)
+        }
+    };
+    let lanes = lanes.into_values().map(|keys| {
+        futures::stream::iter(keys)
+            .map(|(key, before)| check(key, before))
+            .buffer_unordered(CHECKS_PER_REGISTRY)
+            .collect::<Vec<_>>()
+    });
+    for (key, before, answer) in futures::future::join_all(lanes).await.into_iter().flatten() {
+        match answer {
+            Ok(answer) if matches!(answer.origin, Origin::Stale { .. }) => report.failed += 1,
+            Ok(answer) => {
+                report.checked += 1;
+                if answer.digest != before {
+                    tracing::info!(reference = %key.reference, from = %before, to = %answer.digest, "tag moved");
+                    report.moved += 1;
+                    report.moved_keys.insert(key);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(reference = %key.reference, %error, "refresh failed");
+                report.failed += 1;
+            }
+        }
+    }
+    report
+}
+
+/// The keys of `entries` a refresh round asks the registry for, each with the digest held:
+/// those in `named`, once each.
+pub fn refreshable(entries: Vec<CacheEntry>, named: &HashSet<CacheKey>) -> Vec<(CacheKey, Digest)> {
+    let mut keys: Vec<_> = entries
+        .into_iter()
+        .filter(|e| named.contains(&e.key))
+        .map(|e| (e.key, e.digest))
+        .collect();
+    keys.sort();
+    keys.dedup_by(|a, b| a.0 == b.0);
+    keys
 }
 
 /// One round's refresh, what it had reconciled and what it collected.
@@ -109,7 +199,7 @@ impl Refresher {
                 |object, kind| named_keys(kind, object),
             )
         };
-        let refresh = pinner.refresh_all(&named).await;
+        let refresh = refresh_named(pinner, &named).await;
         let cache = pinner.cache();
         let entries = cache.entries();
         let held = digests(&entries);
@@ -407,6 +497,8 @@ mod tests {
     struct Registry {
         tags: Mutex<HashMap<String, Digest>>,
         asked: Mutex<Vec<String>>,
+        /// A registry (host) whose answers wait for permits of the semaphore.
+        hanging: Mutex<Option<(String, Arc<Semaphore>)>>,
     }
 
     impl Registry {
@@ -437,7 +529,20 @@ mod tests {
                 repository: reference.repository().to_owned(),
                 after: Duration::ZERO,
             };
-            async move { held.ok_or(error) }.boxed()
+            let gate = self
+                .hanging
+                .lock()
+                .unwrap()
+                .clone()
+                .filter(|(host, _)| host == reference.registry())
+                .map(|(_, gate)| gate);
+            async move {
+                if let Some(gate) = gate {
+                    let _open = gate.acquire().await;
+                }
+                held.ok_or(error)
+            }
+            .boxed()
         }
 
         fn tags<'a>(
@@ -519,6 +624,127 @@ mod tests {
             names.sort();
             names
         }
+    }
+
+    fn secret_scope(namespace: &str, name: &str) -> Scope {
+        Scope::Secret {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// An entry as anyone who may write `DigestCacheEntry` objects can make one.
+    fn hand_made_entry(reference: &str, scope: Scope) -> CacheEntry {
+        let key = CacheKey::tag(&Reference::parse(reference).unwrap(), scope);
+        entry(&key, &digest(1), SystemTime::now())
+    }
+
+    fn pinner_over(registry: Arc<Registry>, entries: &[CacheEntry]) -> Pinner {
+        let cache = Arc::new(DigestCache::new(registry, CacheConfig::default(), None));
+        for entry in entries {
+            cache.insert(entry.clone());
+        }
+        Pinner::new(cache, Some(Arc::new(NoSecrets)))
+    }
+
+    /// Issue 15, item 1: an entry naming `secret:victim/db-creds` and a registry of the writer's
+    /// choice made the refresher read that Secret and send it there (`NoSecrets` panics when
+    /// asked). Only keys that live objects name are refreshed now.
+    #[tokio::test]
+    async fn an_entry_no_object_names_is_not_refreshed_and_its_secret_never_read() {
+        let registry = Arc::new(Registry::default());
+        let forged = hand_made_entry("attacker.example/exfil:1", secret_scope("victim", "db-creds"));
+        let pinner = pinner_over(registry.clone(), &[forged]);
+        let report = refresh_named(&pinner, &HashSet::new()).await;
+        assert_eq!((report.checked, report.failed, report.unnamed), (0, 0, 1));
+        assert!(registry.asked().is_empty());
+    }
+
+    /// The victim's Secret is named by no object of another namespace: refreshing what `team`
+    /// names (its own Secret's key) reads nothing of `victim`, whatever entries exist.
+    #[tokio::test]
+    async fn refreshing_what_one_namespace_names_reads_no_other_namespaces_secret() {
+        let registry = Arc::new(Registry::default());
+        let reference = "registry.corp.com/team/app-config:v1.2.0";
+        let victims = hand_made_entry(reference, secret_scope("victim", "db-creds"));
+        let pinner = pinner_over(registry.clone(), &[victims]);
+        let teams = CacheKey::tag(
+            &Reference::parse(reference).unwrap(),
+            secret_scope("team", "creds"),
+        );
+        let report = refresh_named(&pinner, &HashSet::from([teams])).await;
+        assert_eq!(report.unnamed, 1);
+        assert!(registry.asked().is_empty());
+    }
+
+    /// The controller reconciles only the objects naming a key that moved: the report names them.
+    #[tokio::test]
+    async fn a_refresh_reports_which_keys_moved() {
+        let registry = Arc::new(Registry::default());
+        let entries = [
+            hand_made_entry("registry.corp.com/team/app:1", Scope::Anonymous),
+            hand_made_entry("registry.corp.com/team/other:1", Scope::Anonymous),
+        ];
+        for entry in &entries {
+            registry.set(&entry.key, &digest(1));
+        }
+        let pinner = pinner_over(registry.clone(), &entries);
+        let named = entries.iter().map(|e| e.key.clone()).collect();
+        let report = refresh_named(&pinner, &named).await;
+        assert_eq!((report.checked, report.moved), (2, 0));
+        assert!(report.moved_keys.is_empty());
+
+        registry.set(&entries[0].key, &digest(2));
+        let report = refresh_named(&pinner, &named).await;
+        assert_eq!((report.checked, report.moved), (2, 1));
+        assert_eq!(report.moved_keys, BTreeSet::from([entries[0].key.clone()]));
+    }
+
+    #[test]
+    fn refreshable_keys_are_the_named_ones_once_each() {
+        let named_entry = hand_made_entry("registry.corp.com/team/app:1", secret_scope("team", "creds"));
+        let other = hand_made_entry("registry.corp.com/team/app:1", secret_scope("victim", "db-creds"));
+        let named = HashSet::from([named_entry.key.clone()]);
+        let keys = refreshable(vec![named_entry.clone(), other, named_entry.clone()], &named);
+        assert_eq!(keys, [(named_entry.key, named_entry.digest)]);
+    }
+
+    /// Issue 35: one registry that hangs holds its own lane of a round, never the others':
+    /// every other registry's keys are checked while it hangs.
+    #[tokio::test]
+    async fn a_hanging_registry_holds_up_only_its_own_keys_in_a_round() {
+        let registry = Arc::new(Registry::default());
+        let gate = Arc::new(Semaphore::new(0));
+        *registry.hanging.lock().unwrap() = Some(("slow.example".into(), gate.clone()));
+        let mut entries: Vec<CacheEntry> = (0..20)
+            .map(|i| hand_made_entry(&format!("slow.example/app:{i}"), Scope::Anonymous))
+            .collect();
+        entries.extend((0..5).map(|i| hand_made_entry(&format!("fast.example/app:{i}"), Scope::Anonymous)));
+        for entry in &entries {
+            registry.set(&entry.key, &digest(1));
+        }
+        let pinner = pinner_over(registry.clone(), &entries);
+        let named: HashSet<CacheKey> = entries.iter().map(|e| e.key.clone()).collect();
+        let asked = |host: &str| registry.asked().iter().filter(|r| r.starts_with(host)).count();
+        let round = refresh_named(&pinner, &named);
+        tokio::pin!(round);
+        let fast_done = async {
+            while asked("fast.example/") < 5 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::select! {
+            _ = &mut round => panic!("the round ended while a registry hangs"),
+            () = fast_done => {}
+        }
+        assert_eq!(
+            asked("slow.example/"),
+            CHECKS_PER_REGISTRY,
+            "the hanging registry's lane"
+        );
+        gate.add_permits(Semaphore::MAX_PERMITS);
+        let report = round.await;
+        assert_eq!((report.checked, report.failed), (25, 0));
     }
 
     #[tokio::test]

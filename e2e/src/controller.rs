@@ -171,7 +171,7 @@ impl LocalController {
     /// One refresh round once the watches have listed every kind, as the controller's refresher
     /// runs it on its interval: the objects naming a tag that moved are reconciled from the
     /// refreshed cache.
-    pub async fn refresh(&self) -> Result<holdfast_pins::resolve::RefreshReport> {
+    pub async fn refresh(&self) -> Result<holdfast_controller::refresher::RefreshReport> {
         let mut refresher = self.refresher.lock().await;
         refresher.ready().await;
         let report = refresher.round(&self.pinner).await?;

@@ -8,7 +8,7 @@ use holdfast_certs::{
     CaOptions, ServingOptions,
     kube_store::{KubeCertStore, StoreConfig},
 };
-use holdfast_pins::{MirrorPins, Pinner};
+use holdfast_pins::MirrorPins;
 use holdfast_registry::{
     Resolver, ResolverConfig,
     cache::{CacheConfig, DigestCache},
@@ -391,11 +391,12 @@ impl LocalWebhook {
             registration.cache,
             cancel.clone(),
         );
-        let context = RuleContext {
-            policy: registration.policy,
-            cluster: Arc::new(cluster.clone()),
-            pinner: Arc::new(Pinner::new(cache.clone(), None).with_mirror(registration.mirror)),
-        };
+        let context = RuleContext::new(
+            Arc::new(cluster.clone()),
+            cache.clone(),
+            registration.policy,
+            registration.mirror,
+        );
         let synced = {
             let cluster = cluster.clone();
             async move {

@@ -8,7 +8,6 @@ use std::{collections::BTreeMap, sync::Arc, sync::OnceLock};
 
 use bytes::Bytes;
 use futures::{FutureExt, future::BoxFuture};
-use holdfast_pins::Pinner;
 use holdfast_registry::{
     Credentials, Digest, Reference, ResolveError,
     cache::{CacheConfig, DigestCache, Source},
@@ -109,11 +108,7 @@ fn context() -> &'static RuleContext {
         let policy =
             Policy::from_yaml("allowedRegistries: [registry.corp.com, ghcr.io/corp]\nmode: enforce\n")
                 .expect("the fuzz policy parses");
-        RuleContext {
-            policy,
-            cluster: Arc::new(DerivedCluster),
-            pinner: Arc::new(Pinner::new(Arc::new(cache), None)),
-        }
+        RuleContext::new(Arc::new(DerivedCluster), Arc::new(cache), policy, None)
     })
 }
 

@@ -2,15 +2,12 @@
 //! cache (the registry only on a miss), credentials from the object's `secretRef` only when the
 //! registry must be asked. The decisions are this crate's pure functions.
 
-use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
-    sync::Arc,
-};
+use std::{collections::BTreeMap, sync::Arc};
 
 use futures::{FutureExt, future::BoxFuture};
 use holdfast_registry::{
     Credentials, Digest, Reference, VersionSelection,
-    cache::{CacheEntry, CacheError, CacheKey, DigestCache, Loaded, Mirrored, Origin, Scope},
+    cache::{CacheError, CacheKey, DigestCache, Loaded, Mirrored, Origin, Scope},
     mirror::MirrorLocation,
 };
 use k8s_openapi::api::core::v1::Secret;
@@ -44,19 +41,6 @@ pub enum Change {
     Pinned,
     /// `follow` pins move to the digests their tags now hold.
     Repinned,
-}
-
-/// One refresh round: keys answered by the registry, of which moved, keys that failed, and
-/// entries left alone because no live object names their key.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RefreshReport {
-    pub checked: usize,
-    /// How many keys moved (`moved_keys.len()`, for the metrics and the round's log line).
-    pub moved: usize,
-    pub failed: usize,
-    pub unnamed: usize,
-    /// The keys whose digest moved: only the objects naming them can need a re-pin.
-    pub moved_keys: BTreeSet<CacheKey>,
 }
 
 /// Reads the Secrets that `secretRef`s name: the API server through a kube [`Client`] (a
@@ -130,44 +114,11 @@ impl Pinner {
         &self.cache
     }
 
-    /// Asks the registry once for every cache key in `named` (one check per unique tag or tag
-    /// selection and credential scope, however many objects use it). `named` holds the keys
-    /// live objects name ([`named_keys`]): an entry no object names is not refreshed, so its
-    /// Secret is not read, whatever the entry says (anyone who can write an entry must not
-    /// gain the controller's Secret access through it). The report names the keys that moved,
-    /// so that only the objects naming them are reconciled again.
-    pub async fn refresh_all(&self, named: &HashSet<CacheKey>) -> RefreshReport {
-        let entries = self.cache.entries();
-        let held = entries.len();
-        let keys = refreshable(entries, named);
-        let mut report = RefreshReport {
-            unnamed: held - keys.len(),
-            ..RefreshReport::default()
-        };
-        for (key, before) in keys {
-            let secrets = self.secrets.clone();
-            let scope = key.scope.clone();
-            match self
-                .cache
-                .refresh(&key, move || load_credentials(secrets, scope))
-                .await
-            {
-                Ok(answer) if matches!(answer.origin, Origin::Stale { .. }) => report.failed += 1,
-                Ok(answer) => {
-                    report.checked += 1;
-                    if answer.digest != before {
-                        tracing::info!(reference = %key.reference, from = %before, to = %answer.digest, "tag moved");
-                        report.moved += 1;
-                        report.moved_keys.insert(key);
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(reference = %key.reference, %error, "refresh failed");
-                    report.failed += 1;
-                }
-            }
-        }
-        report
+    /// The credentials for a lookup in `scope`: the Secret it names, read only now, when the
+    /// registry is to be asked ([`load_credentials`]); anonymous where this pinner reads no
+    /// Secrets or the scope is anonymous.
+    pub fn credentials(&self, scope: Scope) -> BoxFuture<'static, Result<Loaded, CacheError>> {
+        load_credentials(self.secrets.clone(), scope)
     }
 
     /// The update that brings a stored object to its pins: references admitted unpinned get
@@ -412,19 +363,6 @@ pub fn named_keys(kind: PinnedKind, object: &Value) -> Vec<CacheKey> {
             _ => None,
         })
         .collect()
-}
-
-/// The keys of `entries` a refresh round asks the registry for, each with the digest held:
-/// those in `named`, once each.
-pub fn refreshable(entries: Vec<CacheEntry>, named: &HashSet<CacheKey>) -> Vec<(CacheKey, Digest)> {
-    let mut keys: Vec<_> = entries
-        .into_iter()
-        .filter(|e| named.contains(&e.key))
-        .map(|e| (e.key, e.digest))
-        .collect();
-    keys.sort();
-    keys.dedup_by(|a, b| a.0 == b.0);
-    keys
 }
 
 /// The Secret a `secretRef` names, read as vendir reads it, with its uid; anonymous without

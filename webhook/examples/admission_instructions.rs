@@ -15,7 +15,6 @@ use std::{sync::Arc, time::Duration};
 
 use axum::{Router, body::Body, http::Request, routing::post};
 use bytes::Bytes;
-use holdfast_pins::Pinner;
 use holdfast_registry::{
     Resolver, ResolverConfig,
     cache::{CacheConfig, DigestCache},
@@ -69,11 +68,12 @@ fn holdfast_router() -> anyhow::Result<Router> {
         None,
     ));
     let state = Arc::new(AdmissionState {
-        context: RuleContext {
-            policy: Default::default(),
-            cluster: Arc::new(StaticCluster::default()),
-            pinner: Arc::new(Pinner::new(cache, None)),
-        },
+        context: RuleContext::new(
+            Arc::new(StaticCluster::default()),
+            cache,
+            Default::default(),
+            None,
+        ),
         metrics: Arc::new(Metrics::new(None)),
         deadline: Duration::from_secs(3),
     });

@@ -9,7 +9,6 @@ use holdfast_certs::{
     kube_store::{KubeCertStore, StoreConfig},
     load_pair,
 };
-use holdfast_pins::Pinner;
 use holdfast_registry::Resolver;
 use holdfast_webhook::{
     cli::Args,
@@ -61,14 +60,7 @@ async fn main() -> Result<()> {
         }
         None => Policy::default(),
     };
-    // The webhook never reads Secrets: anyone who reaches its port can send it a review naming
-    // any namespace's secretRef. Private references are pinned from cache entries the
-    // controller resolved, or by the controller's catch-up (it reads objects from the API server).
-    let context = RuleContext {
-        policy,
-        cluster: Arc::new(cluster.clone()),
-        pinner: Arc::new(Pinner::new(cache, None).with_mirror(mirror)),
-    };
+    let context = RuleContext::new(Arc::new(cluster.clone()), cache, policy, mirror);
     let synced = async move {
         cluster.synced().await;
         let _ = cache_synced.wait_for(|synced| *synced).await;

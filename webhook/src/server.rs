@@ -58,7 +58,7 @@ pub async fn start(
     synced: impl Future<Output = ()> + Send + 'static,
     certificate: Arc<SwappableCert>,
 ) -> Result<Running, ServeError> {
-    let metrics = Arc::new(Metrics::new(Some(context.pinner.cache().clone())));
+    let metrics = Arc::new(Metrics::new(Some(context.cache().clone())));
     let readiness = Arc::new(Readiness::default());
     let cancel = CancellationToken::new();
     let mut tasks = Vec::new();

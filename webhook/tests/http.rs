@@ -47,7 +47,7 @@ fn state_with_deadline(deadline: Duration) -> (Arc<AdmissionState>, Arc<Metrics>
         ..Default::default()
     };
     let context = support::context(cluster, registry);
-    let metrics = Arc::new(Metrics::new(Some(context.pinner.cache().clone())));
+    let metrics = Arc::new(Metrics::new(Some(context.cache().clone())));
     let state = AdmissionState {
         context,
         metrics: metrics.clone(),

@@ -26,7 +26,6 @@ use axum::{Router, routing::post};
 use axum_server::tls_rustls::RustlsConfig;
 use holdfast_certs::{CaOptions, CertificateAuthority, ServingOptions, SwappableCert, server_config};
 use holdfast_e2e::process::{TICKS_PER_SECOND, Usage};
-use holdfast_pins::Pinner;
 use holdfast_registry::{
     Digest, Reference, Resolver, ResolverConfig,
     cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope},
@@ -99,11 +98,12 @@ async fn run() -> Result<()> {
             limits: holdfast_webhook::handler::Limits::default(),
             handshake_timeout: Duration::from_secs(5),
         },
-        RuleContext {
-            policy: Default::default(),
-            cluster: Arc::new(StaticCluster::default()),
-            pinner: Arc::new(Pinner::new(cache.clone(), None)),
-        },
+        RuleContext::new(
+            Arc::new(StaticCluster::default()),
+            cache.clone(),
+            Default::default(),
+            None,
+        ),
         async {},
         resolver.clone(),
     )

@@ -426,85 +426,11 @@ impl holdfast_registry::cache::Source for NoRegistry {
     }
 }
 
-/// Records every Secret read, answering each with a Secret of `uid`.
-struct RecordingSecrets {
-    uid: &'static str,
-    reads: std::sync::Mutex<Vec<(String, String)>>,
-}
-
-impl RecordingSecrets {
-    fn new(uid: &'static str) -> std::sync::Arc<Self> {
-        std::sync::Arc::new(Self {
-            uid,
-            reads: std::sync::Mutex::default(),
-        })
-    }
-
-    fn reads(&self) -> Vec<(String, String)> {
-        self.reads.lock().unwrap().clone()
-    }
-}
-
-impl resolve::SecretSource for RecordingSecrets {
-    fn secret(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> futures::future::BoxFuture<'static, Result<Option<k8s_openapi::api::core::v1::Secret>, String>> {
-        self.reads.lock().unwrap().push((namespace.into(), name.into()));
-        let secret = k8s_openapi::api::core::v1::Secret {
-            metadata: kube::api::ObjectMeta {
-                uid: Some(self.uid.into()),
-                ..Default::default()
-            },
-            data: Some(BTreeMap::from([
-                ("username".into(), k8s_openapi::ByteString(b"db".to_vec())),
-                ("password".into(), k8s_openapi::ByteString(b"hunter2".to_vec())),
-            ])),
-            ..Default::default()
-        };
-        Box::pin(futures::future::ready(Ok(Some(secret))))
-    }
-}
-
 fn secret_scope(namespace: &str, name: &str) -> holdfast_registry::cache::Scope {
     holdfast_registry::cache::Scope::Secret {
         namespace: namespace.into(),
         name: name.into(),
     }
-}
-
-/// An entry as anyone who may write `DigestCacheEntry` objects can make one.
-fn hand_made_entry(
-    reference: &str,
-    scope: holdfast_registry::cache::Scope,
-) -> holdfast_registry::cache::CacheEntry {
-    holdfast_registry::cache::CacheEntry::resolved(
-        holdfast_registry::cache::CacheKey::tag(
-            &holdfast_registry::Reference::parse(reference).unwrap(),
-            scope,
-        ),
-        digest(1),
-        std::time::SystemTime::now(),
-    )
-}
-
-/// Issue 15, item 1: an entry naming `secret:victim/db-creds` and a registry of the writer's
-/// choice made the refresher read that Secret and send it there (`NoRegistry` panics when
-/// asked). Only keys that live objects name are refreshed now.
-#[test]
-fn an_entry_no_object_names_is_not_refreshed_and_its_secret_never_read() {
-    let cache =
-        holdfast_registry::cache::DigestCache::new(std::sync::Arc::new(NoRegistry), Default::default(), None);
-    cache.insert(hand_made_entry(
-        "attacker.example/exfil:1",
-        secret_scope("victim", "db-creds"),
-    ));
-    let secrets = RecordingSecrets::new("uid-1");
-    let pinner = Pinner::new(std::sync::Arc::new(cache), Some(secrets.clone()));
-    let report = block_on(pinner.refresh_all(&std::collections::HashSet::new()));
-    assert_eq!(secrets.reads(), Vec::<(String, String)>::new());
-    assert_eq!((report.checked, report.failed, report.unnamed), (0, 0, 1));
 }
 
 #[test]
@@ -531,100 +457,8 @@ fn objects_name_the_keys_of_their_own_secret_and_namespace_only() {
     let (outcome, _) = pin_and_settle(PinnedKind::App, &team_app);
     let pinned = apply(&team_app, &outcome.ops);
     assert_eq!(resolve::named_keys(PinnedKind::App, &pinned), keys);
-
-    // The victim's Secret is named by no object of another namespace: refreshing what `team`
-    // names reads `team/creds` only, whatever entries exist.
-    let cache =
-        holdfast_registry::cache::DigestCache::new(std::sync::Arc::new(NoRegistry), Default::default(), None);
-    cache.insert(hand_made_entry(
-        "registry.corp.com/team/app-config:v1.2.0",
-        secret_scope("victim", "db-creds"),
-    ));
-    let secrets = RecordingSecrets::new("uid-1");
-    let pinner = Pinner::new(std::sync::Arc::new(cache), Some(secrets.clone()));
-    let named = keys.into_iter().collect();
-    let report = block_on(pinner.refresh_all(&named));
-    assert!(secrets.reads().is_empty());
-    assert_eq!(report.unnamed, 1);
-}
-
-/// A registry whose tags hold what the test last set (anonymous content only).
-#[derive(Default)]
-struct MovingRegistry(std::sync::Mutex<BTreeMap<String, Digest>>);
-
-impl holdfast_registry::cache::Source for MovingRegistry {
-    fn digest<'a>(
-        &'a self,
-        reference: &'a holdfast_registry::Reference,
-        _: &'a holdfast_registry::Credentials,
-    ) -> futures::future::BoxFuture<'a, Result<Digest, holdfast_registry::ResolveError>> {
-        let held = self.0.lock().unwrap().get(&reference.normalized()).cloned();
-        Box::pin(futures::future::ready(held.ok_or_else(|| {
-            holdfast_registry::ResolveError::Timeout {
-                registry: reference.registry().to_owned(),
-                repository: reference.repository().to_owned(),
-                after: std::time::Duration::ZERO,
-            }
-        })))
-    }
-
-    fn tags<'a>(
-        &'a self,
-        _: &'a holdfast_registry::Reference,
-        _: &'a holdfast_registry::Credentials,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<String>, holdfast_registry::ResolveError>> {
-        unreachable!("no tag selection here")
-    }
-}
-
-/// The controller reconciles only the objects naming a key that moved: the report names them.
-#[test]
-fn a_refresh_reports_which_keys_moved() {
-    let registry = std::sync::Arc::new(MovingRegistry::default());
-    let (moving, still) = ("registry.corp.com/team/app:1", "registry.corp.com/team/other:1");
-    let cache = std::sync::Arc::new(holdfast_registry::cache::DigestCache::new(
-        registry.clone(),
-        Default::default(),
-        None,
-    ));
-    let entries = [
-        hand_made_entry(moving, holdfast_registry::cache::Scope::Anonymous),
-        hand_made_entry(still, holdfast_registry::cache::Scope::Anonymous),
-    ];
-    for entry in &entries {
-        registry
-            .0
-            .lock()
-            .unwrap()
-            .insert(entry.key.reference.clone(), digest(1));
-        cache.insert(entry.clone());
-    }
-    let named = entries.iter().map(|e| e.key.clone()).collect();
-    let pinner = Pinner::new(cache, None);
-    let report = block_on(pinner.refresh_all(&named));
-    assert_eq!((report.checked, report.moved), (2, 0));
-    assert!(report.moved_keys.is_empty());
-
-    registry
-        .0
-        .lock()
-        .unwrap()
-        .insert(entries[0].key.reference.clone(), digest(2));
-    let report = block_on(pinner.refresh_all(&named));
-    assert_eq!((report.checked, report.moved), (2, 1));
-    assert_eq!(
-        report.moved_keys,
-        std::collections::BTreeSet::from([entries[0].key.clone()])
-    );
-}
-
-#[test]
-fn refreshable_keys_are_the_named_ones_once_each() {
-    let named_entry = hand_made_entry("registry.corp.com/team/app:1", secret_scope("team", "creds"));
-    let other = hand_made_entry("registry.corp.com/team/app:1", secret_scope("victim", "db-creds"));
-    let named = std::collections::HashSet::from([named_entry.key.clone()]);
-    let keys = resolve::refreshable(vec![named_entry.clone(), other, named_entry.clone()], &named);
-    assert_eq!(keys, [(named_entry.key, named_entry.digest)]);
+    // What a refresh round does with these keys: the controller's refresher
+    // (`refreshing_what_one_namespace_names_reads_no_other_namespaces_secret`).
 }
 
 /// Runs `work` on a runtime of its own: the digest cache's lookups are tasks.

@@ -10,16 +10,42 @@ pub mod terminating_guard;
 use std::sync::Arc;
 
 use holdfast_peers::kpack;
-use holdfast_pins::{PinnedKind, Pinner};
+use holdfast_pins::{PinnedKind, Pinner, mirror_scope::MirrorPins};
+use holdfast_registry::cache::DigestCache;
 use serde::de::DeserializeOwned;
 
 use crate::{cluster::ClusterView, decision::Verdict, review::Request};
 
-/// The I/O edges the rules consult.
+/// The I/O edges the rules consult. Built by [`RuleContext::new`] only, the one place the
+/// webhook's pinner is made: without Secrets, since anyone who reaches the port can send a
+/// review naming any namespace's `secretRef`. Private references are pinned from entries the
+/// controller resolved, or by the controller's catch-up.
 pub struct RuleContext {
-    pub cluster: Arc<dyn ClusterView>,
-    pub pinner: Arc<Pinner>,
-    pub policy: policy::Policy,
+    cluster: Arc<dyn ClusterView>,
+    pinner: Arc<Pinner>,
+    policy: policy::Policy,
+}
+
+impl RuleContext {
+    /// The context over `cluster` and `cache`, judging by `policy`, pinning to the mirror's
+    /// copies the controller recorded when `mirror` is set.
+    pub fn new(
+        cluster: Arc<dyn ClusterView>,
+        cache: Arc<DigestCache>,
+        policy: policy::Policy,
+        mirror: Option<MirrorPins>,
+    ) -> Self {
+        Self {
+            cluster,
+            pinner: Arc::new(Pinner::new(cache, None).with_mirror(mirror)),
+            policy,
+        }
+    }
+
+    /// The digest cache the rules pin from (its figures are the admin port's metrics).
+    pub fn cache(&self) -> &Arc<DigestCache> {
+        self.pinner.cache()
+    }
 }
 
 /// The webhook paths, one per rule family: the manifests register exactly these.

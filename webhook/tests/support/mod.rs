@@ -3,7 +3,6 @@
 use std::{collections::HashMap, sync::Arc};
 
 use futures::{FutureExt, future::BoxFuture};
-use holdfast_pins::Pinner;
 use holdfast_registry::{
     Credentials, Digest, Reference, ResolveError,
     cache::{CacheConfig, DigestCache, Source},
@@ -58,9 +57,5 @@ impl Source for FixedRegistry {
 
 pub fn context(cluster: impl ClusterView + 'static, registry: FixedRegistry) -> RuleContext {
     let cache = DigestCache::new(Arc::new(registry), CacheConfig::default(), None);
-    RuleContext {
-        policy: Default::default(),
-        cluster: Arc::new(cluster),
-        pinner: Arc::new(Pinner::new(Arc::new(cache), None)),
-    }
+    RuleContext::new(Arc::new(cluster), Arc::new(cache), Default::default(), None)
 }
