@@ -27,7 +27,7 @@ use kube::{
     Api, Client, Resource, ResourceExt,
     api::{
         ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-        PropagationPolicy,
+        Preconditions, PropagationPolicy,
     },
     runtime::{Controller, WatchStreamExt, controller::Action},
 };
@@ -137,14 +137,29 @@ async fn found(client: &Client, gvk: GroupVersionKind) -> Option<ApiResource> {
     holdfast_peers::served_or_skip(client, &gvk, "the fast finalizer skips it").await
 }
 
-/// Deletes `name` with `params`; `false` when it was already gone (404).
-async fn delete_present<K>(api: &Api<K>, name: &str, params: &DeleteParams) -> Result<bool, Error>
+/// Deletes the object read as `object`, with `params`, only while it is that object: the uid
+/// is a precondition, so an object deleted and re-created under its name between the check and
+/// the delete (one the check never saw) is left alone. `false` when it was already gone (404)
+/// or replaced (409).
+async fn delete_present<K>(api: &Api<K>, object: &DynamicObject, params: &DeleteParams) -> Result<bool, Error>
 where
     K: Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    match api.delete(name, params).await {
+    let name = object.name_any();
+    let params = DeleteParams {
+        preconditions: object.uid().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..params.clone()
+    };
+    match api.delete(&name, &params).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            tracing::info!(name, reason = %e.message, "not deleted: replaced since it was checked");
+            Ok(false)
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -274,7 +289,7 @@ async fn delete_image(
         propagation_policy: Some(PropagationPolicy::Background),
         ..Default::default()
     };
-    if delete_present(&images, name, &params).await? {
+    if delete_present(&images, &image, &params).await? {
         tracing::info!(%namespace, image = name, because, "deleted the kpack Image");
     }
     Ok(())
@@ -377,7 +392,7 @@ async fn delete_children(
             tracing::info!(%namespace, kind = rule.kind, name = %child.name_any(), selector, "not deleting: no controller reference names the owner being deleted");
             continue;
         }
-        if delete_present(&api, &child.name_any(), &params).await? {
+        if delete_present(&api, &child, &params).await? {
             tracing::info!(%namespace, kind = rule.kind, name = %child.name_any(), "deleted a leaf of a terminating owner");
         }
     }
@@ -530,7 +545,7 @@ async fn delete_spaces(ctx: &Ctx, namespace: &str, resource: &ApiResource) -> Re
         if deleting(&space) || !deletable::permits(&NAMESPACE_SPACE, &space.metadata, &[], true) {
             continue;
         }
-        if delete_present(&spaces, &space.name_any(), &DeleteParams::default()).await? {
+        if delete_present(&spaces, &space, &DeleteParams::default()).await? {
             tracing::info!(%namespace, space = %space.name_any(), "deleted the CFSpace of a terminating namespace");
         }
     }
@@ -649,7 +664,10 @@ mod tests {
             );
             answer.ok(&owned);
             let (body, answer) = server.expect(Method::DELETE, &format!("{path}?")).await;
-            assert_eq!(body, json!({"propagationPolicy": "Background"}));
+            assert_eq!(
+                body,
+                json!({"propagationPolicy": "Background", "preconditions": {"uid": "image-app-guid"}})
+            );
             assert_eq!(APP_IMAGE.grace_period_seconds, None);
             answer.ok(&owned);
             server
@@ -697,6 +715,37 @@ mod tests {
         finish(reconciled, server).await;
     }
 
+    /// Issue 35: an Image deleted and re-created under the app's name between the check and the
+    /// delete is another object, one no check saw: the delete carries the checked uid, the API
+    /// server refuses it (409), and the reconcile ends without deleting or failing.
+    #[tokio::test]
+    async fn an_image_replaced_between_the_check_and_the_delete_is_left_alone() {
+        let (ctx, mut server) = context();
+        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
+        let api = tokio::spawn(async move {
+            let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+            let (_, answer) = server.expect(Method::GET, &path).await;
+            answer.ok(&image(
+                "app-guid",
+                &[owner("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-1", false)],
+            ));
+            let (body, answer) = server.expect(Method::DELETE, &format!("{path}?")).await;
+            assert_eq!(body["preconditions"], json!({"uid": "image-app-guid"}));
+            answer.json(
+                StatusCode::CONFLICT,
+                &fixtures::status(
+                    409,
+                    "Conflict",
+                    "Precondition failed: UID in precondition: image-app-guid, UID in object meta: other",
+                ),
+            );
+            server
+        });
+        let reconciled = app_deleting(app, ctx).await;
+        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+        finish(reconciled, server).await;
+    }
+
     /// A terminating Build: of the pods its label finds, only the one it controls (by uid) is
     /// deleted, with the grace period DELETABLE gives build pods (0).
     #[tokio::test]
@@ -732,7 +781,7 @@ mod tests {
             assert_eq!(BUILD_POD.grace_period_seconds, Some(0));
             assert_eq!(
                 body,
-                json!({"gracePeriodSeconds": 0, "propagationPolicy": "Background"})
+                json!({"gracePeriodSeconds": 0, "propagationPolicy": "Background", "preconditions": {"uid": "pod-controlled"}})
             );
             answer.ok(&controlled);
             server

@@ -10,16 +10,18 @@
 //!   [`deletable`] is the one table of what it may delete and when.
 //! - [`mirror`]: copies the content of pinned digests into a cache registry (the mirror),
 //!   records each copy on its cache entry and has objects re-pinned to the copy;
-//!   [`references`] says which copies objects reference, [`retention`] deletes the others
-//!   after a grace period.
+//!   [`mirror::references`] says which copies objects reference, [`mirror::retention`]
+//!   deletes the others after a grace period.
 //! - [`watched`]: the one watch per pinned kind (and of the namespaces) that the pinners and the
 //!   mirror share for a leader's term, keeping each object as a [`stored::Stored`].
-//! - [`run`]: all of them on the replica that holds the Lease ([`leader`]), as the binary runs them.
+//! - [`term`]: a leader's term: the pinner, the watches and every loop above, built once;
+//!   [`run`]: the digest cache, the election ([`leader`]) and a term while this replica leads,
+//!   as the binary runs them.
 //! - [`metrics`] and [`admin`]: what the controller reports on its admin port (`/healthz`,
 //!   `/readyz`, `/metrics`).
 
 pub mod admin;
-pub mod backoff;
+mod backoff;
 pub mod deletable;
 pub mod finalizer;
 #[cfg(test)]
@@ -28,9 +30,8 @@ pub mod leader;
 pub mod metrics;
 pub mod mirror;
 pub mod pinning;
-pub mod references;
 pub mod refresher;
-pub mod retention;
 pub mod run;
-pub mod stored;
-pub mod watched;
+mod stored;
+pub mod term;
+mod watched;

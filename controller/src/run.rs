@@ -1,21 +1,14 @@
 //! The whole controller as `holdfast-controller` runs it: the shared digest cache followed from
-//! holdfast's namespace, then, while this replica holds the Lease, the watches of the pinned
-//! kinds and, reading them, the refresher, the pinning reconcilers, the fast finalizer and (when
-//! a mirror is configured) the mirror copier. The binary and the e2e suites run this same
-//! function.
+//! holdfast's namespace, then, while this replica holds the Lease, a [`Term`] with every loop
+//! (the watches of the pinned kinds and, reading them, the refresher, the pinning reconcilers,
+//! the fast finalizer and, when a mirror is configured, the mirror copier). The binary and the
+//! e2e suites run this same function.
 
-use std::{
-    sync::{Arc, atomic::Ordering},
-    time::Duration,
-};
+use std::sync::{Arc, atomic::Ordering};
 
-use holdfast_pins::Pinner;
-use holdfast_registry::{
-    Resolver, ResolverConfig,
-    cache::{CacheConfig, DigestCache},
-    cluster_store::{self, ClusterSink},
-};
+use holdfast_registry::{ResolverConfig, cache::CacheConfig};
 use kube::Client;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
@@ -23,7 +16,7 @@ use crate::{
     leader::{self, Election},
     metrics::Metrics,
     mirror::MirrorSettings,
-    watched::Watched,
+    term::{Term, TermSettings, follow_cache},
 };
 
 #[derive(Debug, Clone)]
@@ -83,107 +76,61 @@ pub async fn run_observed(
     health: Arc<Health>,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
-    let resolver_config = settings.resolver.clone();
-    let resolver = Resolver::new(settings.resolver).map_err(|e| Error::Resolver(e.to_string()))?;
-    let entries = cluster_store::api(client.clone(), &settings.namespace);
     // The digest cache's writes are the leader's too: they stop, in flight, when its term ends.
     let cache_writes = cancel.child_token();
-    let sink = ClusterSink::start(entries.clone(), cache_writes.clone());
-    let cache = Arc::new(DigestCache::new(Arc::new(resolver), settings.cache, Some(sink)));
+    let (cache, mut synced) = follow_cache(
+        &client,
+        &settings.namespace,
+        settings.resolver.clone(),
+        settings.cache.clone(),
+        cache_writes.clone(),
+        &cancel,
+    )
+    .map_err(|e| Error::Resolver(e.to_string()))?;
     metrics.follow_cache(cache.clone());
-    let mut synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
     tokio::select! {
         _ = cancel.cancelled() => return Ok(()),
         _ = synced.wait_for(|s| *s) => {}
     }
     health.cache_synced.store(true, Ordering::Release);
-    let secrets = settings
-        .read_secrets
-        .then(|| Arc::new(client.clone()) as Arc<dyn holdfast_pins::resolve::SecretSource>);
-    let mut pinner =
-        Pinner::new(cache.clone(), secrets).with_mirror(mirror.as_ref().map(MirrorSettings::pins));
-    if let Some(mirror) = &mirror {
-        pinner = pinner.with_copying(Arc::new(mirror.copying()));
-    }
-    let pinner = Arc::new(pinner);
-
-    let (interval, namespace, work_client) = (settings.refresh, settings.namespace.clone(), client.clone());
-    let (gc_grace, finalizer_options) = (settings.cache_gc_grace, settings.finalizer);
-    let work_metrics = metrics.clone();
-    // Everything that writes runs only on the leader.
+    let (term_client, term_settings) = (client.clone(), settings.term());
+    // Everything that writes runs only on the leader; the writes stop with the term, however
+    // it ends (a lost Lease aborts it).
     let work = move |leading: CancellationToken| async move {
-        // Dropped with the work, however it ends (a lost Lease aborts it).
         let _cache_writes = cache_writes.drop_guard();
-        let (reconcile_all_tx, reconcile_all) = tokio::sync::watch::channel(0);
-        let kinds = crate::pinning::installed_kinds(&work_client).await;
-        let watched = Arc::new(Watched::start(&work_client, kinds, &leading));
-        // A completed copy has every object reconciled (a refresh round only those it concerns).
-        let copies = {
-            let (client, namespace, pinner, mirror, watched) = (
-                work_client.clone(),
-                namespace.clone(),
-                pinner.clone(),
-                mirror.clone(),
-                watched.clone(),
-            );
-            let (resolver, reconcile, leading, metrics) = (
-                resolver_config.clone(),
-                reconcile_all_tx,
-                leading.clone(),
-                work_metrics.clone(),
-            );
-            async move {
-                if let Some(mirror) = mirror {
-                    crate::mirror::Mirror {
-                        client,
-                        namespace,
-                        pinner,
-                        watched,
-                        settings: mirror,
-                        resolver,
-                        reconcile,
-                        metrics,
-                    }
-                    .run(leading)
-                    .await;
-                }
-            }
-        };
-        let refresher = {
-            let (watched, pinner, leading, metrics) = (
-                watched.clone(),
-                pinner.clone(),
-                leading.clone(),
-                work_metrics.clone(),
-            );
-            async move {
-                let mut refresher =
-                    crate::refresher::Refresher::new(watched, pinner.cache(), gc_grace).with_metrics(metrics);
-                crate::refresher::run(&mut refresher, &pinner, interval, leading).await
-            }
-        };
-        let pinning = crate::pinning::run(
-            work_client.clone(),
-            namespace,
-            pinner,
-            watched,
-            reconcile_all,
-            work_metrics.clone(),
-            leading.clone(),
-        );
-        let finalizer = crate::finalizer::run(work_client, finalizer_options, work_metrics, leading);
-        tokio::join!(refresher, pinning, finalizer, copies);
+        Term::start(term_client, cache, term_settings, mirror, metrics, leading)
+            .await
+            .run()
+            .await;
     };
-    let election = Election {
-        namespace: settings.namespace,
-        lease: settings.lease,
-        identity: settings.identity,
-        duration: settings.lease_duration,
-        renew_every: settings.renew_every,
-        renew_deadline: settings.renew_deadline,
-    };
-    election
+    settings
+        .election()
         .lead_reporting(client, cancel, &health.election, work)
         .await?;
     Ok(())
+}
+
+impl Settings {
+    /// What each term runs with.
+    pub fn term(&self) -> TermSettings {
+        TermSettings {
+            namespace: self.namespace.clone(),
+            refresh: self.refresh,
+            read_secrets: self.read_secrets,
+            cache_gc_grace: self.cache_gc_grace,
+            finalizer: self.finalizer,
+            resolver: self.resolver.clone(),
+        }
+    }
+
+    fn election(&self) -> Election {
+        Election {
+            namespace: self.namespace.clone(),
+            lease: self.lease.clone(),
+            identity: self.identity.clone(),
+            duration: self.lease_duration,
+            renew_every: self.renew_every,
+            renew_deadline: self.renew_deadline,
+        }
+    }
 }

@@ -1,23 +1,24 @@
-//! holdfast's pinning controller run in-process against the local control plane, as
-//! `holdfast-controller` wires it: a resolver for the test registries, the digest cache persisted
-//! in its own namespace, Secrets read for `secretRef`s; optionally the mirror copier.
+//! holdfast's pinning controller run in-process against the local control plane: the
+//! controller's own [`Term`] over a digest cache persisted in its own namespace (a resolver for
+//! the test registries, Secrets read for `secretRef`s), running its pinning reconcilers and,
+//! optionally, the mirror copier; refresh rounds one at a time, when a test asks.
 
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Result;
-use holdfast_controller::{mirror::MirrorSettings, refresher::Refresher, watched::Watched};
-use holdfast_pins::Pinner;
-use holdfast_registry::{
-    Resolver, ResolverConfig,
-    cache::{CacheConfig, DigestCache},
-    cluster_store::{self, ClusterSink},
+use holdfast_controller::{
+    mirror::MirrorSettings,
+    refresher::Refresher,
+    term::{Term, follow_cache},
 };
+use holdfast_pins::Pinner;
+use holdfast_registry::{ResolverConfig, cache::CacheConfig};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
 };
-use tokio::{sync::watch, task::JoinHandle};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::{Env, control_plane::unique_name};
@@ -97,67 +98,34 @@ impl LocalController {
         mirror: Option<MirrorSettings>,
     ) -> Result<Self> {
         let cancel = CancellationToken::new();
-        let resolver_config = ResolverConfig {
-            insecure_registries: insecure_registries
-                .iter()
-                .cloned()
-                .chain([env.registry().to_string()])
-                .collect(),
-            ..Default::default()
-        };
-        let resolver = Resolver::new(resolver_config.clone())?;
-        let entries = cluster_store::api(client.clone(), &namespace);
-        let sink = ClusterSink::start(entries.clone(), cancel.clone());
-        let cache = Arc::new(DigestCache::new(
-            Arc::new(resolver),
+        let mut settings = settings(env, &namespace, "local-controller").term();
+        settings
+            .resolver
+            .insecure_registries
+            .extend(insecure_registries.iter().cloned());
+        let (cache, mut synced) = follow_cache(
+            &client,
+            &namespace,
+            settings.resolver.clone(),
             CacheConfig::default(),
-            Some(sink),
-        ));
-        let mut synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
-        let _ = synced.wait_for(|s| *s).await;
-        let mut pinner = Pinner::new(cache, Some(Arc::new(client.clone())))
-            .with_mirror(mirror.as_ref().map(MirrorSettings::pins));
-        if let Some(mirror) = &mirror {
-            pinner = pinner.with_copying(Arc::new(mirror.copying()));
-        }
-        let pinner = Arc::new(pinner);
-        let kinds = holdfast_controller::pinning::installed_kinds(&client).await;
-        // The e2e suites collect nothing behind a test's back: an hour's grace, as deployed.
-        let watched = Arc::new(Watched::start(&client, kinds, &cancel));
-        let refresher = Refresher::new(watched.clone(), pinner.cache(), Duration::from_secs(3600)).into();
-        // Bumped by the mirror after each copy: every object reconciled.
-        let (reconcile_all, reconcile_all_rx) = watch::channel(0u64);
-        let pinning = holdfast_controller::pinning::run(
-            client.clone(),
-            namespace.clone(),
-            pinner.clone(),
-            watched.clone(),
-            reconcile_all_rx,
-            Default::default(),
             cancel.clone(),
+            &cancel,
+        )?;
+        let _ = synced.wait_for(|s| *s).await;
+        let term = Arc::new(
+            Term::start(
+                client,
+                cache,
+                settings,
+                mirror,
+                Default::default(),
+                cancel.clone(),
+            )
+            .await,
         );
-        let copies = {
-            let (namespace, reconcile, cancel, pinner) =
-                (namespace.clone(), reconcile_all, cancel.clone(), pinner.clone());
-            async move {
-                if let Some(mirror) = mirror {
-                    holdfast_controller::mirror::Mirror {
-                        client,
-                        namespace,
-                        pinner,
-                        watched,
-                        settings: mirror,
-                        resolver: resolver_config,
-                        reconcile,
-                        metrics: Default::default(),
-                    }
-                    .run(cancel)
-                    .await;
-                }
-            }
-        };
+        let (pinner, refresher) = (term.pinner().clone(), term.refresher().into());
         let task = tokio::spawn(async move {
-            tokio::join!(pinning, copies);
+            tokio::join!(term.pinning(), term.mirror());
         });
         Ok(Self {
             namespace,

@@ -7,7 +7,7 @@
 //!   private location, read with that Secret: `holdfast_pins::mirror_scope`), from the configured
 //!   source registries (all when none is listed), not already in the mirror, whose record does
 //!   not name this mirror's copy of their current digest, and whose copy an object references
-//!   (`crate::references`: pinned to it, or to the same digest upstream), so that what
+//!   (`references`: pinned to it, or to the same digest upstream), so that what
 //!   retention deletes is not copied again, or whose tag moved away from a copy an object
 //!   references (`follow` pins wait on the old copy for the new one:
 //!   `holdfast_pins::mirror_scope::stays_on_mirror`). One copy per mirror location, however many keys
@@ -25,7 +25,7 @@
 //!   the shared [`Copying`], and the objects waiting for that copy are reconciled so they go
 //!   upstream); a copy resumes where the last one stopped (the copier skips what the mirror
 //!   holds).
-//! - **Retention** (`crate::retention`): copies no object references for
+//! - **Retention** (`retention`): copies no object references for
 //!   `--mirror-retention-seconds` are deleted from the mirror.
 //! - **Events** on the cache entries (`kubectl describe hfdigest -n holdfast-system`):
 //!   `MirrorCopied`, `MirrorCopyFailed` (the first failure of a streak, and a permanent one),
@@ -40,6 +40,8 @@
 //!   `select!`; `announcer.rs` records the Events.
 
 mod announcer;
+pub mod references;
+pub mod retention;
 mod run;
 mod state;
 
@@ -115,7 +117,7 @@ pub struct CopyJob {
 
 /// The copies `entries` need: the pure decision of the reconciler. `recorded` gives an entry's
 /// mirror record; entries whose record names the mirror's copy of their digest need nothing,
-/// nor do those whose copy no object references (`referenced`, see `crate::references`) unless
+/// nor do those whose copy no object references (`referenced`, see `references`) unless
 /// their record names another copy an object references (the tag moved: `follow` pins on the
 /// old copy wait for this one).
 pub fn wanted(

@@ -25,14 +25,14 @@ use super::{
     CopyJob, MirrorSettings,
     announcer::Announcer,
     copier_resolver_config,
+    references::References,
+    retention::{self, Expired, Outcome},
     state::{Copied, MirrorState, Plan, Snapshot},
     wanted,
 };
 use crate::{
     backoff::{FIRST_RETRY, RETRY_CEILING},
     metrics::Metrics,
-    references::References,
-    retention::{self, Expired, Outcome},
     watched::Watched,
 };
 

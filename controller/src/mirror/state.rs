@@ -16,11 +16,11 @@ use holdfast_registry::{
 };
 use tokio::time::Instant;
 
-use super::{CopyJob, MirrorSettings};
-use crate::{
-    backoff::{Backoff, FIRST_RETRY, RETRY_CEILING},
+use super::{
+    CopyJob, MirrorSettings,
     retention::{Expired, Outcome, Retention},
 };
+use crate::backoff::{Backoff, FIRST_RETRY, RETRY_CEILING};
 
 /// What the mirror's task read before planning.
 #[derive(Debug, Clone, Default)]
@@ -31,7 +31,7 @@ pub struct Snapshot {
     pub given_up: HashSet<String>,
     /// The copies recorded on the cache's entries (`DigestCache::recorded_copies`).
     pub records: Vec<(CacheKey, String)>,
-    /// The copies objects reference (`crate::references`).
+    /// The copies objects reference (`super::references`).
     pub referenced: HashSet<String>,
 }
 
@@ -287,7 +287,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::retention::DeleteFailure;
+    use crate::mirror::retention::DeleteFailure;
 
     const GRACE: Duration = Duration::from_secs(60);
 

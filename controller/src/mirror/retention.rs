@@ -1,4 +1,4 @@
-//! Retention: a mirror copy that no object references (`crate::references`) for the grace
+//! Retention: a mirror copy that no object references (`super::references`) for the grace
 //! period (`--mirror-retention-seconds`) is deleted from the mirror, never while referenced.
 //!
 //! - **What is known**: the copies recorded on cache entries: each entry's current copy
@@ -37,7 +37,7 @@ use holdfast_registry::{
     mirror::{Copier, CopyError, DeleteError, Deletion, MirrorLocation},
 };
 
-use crate::references::References;
+use super::references::References;
 
 /// Between recording a deletion on the entries and checking the objects again: long enough for
 /// the webhook replicas' watches to deliver it and for an admission already answered (within

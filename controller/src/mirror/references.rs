@@ -1,5 +1,5 @@
 //! Which mirror copies the pinned objects reference: what the mirror copies and what its
-//! retention keeps (`crate::mirror`, `crate::retention`).
+//! retention keeps (`super`, `super::retention`).
 //!
 //! An object references a copy when one of its fetch references (App and Package
 //! `spec.fetch[]`, PackageRepository `spec.fetch`: `image.url`, `imgpkgBundle.image`) names it

@@ -1,0 +1,187 @@
+//! A leader's term: everything that writes, built once when this replica starts to lead and
+//! dropped when the term ends. [`Term::start`] is its one constructor — the pinner (the one place
+//! the controller's is made), the watches of the pinned kinds, the reconcile trigger the mirror
+//! pulls — and its loops are methods: [`Term::run`] runs them all, as the binary does; the e2e
+//! harness and the benchmarks start the same term and run the loops they test.
+
+use std::{sync::Arc, time::Duration};
+
+use holdfast_pins::{Pinner, resolve::SecretSource};
+use holdfast_registry::{
+    Resolver, ResolverConfig,
+    cache::{CacheConfig, DigestCache},
+    cluster_store::{self, ClusterSink},
+};
+use kube::Client;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    finalizer,
+    metrics::Metrics,
+    mirror::{Mirror, MirrorSettings},
+    pinning,
+    refresher::{self, Refresher},
+    watched::Watched,
+};
+
+/// What a term is run with (the controller's flags, less the election's).
+#[derive(Debug, Clone)]
+pub struct TermSettings {
+    /// holdfast's namespace: the digest cache's objects.
+    pub namespace: String,
+    /// Between refresh rounds (jittered by up to a tenth).
+    pub refresh: Duration,
+    /// Read the Secret an object's `secretRef` names.
+    pub read_secrets: bool,
+    /// How long a digest cache entry no object names is kept before it is deleted.
+    pub cache_gc_grace: Duration,
+    /// The fast finalizer's opt-in deletions.
+    pub finalizer: finalizer::Options,
+    /// The registry client's settings (the mirror copier builds its own from them).
+    pub resolver: ResolverConfig,
+}
+
+/// The digest cache shared by every term of this process, followed from `namespace`'s
+/// `DigestCacheEntry` objects until `cancel`; its writes stop with `writes` (the leader's).
+/// The receiver turns true once the entries are loaded.
+pub fn follow_cache(
+    client: &Client,
+    namespace: &str,
+    resolver: ResolverConfig,
+    cache: CacheConfig,
+    writes: CancellationToken,
+    cancel: &CancellationToken,
+) -> Result<(Arc<DigestCache>, watch::Receiver<bool>), holdfast_registry::ResolverBuildError> {
+    let entries = cluster_store::api(client.clone(), namespace);
+    let sink = ClusterSink::start(entries.clone(), writes);
+    let cache = Arc::new(DigestCache::new(
+        Arc::new(Resolver::new(resolver)?),
+        cache,
+        Some(sink),
+    ));
+    let synced = cluster_store::follow(entries, cache.clone(), cancel.clone());
+    Ok((cache, synced))
+}
+
+pub struct Term {
+    client: Client,
+    settings: TermSettings,
+    pinner: Arc<Pinner>,
+    watched: Arc<Watched>,
+    mirror: Option<MirrorSettings>,
+    metrics: Arc<Metrics>,
+    /// Bumped by the mirror after each copy: every object reconciled.
+    reconcile_all: watch::Sender<u64>,
+    leading: CancellationToken,
+}
+
+impl Term {
+    /// The term of a leader that starts now with `cache`: the pinner over it (reading Secrets
+    /// when `settings` say so; pinning to the mirror's copies and waiting for them when
+    /// `mirror` is set), and the watches of every pinned kind the cluster serves, until
+    /// `leading` is cancelled.
+    pub async fn start(
+        client: Client,
+        cache: Arc<DigestCache>,
+        settings: TermSettings,
+        mirror: Option<MirrorSettings>,
+        metrics: Arc<Metrics>,
+        leading: CancellationToken,
+    ) -> Self {
+        let secrets = settings
+            .read_secrets
+            .then(|| Arc::new(client.clone()) as Arc<dyn SecretSource>);
+        let mut pinner = Pinner::new(cache, secrets).with_mirror(mirror.as_ref().map(MirrorSettings::pins));
+        if let Some(mirror) = &mirror {
+            pinner = pinner.with_copying(Arc::new(mirror.copying()));
+        }
+        let kinds = pinning::installed_kinds(&client).await;
+        let watched = Arc::new(Watched::start(&client, kinds, &leading));
+        Self {
+            client,
+            settings,
+            pinner: Arc::new(pinner),
+            watched,
+            mirror,
+            metrics,
+            reconcile_all: watch::channel(0).0,
+            leading,
+        }
+    }
+
+    /// Every loop of the term, until it ends.
+    pub async fn run(self) {
+        let mut refresher = self.refresher();
+        tokio::join!(
+            refresher::run(
+                &mut refresher,
+                &self.pinner,
+                self.settings.refresh,
+                self.leading.clone()
+            ),
+            self.pinning(),
+            self.finalizer(),
+            self.mirror(),
+        );
+    }
+
+    /// The pinning reconcilers of every pinned kind (catch-up and `follow` re-pins).
+    pub async fn pinning(&self) {
+        pinning::run(
+            self.client.clone(),
+            self.settings.namespace.clone(),
+            self.pinner.clone(),
+            self.watched.clone(),
+            self.reconcile_all.subscribe(),
+            self.metrics.clone(),
+            self.leading.clone(),
+        )
+        .await;
+    }
+
+    /// The fast finalizer (nothing without kpack).
+    pub async fn finalizer(&self) {
+        finalizer::run(
+            self.client.clone(),
+            self.settings.finalizer,
+            self.metrics.clone(),
+            self.leading.clone(),
+        )
+        .await;
+    }
+
+    /// The mirror copier and its retention (nothing without a mirror).
+    pub async fn mirror(&self) {
+        let Some(settings) = self.mirror.clone() else {
+            return;
+        };
+        Mirror {
+            client: self.client.clone(),
+            namespace: self.settings.namespace.clone(),
+            pinner: self.pinner.clone(),
+            watched: self.watched.clone(),
+            settings,
+            resolver: self.settings.resolver.clone(),
+            reconcile: self.reconcile_all.clone(),
+            metrics: self.metrics.clone(),
+        }
+        .run(self.leading.clone())
+        .await;
+    }
+
+    /// The refresher of this term, its rounds to be run with [`Term::pinner`] (on the
+    /// interval by [`Term::run`], or one at a time by a test).
+    pub fn refresher(&self) -> Refresher {
+        Refresher::new(
+            self.watched.clone(),
+            self.pinner.cache(),
+            self.settings.cache_gc_grace,
+        )
+        .with_metrics(self.metrics.clone())
+    }
+
+    pub fn pinner(&self) -> &Arc<Pinner> {
+        &self.pinner
+    }
+}
