@@ -1,4 +1,4 @@
-//! The fast finalizer (korifi-kpack.md §1.4, §4): when an app is on its way out, remove what
+//! The fast finalizer: when an app is on its way out, remove what
 //! keeps kpack building for it, at once and event-driven.
 //!
 //! - A CFApp being deleted, the last BuildWorkload of an app being deleted, or a namespace being
@@ -302,7 +302,7 @@ async fn app_deleting(app: Arc<Meta>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             uid: &uid,
             terminating: true,
         }];
-        // Korifi: one Image per app, named after the app GUID (korifi-kpack.md §1.1).
+        // Korifi: one Image per app, named after the app GUID (as Korifi names it).
         delete_image(
             &ctx,
             &APP_IMAGE,
@@ -317,7 +317,7 @@ async fn app_deleting(app: Arc<Meta>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-/// A terminating CFApp's tree, at once (korifi-kpack.md §1.4): its CFPackages, CFBuilds and
+/// A terminating CFApp's tree, at once: its CFPackages, CFBuilds and
 /// CFProcesses (which it controls), then the BuildWorkloads and AppWorkloads those controlled, all
 /// with background propagation. The garbage collector would delete them too, hop by hop through
 /// the CFApp's foreground deletion at its own request rate; deleted together, their finalizers

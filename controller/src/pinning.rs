@@ -328,10 +328,10 @@ mod tests {
     mod api {
         use std::time::SystemTime;
 
-        use futures::{FutureExt, future::BoxFuture};
         use holdfast_registry::{
-            Credentials, Digest, Reference, ResolveError,
-            cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope, Source},
+            Digest, Reference,
+            cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope},
+            testing::Unreachable,
         };
         use http::{Method, StatusCode};
         use serde_json::{Value, json};
@@ -342,33 +342,6 @@ mod tests {
         const NAMESPACE: &str = "team";
         const TAGGED: &str = "registry.example/team/app:1.0.0";
 
-        /// A registry that is never reached: every figure below comes from the cache.
-        struct Unreachable;
-
-        impl Source for Unreachable {
-            fn digest<'a>(
-                &'a self,
-                reference: &'a Reference,
-                _: &'a Credentials,
-            ) -> BoxFuture<'a, Result<Digest, ResolveError>> {
-                let error = ResolveError::Timeout {
-                    registry: reference.registry().to_owned(),
-                    repository: reference.repository().to_owned(),
-                    after: Duration::ZERO,
-                };
-                async move { Err(error) }.boxed()
-            }
-
-            fn tags<'a>(
-                &'a self,
-                repository: &'a Reference,
-                credentials: &'a Credentials,
-            ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
-                let digest = self.digest(repository, credentials);
-                async move { digest.await.map(|_| Vec::new()) }.boxed()
-            }
-        }
-
         fn digest() -> Digest {
             Digest::sha256_of(b"team/app 1.0.0")
         }
@@ -377,6 +350,7 @@ mod tests {
         /// watch having shown `namespaces`.
         fn context(namespaces: Namespaces) -> (Arc<Ctx>, Arc<DigestCache>, ApiServer) {
             let (client, server) = fixtures::mock();
+            // Never asked: every figure below comes from the cache.
             let cache = Arc::new(DigestCache::new(
                 Arc::new(Unreachable),
                 CacheConfig::default(),

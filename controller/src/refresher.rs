@@ -377,13 +377,13 @@ fn jitter(max: Duration) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::BTreeSet, sync::Mutex, time::SystemTime};
+    use std::{collections::BTreeSet, time::SystemTime};
 
     use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
     use holdfast_pins::resolve::SecretSource;
     use holdfast_registry::{
-        Credentials, Reference, ResolveError,
-        cache::{CacheConfig, Scope, Source},
+        cache::{CacheConfig, Scope},
+        testing::FakeSource,
     };
     use kube::ResourceExt;
     use serde_json::json;
@@ -492,68 +492,6 @@ mod tests {
         assert!(collector.due(&held, &names, &keep, 1, start).is_empty());
     }
 
-    /// A registry whose tags hold what the test last set, recording every ask.
-    #[derive(Default)]
-    struct Registry {
-        tags: Mutex<HashMap<String, Digest>>,
-        asked: Mutex<Vec<String>>,
-        /// A registry (host) whose answers wait for permits of the semaphore.
-        hanging: Mutex<Option<(String, Arc<Semaphore>)>>,
-    }
-
-    impl Registry {
-        fn set(&self, key: &CacheKey, digest: &Digest) {
-            self.tags
-                .lock()
-                .unwrap()
-                .insert(key.reference.clone(), digest.clone());
-        }
-
-        fn asked(&self) -> Vec<String> {
-            let mut asked = self.asked.lock().unwrap().clone();
-            asked.sort();
-            asked
-        }
-    }
-
-    impl Source for Registry {
-        fn digest<'a>(
-            &'a self,
-            reference: &'a Reference,
-            _: &'a Credentials,
-        ) -> BoxFuture<'a, Result<Digest, ResolveError>> {
-            self.asked.lock().unwrap().push(reference.normalized());
-            let held = self.tags.lock().unwrap().get(&reference.normalized()).cloned();
-            let error = ResolveError::Timeout {
-                registry: reference.registry().to_owned(),
-                repository: reference.repository().to_owned(),
-                after: Duration::ZERO,
-            };
-            let gate = self
-                .hanging
-                .lock()
-                .unwrap()
-                .clone()
-                .filter(|(host, _)| host == reference.registry())
-                .map(|(_, gate)| gate);
-            async move {
-                if let Some(gate) = gate {
-                    let _open = gate.acquire().await;
-                }
-                held.ok_or(error)
-            }
-            .boxed()
-        }
-
-        fn tags<'a>(
-            &'a self,
-            _: &'a Reference,
-            _: &'a Credentials,
-        ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
-            unreachable!("no tag selection here")
-        }
-    }
-
     /// Fails the test if any Secret is read.
     struct NoSecrets;
 
@@ -585,7 +523,7 @@ mod tests {
     /// each tag holding `digest(1)` in the registry and in the cache; the Apps' controller's
     /// triggers.
     struct Term {
-        registry: Arc<Registry>,
+        registry: Arc<FakeSource>,
         pinner: Pinner,
         refresher: Refresher,
         triggered: std::pin::Pin<Box<dyn Stream<Item = Arc<Stored>> + Send>>,
@@ -593,10 +531,10 @@ mod tests {
 
     impl Term {
         fn new(apps: Vec<Stored>, held: &[&CacheKey], listed: bool) -> Self {
-            let registry = Arc::new(Registry::default());
+            let registry = Arc::new(FakeSource::default());
             let cache = Arc::new(DigestCache::new(registry.clone(), CacheConfig::default(), None));
             for key in held {
-                registry.set(key, &digest(1));
+                registry.set(&key.reference, digest(1));
                 cache.insert(entry(key, &digest(1), SystemTime::now()));
             }
             let watched = Arc::new(Watched::of(vec![(PinnedKind::App, apps)], listed));
@@ -639,7 +577,7 @@ mod tests {
         entry(&key, &digest(1), SystemTime::now())
     }
 
-    fn pinner_over(registry: Arc<Registry>, entries: &[CacheEntry]) -> Pinner {
+    fn pinner_over(registry: Arc<FakeSource>, entries: &[CacheEntry]) -> Pinner {
         let cache = Arc::new(DigestCache::new(registry, CacheConfig::default(), None));
         for entry in entries {
             cache.insert(entry.clone());
@@ -652,7 +590,7 @@ mod tests {
     /// asked). Only keys that live objects name are refreshed now.
     #[tokio::test]
     async fn an_entry_no_object_names_is_not_refreshed_and_its_secret_never_read() {
-        let registry = Arc::new(Registry::default());
+        let registry = Arc::new(FakeSource::default());
         let forged = hand_made_entry("attacker.example/exfil:1", secret_scope("victim", "db-creds"));
         let pinner = pinner_over(registry.clone(), &[forged]);
         let report = refresh_named(&pinner, &HashSet::new()).await;
@@ -664,7 +602,7 @@ mod tests {
     /// names (its own Secret's key) reads nothing of `victim`, whatever entries exist.
     #[tokio::test]
     async fn refreshing_what_one_namespace_names_reads_no_other_namespaces_secret() {
-        let registry = Arc::new(Registry::default());
+        let registry = Arc::new(FakeSource::default());
         let reference = "registry.corp.com/team/app-config:v1.2.0";
         let victims = hand_made_entry(reference, secret_scope("victim", "db-creds"));
         let pinner = pinner_over(registry.clone(), &[victims]);
@@ -680,13 +618,13 @@ mod tests {
     /// The controller reconciles only the objects naming a key that moved: the report names them.
     #[tokio::test]
     async fn a_refresh_reports_which_keys_moved() {
-        let registry = Arc::new(Registry::default());
+        let registry = Arc::new(FakeSource::default());
         let entries = [
             hand_made_entry("registry.corp.com/team/app:1", Scope::Anonymous),
             hand_made_entry("registry.corp.com/team/other:1", Scope::Anonymous),
         ];
         for entry in &entries {
-            registry.set(&entry.key, &digest(1));
+            registry.set(&entry.key.reference, digest(1));
         }
         let pinner = pinner_over(registry.clone(), &entries);
         let named = entries.iter().map(|e| e.key.clone()).collect();
@@ -694,7 +632,7 @@ mod tests {
         assert_eq!((report.checked, report.moved), (2, 0));
         assert!(report.moved_keys.is_empty());
 
-        registry.set(&entries[0].key, &digest(2));
+        registry.set(&entries[0].key.reference, digest(2));
         let report = refresh_named(&pinner, &named).await;
         assert_eq!((report.checked, report.moved), (2, 1));
         assert_eq!(report.moved_keys, BTreeSet::from([entries[0].key.clone()]));
@@ -713,15 +651,14 @@ mod tests {
     /// every other registry's keys are checked while it hangs.
     #[tokio::test]
     async fn a_hanging_registry_holds_up_only_its_own_keys_in_a_round() {
-        let registry = Arc::new(Registry::default());
-        let gate = Arc::new(Semaphore::new(0));
-        *registry.hanging.lock().unwrap() = Some(("slow.example".into(), gate.clone()));
+        let registry = Arc::new(FakeSource::default());
+        let gate = registry.hang("slow.example");
         let mut entries: Vec<CacheEntry> = (0..20)
             .map(|i| hand_made_entry(&format!("slow.example/app:{i}"), Scope::Anonymous))
             .collect();
         entries.extend((0..5).map(|i| hand_made_entry(&format!("fast.example/app:{i}"), Scope::Anonymous)));
         for entry in &entries {
-            registry.set(&entry.key, &digest(1));
+            registry.set(&entry.key.reference, digest(1));
         }
         let pinner = pinner_over(registry.clone(), &entries);
         let named: HashSet<CacheKey> = entries.iter().map(|e| e.key.clone()).collect();
@@ -752,7 +689,7 @@ mod tests {
         let (moving, still) = (key("moving"), key("still"));
         let apps = vec![app("a1", "moving"), app("a2", "moving"), app("b", "still")];
         let mut term = Term::new(apps, &[&moving, &still], true);
-        term.registry.set(&moving, &digest(2));
+        term.registry.set(&moving.reference, digest(2));
         let report = term.round().await.unwrap();
         assert_eq!(report.refresh.moved_keys, BTreeSet::from([moving]));
         assert_eq!((report.refresh.checked, report.refresh.moved), (2, 1));
@@ -779,7 +716,7 @@ mod tests {
         let (moving, still) = (key("moving"), key("still"));
         let apps = vec![app("a1", "moving"), app("a2", "moving"), app("b", "still")];
         let mut term = Term::new(apps, &[&moving, &still], true);
-        term.registry.set(&moving, &digest(2));
+        term.registry.set(&moving.reference, digest(2));
         let later = SystemTime::now() + Duration::from_secs(1);
         term.pinner.cache().insert(entry(&moving, &digest(2), later));
         let report = term.round().await.unwrap();

@@ -9,8 +9,8 @@ use std::{collections::BTreeMap, sync::Arc, sync::OnceLock};
 use bytes::Bytes;
 use futures::{FutureExt, future::BoxFuture};
 use holdfast_registry::{
-    Credentials, Digest, Reference, ResolveError,
-    cache::{CacheConfig, DigestCache, Source},
+    cache::{CacheConfig, DigestCache},
+    testing::FakeSource,
 };
 use holdfast_webhook::{
     cluster::{ClusterView, Peer, Presence},
@@ -19,30 +19,6 @@ use holdfast_webhook::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use libfuzzer_sys::fuzz_target;
-
-/// Every tag resolves to the digest of its name; every repository lists a few semver tags.
-struct AnyRegistry;
-
-impl Source for AnyRegistry {
-    fn digest<'a>(
-        &'a self,
-        reference: &'a Reference,
-        _: &'a Credentials,
-    ) -> BoxFuture<'a, Result<Digest, ResolveError>> {
-        futures::future::ready(Ok(Digest::sha256_of(reference.normalized().as_bytes()))).boxed()
-    }
-
-    fn tags<'a>(
-        &'a self,
-        _: &'a Reference,
-        _: &'a Credentials,
-    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
-        let tags = ["1.0.0", "1.2.3", "2.0.0-rc.1", "latest"]
-            .map(String::from)
-            .to_vec();
-        futures::future::ready(Ok(tags)).boxed()
-    }
-}
 
 /// Answers from the names asked: even-length names are being deleted, names with a digit are
 /// gone, the rest live; every Image has an owning app.
@@ -104,7 +80,10 @@ fn context() -> &'static RuleContext {
             max_entries: 0,
             ..CacheConfig::default()
         };
-        let cache = DigestCache::new(Arc::new(AnyRegistry), config, None);
+        // Every tag resolves to the digest of its name; every repository lists a few semver tags.
+        let registry = FakeSource::deriving();
+        registry.set_tags(["1.0.0", "1.2.3", "2.0.0-rc.1", "latest"]);
+        let cache = DigestCache::new(Arc::new(registry), config, None);
         let policy =
             Policy::from_yaml("allowedRegistries: [registry.corp.com, ghcr.io/corp]\nmode: enforce\n")
                 .expect("the fuzz policy parses");

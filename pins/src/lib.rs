@@ -1,6 +1,6 @@
 //! Pin fetch refs: rewrites the OCI references in Carvel kapp-controller fetch specs from tags to
 //! digests (`repo@sha256:…`), so kapp-controller serves them from its digest-keyed cache instead
-//! of asking the registry on every sync (kapp-controller.md §2.4, §6).
+//! of asking the registry on every sync (kapp-controller ≥ v0.43 caches what it fetched by digest).
 //!
 //! The planning and patching in this module are **pure**: no I/O, no async. The registry work in
 //! between is [`resolve`]'s (the crate's I/O edge, over the shared digest cache), called by the
@@ -37,7 +37,7 @@
 //! The pinned string keeps the user's spelling of registry and repository and replaces the tag
 //! (`nginx:1.25` → `nginx@sha256:…`, see `holdfast_registry::reference`). Where the ref came from
 //! a `tagSelection`, the `tagSelection` is **removed**: vendir appends `":" + selected tag` to
-//! the URL, which breaks a digest reference (kapp-controller.md §1.3).
+//! the URL, which breaks a digest reference (vendir's `tagSelection`).
 //!
 //! # Per-object controls: `holdfast.dev/pin`
 //!

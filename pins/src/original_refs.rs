@@ -10,8 +10,8 @@ use json_patch::jsonptr::Pointer;
 
 use super::{FetchSite, Resolution, sites::secret_name_pointer};
 
-/// Annotation recording the originals of the pins holdfast put in place (format in the module
-/// docs of `pin_refs`).
+/// Annotation recording the originals of the pins holdfast put in place (format in the crate's
+/// docs).
 pub const ORIGINAL_REFS_ANNOTATION: &str = "holdfast.dev/original-refs";
 
 /// One entry of the annotation: the original of the reference at one JSON pointer.

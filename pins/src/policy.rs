@@ -1,4 +1,4 @@
-//! The per-object pin policy, `holdfast.dev/pin` (see the module docs of `pin_refs`).
+//! The per-object pin policy, `holdfast.dev/pin` (see the crate's docs, "Per-object controls").
 
 use std::{fmt, str::FromStr};
 

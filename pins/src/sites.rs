@@ -1,4 +1,4 @@
-//! Where the pinnable references are in each kind (kapp-controller.md §1.2, §1.4, §1.5).
+//! Where the pinnable references are in each kind (kapp-controller's App, PackageRepository and Package fetch specs, which are vendir's fetch sources).
 
 use std::fmt;
 

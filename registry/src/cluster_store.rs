@@ -400,27 +400,6 @@ mod tests {
         assert!(mirrored_from_object(&applied(&json_of(mirror_patch(&key, &only_deleted)))).is_none());
     }
 
-    /// Loading asks no registry.
-    struct NoRegistry;
-
-    impl crate::cache::Source for NoRegistry {
-        fn digest<'a>(
-            &'a self,
-            _: &'a crate::Reference,
-            _: &'a crate::Credentials,
-        ) -> futures::future::BoxFuture<'a, Result<Digest, crate::ResolveError>> {
-            unreachable!("no registry in this test")
-        }
-
-        fn tags<'a>(
-            &'a self,
-            _: &'a crate::Reference,
-            _: &'a crate::Credentials,
-        ) -> futures::future::BoxFuture<'a, Result<Vec<String>, crate::ResolveError>> {
-            unreachable!("no registry in this test")
-        }
-    }
-
     #[test]
     fn a_replica_drops_a_current_copy_its_object_no_longer_records() {
         let now = SystemTime::now();
@@ -440,7 +419,7 @@ mod tests {
             }
             serde_json::from_value::<DynamicObject>(object).unwrap()
         };
-        let replica = DigestCache::new(Arc::new(NoRegistry), Default::default(), None);
+        let replica = DigestCache::new(Arc::new(crate::testing::Unreachable), Default::default(), None);
         let v2 = Mirrored {
             location: copy(b"v2"),
             at: now,
@@ -571,7 +550,7 @@ mod tests {
             object["spec"][field] = value;
             serde_json::from_value::<DynamicObject>(object).unwrap()
         };
-        let replica = DigestCache::new(Arc::new(NoRegistry), Default::default(), None);
+        let replica = DigestCache::new(Arc::new(crate::testing::Unreachable), Default::default(), None);
         for object in [
             broken("digest", json!("sha256:nope")),
             broken("scope", json!("someone")),

@@ -25,6 +25,8 @@ pub mod resolve;
 mod retry_after;
 pub mod semver_select;
 pub mod tag_list;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use credentials::{AuthConfig, Credentials, CredentialsError};
 pub use digest::{Digest, DigestError};

@@ -21,7 +21,7 @@ use tower::ServiceExt;
 mod support;
 
 use holdfast_registry::Digest;
-use support::FixedRegistry;
+use holdfast_registry::testing::FakeSource;
 
 const APP_CONFIG: &str = "registry.example/team/app-config:1.0.0";
 const UID: &str = "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4";
@@ -42,10 +42,7 @@ fn state_with_deadline(deadline: Duration) -> (Arc<AdmissionState>, Arc<Metrics>
         owners: vec![("space".into(), "app-guid".into(), owner)],
         ..Default::default()
     };
-    let registry = FixedRegistry {
-        digests: [(APP_CONFIG.to_string(), Digest::sha256_of(b"config v1"))].into(),
-        ..Default::default()
-    };
+    let registry = FakeSource::with([(APP_CONFIG, Digest::sha256_of(b"config v1"))]);
     let context = support::context(cluster, registry);
     let metrics = Arc::new(Metrics::new(Some(context.cache().clone())));
     let state = AdmissionState {

@@ -29,8 +29,8 @@
 //!   `--mirror-retention-seconds` are deleted from the mirror.
 //! - **Events** on the cache entries (`kubectl describe hfdigest -n holdfast-system`):
 //!   `MirrorCopied`, `MirrorCopyFailed` (the first failure of a streak, and a permanent one),
-//!   `MirrorDeleted`, `MirrorDeleteFailed` (the first failure of a streak). The controller has
-//!   no metrics endpoint; these and the logs are what it reports.
+//!   `MirrorDeleted`, `MirrorDeleteFailed` (the first failure of a streak); beside them the
+//!   logs and the admin port's `holdfast_controller_mirror_*` metrics.
 //! - **Credentials** for the mirror come from a Secret in holdfast's namespace (dockerconfigjson
 //!   or username/password, as vendir reads them), read before each batch of copies; without one
 //!   the mirror is used anonymously.

@@ -374,8 +374,11 @@ fn the_reconcile_of_an_edited_private_mirror_pin_resolves_with_the_users_secret(
         namespace: namespace.into(),
         name: name.into(),
     };
-    let cache =
-        holdfast_registry::cache::DigestCache::new(std::sync::Arc::new(NoRegistry), Default::default(), None);
+    let cache = holdfast_registry::cache::DigestCache::new(
+        std::sync::Arc::new(holdfast_registry::testing::Unreachable),
+        Default::default(),
+        None,
+    );
     // Only the user's Secret's entry is held; the pull Secret's would need the registry,
     // which this pinner (no Secret reads) cannot ask with it.
     cache.insert(holdfast_registry::cache::CacheEntry::resolved(
@@ -403,27 +406,6 @@ fn the_reconcile_of_an_edited_private_mirror_pin_resolves_with_the_users_secret(
     ));
     assert_eq!(outcome.warnings, Vec::<String>::new());
     assert_eq!(apply(&stored, &outcome.ops), out);
-}
-
-/// A registry that is never to be asked.
-struct NoRegistry;
-
-impl holdfast_registry::cache::Source for NoRegistry {
-    fn digest<'a>(
-        &'a self,
-        _: &'a holdfast_registry::Reference,
-        _: &'a holdfast_registry::Credentials,
-    ) -> futures::future::BoxFuture<'a, Result<Digest, holdfast_registry::ResolveError>> {
-        unreachable!("the registry was asked")
-    }
-
-    fn tags<'a>(
-        &'a self,
-        _: &'a holdfast_registry::Reference,
-        _: &'a holdfast_registry::Credentials,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<String>, holdfast_registry::ResolveError>> {
-        unreachable!("the registry was asked")
-    }
 }
 
 fn secret_scope(namespace: &str, name: &str) -> holdfast_registry::cache::Scope {

@@ -793,70 +793,15 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
+    use crate::testing::FakeSource;
 
-    /// A registry stand-in: digests per reference string, a switch to fail, a gate to hold lookups.
-    #[derive(Default)]
-    struct FakeSource {
-        digests: Mutex<HashMap<String, Digest>>,
-        tags: Vec<String>,
-        failing: std::sync::atomic::AtomicBool,
-        calls: AtomicUsize,
-        gate: Option<Arc<tokio::sync::Semaphore>>,
-    }
-
-    impl FakeSource {
-        fn with(refs: &[(&str, &str)]) -> Self {
-            let digests = refs.iter().map(|(r, d)| (r.to_string(), digest(d))).collect();
-            Self {
-                digests: Mutex::new(digests),
-                ..Default::default()
-            }
-        }
+    /// A registry holding, for each `(reference, seed)`, the digest of `seed`.
+    fn fake(refs: &[(&str, &str)]) -> FakeSource {
+        FakeSource::with(refs.iter().map(|(reference, seed)| (*reference, digest(seed))))
     }
 
     fn digest(seed: &str) -> Digest {
         Digest::sha256_of(seed.as_bytes())
-    }
-
-    fn error(reference: &Reference) -> ResolveError {
-        ResolveError::Timeout {
-            registry: reference.registry().into(),
-            repository: reference.repository(),
-            after: Duration::from_secs(3),
-        }
-    }
-
-    impl Source for FakeSource {
-        fn digest<'a>(
-            &'a self,
-            reference: &'a Reference,
-            _: &'a Credentials,
-        ) -> BoxFuture<'a, Result<Digest, ResolveError>> {
-            async move {
-                self.calls.fetch_add(1, Ordering::SeqCst);
-                if let Some(gate) = &self.gate {
-                    let _permit = gate.acquire().await;
-                }
-                if self.failing.load(Ordering::SeqCst) {
-                    return Err(error(reference));
-                }
-                self.digests
-                    .lock()
-                    .unwrap()
-                    .get(&reference.normalized())
-                    .cloned()
-                    .ok_or_else(|| error(reference))
-            }
-            .boxed()
-        }
-
-        fn tags<'a>(
-            &'a self,
-            _: &'a Reference,
-            _: &'a Credentials,
-        ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
-            futures::future::ready(Ok(self.tags.clone())).boxed()
-        }
     }
 
     fn anonymous() -> BoxFuture<'static, Result<Loaded, CacheError>> {
@@ -883,7 +828,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_miss_asks_the_registry_once_then_answers_from_memory() {
-        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let (source, cache) = cache(fake(&[(APP, "v1")]), CacheConfig::default());
         let first = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
         assert_eq!(
             (first.digest.clone(), first.origin),
@@ -891,16 +836,12 @@ mod tests {
         );
         let second = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
         assert_eq!((second.digest, second.origin), (digest("v1"), Origin::Cache));
-        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(source.calls(), 1);
     }
 
     #[tokio::test]
     async fn concurrent_misses_share_one_registry_request() {
-        let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let source = FakeSource {
-            gate: Some(gate.clone()),
-            ..FakeSource::with(&[(APP, "v1")])
-        };
+        let (source, gate) = fake(&[(APP, "v1")]).gated();
         let (source, cache) = cache(source, CacheConfig::default());
         let cache = Arc::new(cache);
         let lookups: Vec<_> = (0..1000)
@@ -910,7 +851,7 @@ mod tests {
             })
             .collect();
         // Every lookup has joined the flight once the one registry call is waiting at the gate.
-        while source.calls.load(Ordering::SeqCst) == 0 {
+        while source.calls() == 0 {
             tokio::task::yield_now().await;
         }
         for _ in 0..50 {
@@ -920,17 +861,13 @@ mod tests {
         for lookup in lookups {
             assert_eq!(lookup.await.unwrap().unwrap().digest, digest("v1"));
         }
-        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(source.calls(), 1);
         assert_eq!(cache.stats.registry_lookups.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
     async fn a_lookup_dropped_by_its_caller_lands_and_frees_its_slot() {
-        let gate = Arc::new(tokio::sync::Semaphore::new(0));
-        let source = FakeSource {
-            gate: Some(gate.clone()),
-            ..FakeSource::with(&[(APP, "v1")])
-        };
+        let (source, gate) = fake(&[(APP, "v1")]).gated();
         let (source, cache) = cache(source, CacheConfig::default());
         let cut =
             tokio::time::timeout(Duration::from_millis(20), lookup(&cache, APP, Scope::Anonymous)).await;
@@ -944,14 +881,10 @@ mod tests {
         while cache.flights_in_flight() > 0 {
             tokio::task::yield_now().await;
         }
-        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(source.calls(), 1);
         let answer = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
         assert_eq!((answer.digest, answer.origin), (digest("v1"), Origin::Registry));
-        assert_eq!(
-            source.calls.load(Ordering::SeqCst),
-            2,
-            "the next lookup asks afresh"
-        );
+        assert_eq!(source.calls(), 2, "the next lookup asks afresh");
         assert_eq!(cache.flights_in_flight(), 0);
     }
 
@@ -962,7 +895,7 @@ mod tests {
             ..Default::default()
         };
         let (source, cache) = cache(FakeSource::default(), config);
-        source.failing.store(true, Ordering::SeqCst);
+        source.fail(true);
         for i in 0..10 {
             let r = format!("registry.example/team/app{i}:1.0.0");
             assert!(lookup(&cache, &r, Scope::Anonymous).await.is_err());
@@ -979,7 +912,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_entry_past_the_size_bound_is_answered_but_not_kept() {
-        let (_, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let (_, cache) = cache(fake(&[(APP, "v1")]), CacheConfig::default());
         let target = reference(APP);
         let key = CacheKey {
             selection: Some("x".repeat(MAX_ENTRY_BYTES)),
@@ -997,9 +930,9 @@ mod tests {
             max_age: Duration::ZERO,
             ..Default::default()
         };
-        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), config);
+        let (source, cache) = cache(fake(&[(APP, "v1")]), config);
         lookup(&cache, APP, Scope::Anonymous).await.unwrap();
-        source.failing.store(true, Ordering::SeqCst);
+        source.fail(true);
         lookup(&cache, APP, Scope::Anonymous).await.unwrap();
         let entry = cache
             .get(&CacheKey::tag(&reference(APP), Scope::Anonymous))
@@ -1026,9 +959,9 @@ mod tests {
             max_staleness: Duration::from_secs(3600),
             ..Default::default()
         };
-        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), config);
+        let (source, cache) = cache(fake(&[(APP, "v1")]), config);
         lookup(&cache, APP, Scope::Anonymous).await.unwrap();
-        source.failing.store(true, Ordering::SeqCst);
+        source.fail(true);
         let answer = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
         assert_eq!(answer.digest, digest("v1"));
         assert!(
@@ -1048,11 +981,11 @@ mod tests {
             max_staleness: Duration::ZERO,
             ..Default::default()
         };
-        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), config);
+        let (source, cache) = cache(fake(&[(APP, "v1")]), config);
         let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
         let old = SystemTime::now() - Duration::from_secs(60);
         cache.insert(CacheEntry::resolved(key, digest("v0"), old));
-        source.failing.store(true, Ordering::SeqCst);
+        source.fail(true);
         assert!(matches!(
             lookup(&cache, APP, Scope::Anonymous).await,
             Err(CacheError::Registry(_))
@@ -1061,17 +994,17 @@ mod tests {
 
     #[tokio::test]
     async fn failed_misses_are_remembered_briefly() {
-        let (source, cache) = cache(FakeSource::with(&[]), CacheConfig::default());
+        let (source, cache) = cache(fake(&[]), CacheConfig::default());
         assert!(lookup(&cache, APP, Scope::Anonymous).await.is_err());
         assert!(lookup(&cache, APP, Scope::Anonymous).await.is_err());
         assert_eq!(
-            source.calls.load(Ordering::SeqCst),
+            source.calls(),
             1,
             "the second failure came from the negative cache"
         );
 
         let (source, cache) = self::cache(
-            FakeSource::with(&[]),
+            fake(&[]),
             CacheConfig {
                 negative_ttl: Duration::ZERO,
                 ..Default::default()
@@ -1079,12 +1012,12 @@ mod tests {
         );
         assert!(lookup(&cache, APP, Scope::Anonymous).await.is_err());
         assert!(lookup(&cache, APP, Scope::Anonymous).await.is_err());
-        assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+        assert_eq!(source.calls(), 2);
     }
 
     #[tokio::test]
     async fn a_credentialed_entry_serves_only_its_own_scope() {
-        let (source, cache) = cache(FakeSource::with(&[(APP, "private")]), CacheConfig::default());
+        let (source, cache) = cache(fake(&[(APP, "private")]), CacheConfig::default());
         let team_a = Scope::Secret {
             namespace: "a".into(),
             name: "creds".into(),
@@ -1106,28 +1039,24 @@ mod tests {
                 .is_none()
         );
         lookup(&cache, APP, team_b).await.unwrap();
-        assert_eq!(
-            source.calls.load(Ordering::SeqCst),
-            2,
-            "namespace b resolved for itself"
-        );
+        assert_eq!(source.calls(), 2, "namespace b resolved for itself");
     }
 
     #[tokio::test]
     async fn an_anonymous_entry_serves_every_scope() {
-        let (source, cache) = cache(FakeSource::with(&[(APP, "public")]), CacheConfig::default());
+        let (source, cache) = cache(fake(&[(APP, "public")]), CacheConfig::default());
         lookup(&cache, APP, Scope::Anonymous).await.unwrap();
         let scoped = Scope::Secret {
             namespace: "a".into(),
             name: "creds".into(),
         };
         assert_eq!(lookup(&cache, APP, scoped).await.unwrap().origin, Origin::Cache);
-        assert_eq!(source.calls.load(Ordering::SeqCst), 1);
+        assert_eq!(source.calls(), 1);
     }
 
     #[tokio::test]
     async fn credentials_are_loaded_only_when_the_registry_is_asked() {
-        let (_, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let (_, cache) = cache(fake(&[(APP, "v1")]), CacheConfig::default());
         lookup(&cache, APP, Scope::Anonymous).await.unwrap();
         let target = reference(APP);
         let loaded = Arc::new(AtomicUsize::new(0));
@@ -1168,8 +1097,8 @@ mod tests {
     /// A cache holding `team/creds`'s entry for [`APP`], resolved with the Secret `uid`, whose
     /// registry now fails.
     fn failing_with_private_entry(uid: &str) -> (DigestCache, CacheKey) {
-        let (source, cache) = cache(FakeSource::with(&[]), CacheConfig::default());
-        source.failing.store(true, Ordering::SeqCst);
+        let (source, cache) = cache(fake(&[]), CacheConfig::default());
+        source.fail(true);
         let key = CacheKey::tag(&reference(APP), team_creds());
         cache.insert(CacheEntry {
             secret_uid: Some(uid.into()),
@@ -1212,7 +1141,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_resolution_records_the_secret_it_used() {
-        let (_, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let (_, cache) = cache(fake(&[(APP, "v1")]), CacheConfig::default());
         let target = reference(APP);
         let key = CacheKey::tag(&target, team_creds());
         cache
@@ -1250,7 +1179,7 @@ mod tests {
         let refs = tags(n);
         let refs: Vec<(&str, &str)> = refs.iter().map(|(r, d)| (r.as_str(), *d)).collect();
         let sink = Arc::new(CountingSink::default());
-        let cache = DigestCache::new(Arc::new(FakeSource::with(&refs)), config, Some(sink.clone()));
+        let cache = DigestCache::new(Arc::new(fake(&refs)), config, Some(sink.clone()));
         (cache, sink)
     }
 
@@ -1305,10 +1234,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_selection_resolves_the_highest_matching_tag() {
-        let source = FakeSource {
-            tags: vec!["0.9.0".into(), "1.0.0".into(), "1.1.0".into(), "2.0.0".into()],
-            ..FakeSource::with(&[("registry.example/team/app:1.1.0", "v11")])
-        };
+        let source = fake(&[("registry.example/team/app:1.1.0", "v11")]);
+        source.set_tags(["0.9.0", "1.0.0", "1.1.0", "2.0.0"]);
         let (_, cache) = cache(source, CacheConfig::default());
         let selection: VersionSelection =
             serde_json::from_value(serde_json::json!({"semver": {"constraints": ">=1.0.0 <2.0.0"}})).unwrap();
@@ -1323,9 +1250,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_refresh_asks_again_and_sees_a_moved_tag() {
-        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let (source, cache) = cache(fake(&[(APP, "v1")]), CacheConfig::default());
         lookup(&cache, APP, Scope::Anonymous).await.unwrap();
-        source.digests.lock().unwrap().insert(APP.into(), digest("v2"));
+        source.set(APP, digest("v2"));
         let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
         assert_eq!(
             lookup(&cache, APP, Scope::Anonymous).await.unwrap().digest,
@@ -1338,7 +1265,7 @@ mod tests {
             (digest("v2"), Origin::Registry)
         );
         assert_eq!(cache.get(&key).unwrap().digest, digest("v2"));
-        assert_eq!(source.calls.load(Ordering::SeqCst), 2);
+        assert_eq!(source.calls(), 2);
     }
 
     #[test]
@@ -1354,7 +1281,7 @@ mod tests {
 
     #[tokio::test]
     async fn answers_carry_the_mirror_record_of_their_digest_only() {
-        let (source, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let (source, cache) = cache(fake(&[(APP, "v1")]), CacheConfig::default());
         let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
         let mut changes = cache.changes();
         assert_eq!(
@@ -1376,7 +1303,7 @@ mod tests {
         );
 
         // The tag moves: the record is of the old digest and is not handed out with the new one.
-        source.digests.lock().unwrap().insert(APP.into(), digest("v2"));
+        source.set(APP, digest("v2"));
         let moved = cache.refresh(&key, anonymous).await.unwrap();
         assert_eq!((moved.digest, moved.mirrored), (digest("v2"), None));
         assert_eq!(cache.mirrored(&key), Some(record.clone()));
@@ -1436,7 +1363,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_deleted_copy_is_no_longer_answered_but_a_later_copy_is() {
-        let (_, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let (_, cache) = cache(fake(&[(APP, "v1")]), CacheConfig::default());
         let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
         let now = SystemTime::now();
         let copy = Mirrored {
@@ -1508,7 +1435,7 @@ mod tests {
     async fn a_current_copy_deleted_with_its_superseded_one_is_no_longer_answered() {
         // The leader deletes the current copy (v2), then the superseded one (v1), in one pass:
         // the writes merge, so the replica sees only the last (no copy left, `v1` deleted).
-        let (_, replica) = cache(FakeSource::with(&[(APP, "v2")]), CacheConfig::default());
+        let (_, replica) = cache(fake(&[(APP, "v2")]), CacheConfig::default());
         let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
         let now = SystemTime::now();
         let copy = |d: &str| format!("cache.example/m/registry.example/team/app@{}", digest(d));
@@ -1541,7 +1468,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_moved_tags_old_copy_is_superseded_until_deleted_and_restored_in_its_place() {
-        let (_, cache) = cache(FakeSource::with(&[(APP, "v1")]), CacheConfig::default());
+        let (_, cache) = cache(fake(&[(APP, "v1")]), CacheConfig::default());
         let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
         let now = SystemTime::now();
         let copy = |d: &str, at| Mirrored {

@@ -2,7 +2,7 @@
 //! collector deletes the Image (and with it its Builds and build pods) when the app goes.
 //!
 //! Korifi names the Image after the app GUID, in the app's namespace, and gives it only plain
-//! ownerReferences to BuildWorkloads (korifi-kpack.md §1.1); the CFApp owns none of it directly.
+//! ownerReferences to BuildWorkloads (Korifi's build workload reconciler); the CFApp owns none of it directly.
 //!
 //! `blockOwnerDeletion` is left unset on purpose: Korifi deletes CFApps in the foreground, and a
 //! blocking reference would make the app wait for its Image's whole build history to go. Unset,

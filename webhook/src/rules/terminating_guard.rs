@@ -1,5 +1,5 @@
 //! Terminating guard (validating): no new kpack Build, and no new build pod, for an owner that is
-//! being deleted — the loop that makes Korifi org deletion slow (korifi-kpack.md §1.4, §4): the
+//! being deleted — the loop that makes Korifi org deletion slow (Korifi's finalizers delete Builds while kpack builds again for a live Image): the
 //! BuildWorkload finalizer deletes Builds, kpack sees no last Build and builds again.
 //!
 //! Denied:
