@@ -60,6 +60,16 @@ impl LocalController {
     /// built another), trusting plain HTTP to the shared registry and `insecure_registries`,
     /// with a digest cache of its own.
     pub async fn start(env: &Env, client: Client, insecure_registries: &[String]) -> Result<Self> {
+        Self::start_with_cache(env, client, insecure_registries, CacheConfig::default()).await
+    }
+
+    /// [`start`](Self::start) with a digest cache configured as `cache` says (its caps).
+    pub async fn start_with_cache(
+        env: &Env,
+        client: Client,
+        insecure_registries: &[String],
+        cache: CacheConfig,
+    ) -> Result<Self> {
         let namespace = unique_name("holdfast-system");
         Api::<Namespace>::all(client.clone())
             .create(
@@ -73,7 +83,7 @@ impl LocalController {
                 },
             )
             .await?;
-        Self::start_in(env, client, namespace, insecure_registries).await
+        Self::launch(env, client, namespace, insecure_registries, None, cache).await
     }
 
     /// [`start`](Self::start) sharing the digest cache kept in `namespace` (e.g. a
@@ -97,6 +107,25 @@ impl LocalController {
         insecure_registries: &[String],
         mirror: Option<MirrorSettings>,
     ) -> Result<Self> {
+        Self::launch(
+            env,
+            client,
+            namespace,
+            insecure_registries,
+            mirror,
+            CacheConfig::default(),
+        )
+        .await
+    }
+
+    async fn launch(
+        env: &Env,
+        client: Client,
+        namespace: String,
+        insecure_registries: &[String],
+        mirror: Option<MirrorSettings>,
+        cache: CacheConfig,
+    ) -> Result<Self> {
         let cancel = CancellationToken::new();
         let mut settings = settings(env, &namespace, "local-controller").term();
         settings
@@ -107,7 +136,7 @@ impl LocalController {
             &client,
             &namespace,
             settings.resolver.clone(),
-            CacheConfig::default(),
+            cache,
             cancel.clone(),
             &cancel,
         )?;

@@ -52,6 +52,7 @@ e2e_main!(
     the_fence_lets_the_controllers_token_change_only_fetch_references,
     with_fast_org_deletion_the_fence_lets_cfspaces_go_only_from_namespaces_being_deleted,
     packages_are_out_of_the_fences_sight,
+    a_tenant_churning_tag_selections_keeps_the_cache_objects_within_their_bound,
 );
 
 async fn a_hand_made_entry_naming_another_namespaces_secret_sends_nothing(env: Arc<Env>) -> Result<()> {
@@ -177,6 +178,83 @@ async fn forged_reviews_with_fresh_tags_persist_nothing(env: Arc<Env>) -> Result
         persisted.items.len()
     );
     webhook.stop().await
+}
+
+/// The most a `DigestCacheEntry` object takes as the API server returns it (JSON), metadata and
+/// managed fields included: its spec fields are at most `MAX_ENTRY_BYTES`.
+const MAX_ENTRY_OBJECT_BYTES: usize = holdfast_registry::cache::MAX_ENTRY_BYTES + 4096;
+
+/// Issue 35: a tenant churning its Apps through ever new tag selections (each a new cache key)
+/// grows holdfast's namespace by at most `--cache-max-entries` objects of at most
+/// [`MAX_ENTRY_OBJECT_BYTES`] each, whatever it does.
+async fn a_tenant_churning_tag_selections_keeps_the_cache_objects_within_their_bound(
+    env: Arc<Env>,
+) -> Result<()> {
+    const CAP: usize = 4;
+    const CHURN: usize = 10;
+    let registry = env.spare_registry().await?;
+    let image = images::Image::with_files(&[("config.yml", b"churn: true\n")])?;
+    for patch in 0..3 {
+        images::push(&registry.addr, "team/churn", &format!("1.0.{patch}"), &image).await?;
+    }
+    let client = env.client().await?;
+    let cache = CacheConfig {
+        max_entries: CAP,
+        ..CacheConfig::default()
+    };
+    let controller =
+        LocalController::start_with_cache(&env, client.clone(), std::slice::from_ref(&registry.addr), cache)
+            .await?;
+    let ns = env.namespace("churn").await?;
+    for i in 0..CHURN {
+        // Distinct constraints (a key each) that all select 1.0.2.
+        let yaml = format!(
+            "apiVersion: kappctrl.k14s.io/v1alpha1\nkind: App\nmetadata: {{name: churn-{i}}}\nspec:\n  serviceAccountName: default\n  paused: true\n  fetch:\n  - image: {{url: {}/team/churn, tagSelection: {{semver: {{constraints: '>=1.0.0 <1.0.{}'}}}}}}\n  template: [{{ytt: {{}}}}]\n  deploy: [{{kapp: {{}}}}]\n",
+            registry.addr,
+            3 + i
+        );
+        let created = scenarios::create(&client, &ns, &yaml).await?;
+        let api = api_for(&client, &created, Some(&ns)).await?;
+        wait::until(&api, &created.name_any(), |app: Option<&DynamicObject>| {
+            app.and_then(|a| a.data["spec"]["fetch"][0]["image"]["url"].as_str())
+                .is_some_and(|url| url.contains("@sha256:"))
+        })
+        .await?;
+        api.delete(&created.name_any(), &DeleteParams::default()).await?;
+    }
+    let entries = cluster_store::api(client, &controller.namespace)
+        .list(&ListParams::default())
+        .await
+        .context("listing digest cache entries")?;
+    let sizes: Vec<usize> = entries
+        .items
+        .iter()
+        .map(|entry| serde_json::to_vec(entry).map(|json| json.len()))
+        .collect::<Result<_, _>>()?;
+    ensure!(
+        sizes.len() <= CAP,
+        "{} DigestCacheEntry objects past the cap of {CAP}",
+        sizes.len()
+    );
+    ensure!(
+        !sizes.is_empty(),
+        "no entry persisted: the churn pinned nothing through the cache"
+    );
+    let (largest, total) = (
+        sizes.iter().max().copied().unwrap_or(0),
+        sizes.iter().sum::<usize>(),
+    );
+    ensure!(
+        largest <= MAX_ENTRY_OBJECT_BYTES,
+        "a DigestCacheEntry of {largest} bytes, past {MAX_ENTRY_OBJECT_BYTES}"
+    );
+    eprintln!(
+        "{CHURN} tag selections churned: {} entries, {total} bytes in all (bound {}), largest {largest}",
+        sizes.len(),
+        CAP * MAX_ENTRY_OBJECT_BYTES
+    );
+    controller.stop().await;
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
