@@ -17,6 +17,7 @@ pub mod kube_store;
 mod pem;
 pub mod resolver;
 pub mod rotation;
+mod trust;
 pub mod watch;
 
 pub use error::CertError;
@@ -25,8 +26,9 @@ pub use issue::{
     SECRET_CA_CERT, SECRET_CA_KEY, SECRET_TLS_CERT, SECRET_TLS_KEY, ServingCert, ServingOptions, TlsSecret,
     service_dns_names,
 };
-pub use resolver::{SwappableCert, client_config, fingerprint, ring_provider, server_config};
+pub use resolver::{SwappableCert, client_config, fingerprint, server_config};
 pub use rotation::{
     DEFAULT_RENEW_AT_FRACTION, Validity, add_to_bundle, ca_bundle, needs_renewal, prune_expired, verify_chain,
 };
+pub use trust::{ring_provider, root_store};
 pub use watch::{FileWatcher, WatchStatus, load_pair};

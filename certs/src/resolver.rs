@@ -5,15 +5,11 @@
 //! their session, new handshakes get the new certificate. The swap is one atomic pointer store
 //! (`arc-swap`), so handshakes never block on a lock held by a reload.
 
-use std::{
-    fmt,
-    sync::{Arc, OnceLock},
-};
+use std::{fmt, sync::Arc};
 
 use arc_swap::ArcSwap;
 use rustls::{
     ClientConfig, ServerConfig,
-    crypto::CryptoProvider,
     server::{ClientHello, ResolvesServerCert},
     sign::CertifiedKey,
 };
@@ -23,21 +19,12 @@ use time::OffsetDateTime;
 use crate::{
     CertError, ServingCert,
     pem::{certs_from_pem, private_key_from_pem},
-    rotation::root_store,
+    trust::{ring_provider, root_store},
 };
 
 /// ALPN protocols offered by [`server_config`], preferred first. The Kubernetes API server
 /// speaks HTTP/2 to webhooks when offered; HTTP/1.1 keeps curl and older clients working.
 pub const ALPN_PROTOCOLS: [&[u8]; 2] = [b"h2", b"http/1.1"];
-
-/// The ring crypto provider, shared. This crate never uses the process-default provider, so it
-/// behaves the same whether or not `main` installed one, and aws-lc-rs is never pulled in.
-pub fn ring_provider() -> Arc<CryptoProvider> {
-    static PROVIDER: OnceLock<Arc<CryptoProvider>> = OnceLock::new();
-    PROVIDER
-        .get_or_init(|| Arc::new(rustls::crypto::ring::default_provider()))
-        .clone()
-}
 
 /// SHA-256 of a certificate's DER, lowercase hex (the `openssl x509 -fingerprint -sha256` value
 /// without colons): identifies which certificate is being served, in logs and tests.

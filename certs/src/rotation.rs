@@ -12,7 +12,6 @@
 use std::{sync::Arc, time::Duration as StdDuration};
 
 use rustls::{
-    RootCertStore,
     client::{WebPkiServerVerifier, danger::ServerCertVerifier},
     pki_types::{ServerName, UnixTime},
 };
@@ -21,7 +20,7 @@ use time::OffsetDateTime;
 use crate::{
     CertError, CertificateAuthority,
     pem::{certs_from_pem, der_to_pem, validity_of_der},
-    resolver::ring_provider,
+    trust::{ring_provider, root_store},
 };
 
 /// Renew once 2/3 of the lifetime has passed (cert-manager's default): a 90-day leaf is renewed
@@ -175,15 +174,6 @@ pub fn add_to_bundle(
         }
     }
     Ok(out)
-}
-
-/// A rustls root store trusting every certificate in `bundle_pem`.
-pub fn root_store(bundle_pem: &str) -> Result<RootCertStore, CertError> {
-    let mut roots = RootCertStore::empty();
-    for der in certs_from_pem(bundle_pem, "caBundle")? {
-        roots.add(der).map_err(CertError::TlsConfig)?;
-    }
-    Ok(roots)
 }
 
 /// Verifies, as a TLS client would (webpki, ring), that `chain_pem` (leaf first) is valid for

@@ -14,7 +14,7 @@ use std::{
 
 use holdfast_certs::{
     CaOptions, CertificateAuthority, FileWatcher, ServingCert, ServingOptions, SwappableCert, WatchStatus,
-    ca_bundle, client_config, fingerprint, resolver::ring_provider, rotation::root_store, server_config,
+    ca_bundle, client_config, fingerprint, ring_provider, root_store, server_config,
 };
 use rustls::{
     ClientConfig, ProtocolVersion,

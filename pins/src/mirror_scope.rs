@@ -37,7 +37,7 @@ use holdfast_registry::{
 };
 use kube::core::{Expression, Selector, SelectorExt};
 
-use crate::{Resolution, resolve::mirror_repository};
+use crate::Resolution;
 
 /// The path component under the prefix that holds the copies of private content, by namespace.
 pub const NAMESPACED: &str = "namespaces";
@@ -334,6 +334,25 @@ pub fn stays_on_mirror(
         format!("{repository}@{}", fresh.digest),
     );
     ours && coming(&old, &new)
+}
+
+/// The mirror repository to pin `source` at `digest` to: `Some` only when `recorded` is the
+/// copy of exactly that content in `mirror` (a record of another mirror, prefix or digest is
+/// not used).
+pub fn mirror_repository(
+    mirror: &MirrorLocation,
+    source: &Reference,
+    digest: &Digest,
+    recorded: Option<&Mirrored>,
+) -> Option<String> {
+    let recorded = recorded?;
+    let expected = mirror.pinned_for(source, digest).ok()?;
+    if recorded.location != expected {
+        return None;
+    }
+    expected
+        .rsplit_once('@')
+        .map(|(repository, _)| repository.to_owned())
 }
 
 #[cfg(test)]

@@ -6,9 +6,8 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use futures::{FutureExt, future::BoxFuture};
 use holdfast_registry::{
-    Credentials, Digest, Reference, VersionSelection,
-    cache::{CacheError, CacheKey, DigestCache, Loaded, Mirrored, Origin, Scope},
-    mirror::MirrorLocation,
+    Credentials, Reference, VersionSelection,
+    cache::{CacheError, CacheKey, DigestCache, Loaded, Origin, Scope},
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
@@ -299,25 +298,6 @@ struct Resolved {
     origin: Origin,
     key: CacheKey,
     source: Reference,
-}
-
-/// The mirror repository to pin `source` at `digest` to: `Some` only when `recorded` is the
-/// copy of exactly that content in `mirror` (a record of another mirror, prefix or digest is
-/// not used).
-pub fn mirror_repository(
-    mirror: &MirrorLocation,
-    source: &Reference,
-    digest: &Digest,
-    recorded: Option<&Mirrored>,
-) -> Option<String> {
-    let recorded = recorded?;
-    let expected = mirror.pinned_for(source, digest).ok()?;
-    if recorded.location != expected {
-        return None;
-    }
-    expected
-        .rsplit_once('@')
-        .map(|(repository, _)| repository.to_owned())
 }
 
 /// The cache scope of a site in `namespace`: its (upstream) `secretRef`'s Secret, or anonymous.

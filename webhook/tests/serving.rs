@@ -8,7 +8,7 @@
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use holdfast_certs::{
-    CaOptions, CertificateAuthority, ServingOptions, SwappableCert, ring_provider, rotation::root_store,
+    CaOptions, CertificateAuthority, ServingOptions, SwappableCert, ring_provider, root_store,
 };
 use holdfast_webhook::{
     cluster::StaticCluster,

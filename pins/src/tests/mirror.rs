@@ -111,21 +111,21 @@ fn only_a_record_of_this_mirror_and_digest_is_used() {
     };
     let here = record(format!("{MIRROR_REPO}@{}", sha(1)));
     assert_eq!(
-        resolve::mirror_repository(&mirror, &source, &digest(1), Some(&here)),
+        mirror_scope::mirror_repository(&mirror, &source, &digest(1), Some(&here)),
         Some(MIRROR_REPO.to_owned())
     );
     assert_eq!(
-        resolve::mirror_repository(&mirror, &source, &digest(1), None),
+        mirror_scope::mirror_repository(&mirror, &source, &digest(1), None),
         None
     );
     // Another digest (the tag moved), another prefix, another mirror.
     assert_eq!(
-        resolve::mirror_repository(&mirror, &source, &digest(2), Some(&here)),
+        mirror_scope::mirror_repository(&mirror, &source, &digest(2), Some(&here)),
         None
     );
     let other_prefix = MirrorLocation::new("cache.corp.com:5000", "other").unwrap();
     assert_eq!(
-        resolve::mirror_repository(&other_prefix, &source, &digest(1), Some(&here)),
+        mirror_scope::mirror_repository(&other_prefix, &source, &digest(1), Some(&here)),
         None
     );
     let elsewhere = record(format!(
@@ -133,7 +133,7 @@ fn only_a_record_of_this_mirror_and_digest_is_used() {
         sha(1)
     ));
     assert_eq!(
-        resolve::mirror_repository(&mirror, &source, &digest(1), Some(&elsewhere)),
+        mirror_scope::mirror_repository(&mirror, &source, &digest(1), Some(&elsewhere)),
         None
     );
 }
