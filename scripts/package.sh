@@ -61,9 +61,11 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 bundle="$OUT/bundle-dir"
 mkdir -p "$bundle/config" "$bundle/.imgpkg"
 cp -rL "$ROOT/charts/holdfast" "$bundle/config/chart"
-printf 'image:\n  repository: %s\n  digest: %s\n' "$IMAGE_REPO" "$IMAGE_DIGEST" >"$bundle/config/image-values.yaml"
+# The package installs into holdfast-system, which it creates (the chart's namespace.create; the
+# helmTemplate step below names the namespace), as kustomize's base does.
+printf 'namespace:\n  create: true\nimage:\n  repository: %s\n  digest: %s\n' "$IMAGE_REPO" "$IMAGE_DIGEST" >"$bundle/config/image-values.yaml"
 # kbld finds every image the chart renders and writes the ImagesLock (by digest).
-"$HELM" template holdfast "$bundle/config/chart" --include-crds --values "$bundle/config/image-values.yaml" 2>/dev/null |
+"$HELM" template holdfast "$bundle/config/chart" --namespace holdfast-system --include-crds --values "$bundle/config/image-values.yaml" 2>/dev/null |
   "$KBLD" -f - ${PLAIN:+--registry-insecure} --imgpkg-lock-output "$bundle/.imgpkg/images.yml" >/dev/null
 grep -q "image: $IMAGE" "$bundle/.imgpkg/images.yml" ||
   { echo "package: the ImagesLock does not hold $IMAGE" >&2; cat "$bundle/.imgpkg/images.yml" >&2; exit 1; }
@@ -113,11 +115,12 @@ spec:
       - imgpkgBundle:
           image: $BUNDLE
       template:
-      # The chart, with the image by digest; a PackageInstall's values come after these. Rendered
-      # for the cluster's Kubernetes version (the chart needs >= 1.30; helm's own default is
+      # The chart, with the image by digest, in holdfast-system (created by the chart); a
+      # PackageInstall's values come after these. Rendered for the cluster's Kubernetes version (the chart needs >= 1.30; helm's own default is
       # the version it was built against).
       - helmTemplate:
           path: config/chart
+          namespace: holdfast-system
           kubernetesVersion: {}
           valuesFrom:
           - path: config/image-values.yaml
@@ -132,8 +135,9 @@ spec:
     openAPIv3:
 EOF
   # The chart's values schema, as YAML under openAPIv3 (JSON is YAML; keywords JSON Schema has and
-  # OpenAPI lacks are dropped).
-  jq 'del(."$schema", .title)' "$ROOT/charts/holdfast/values.schema.json" | sed 's/^/      /'
+  # OpenAPI lacks are dropped); the package creates its namespace (config/image-values.yaml).
+  jq 'del(."$schema", .title) | .properties.namespace.properties.create.default = true' \
+    "$ROOT/charts/holdfast/values.schema.json" | sed 's/^/      /'
 } >"$repo/packages/$REF_NAME/$VERSION.yml"
 "$KBLD" -f "$repo/packages" ${PLAIN:+--registry-insecure} --imgpkg-lock-output "$repo/.imgpkg/images.yml" >/dev/null
 imgpkg push -b "$PREFIX/holdfast-repo:$VERSION" -f "$repo" --lock-output "$OUT/repository.lock.yml" >/dev/null
@@ -148,6 +152,9 @@ mkdir -p "$OUT/chart-dir"
 cp -rL "$ROOT/charts/holdfast" "$chart"
 sed -i -e "s|^  repository: holdfast$|  repository: $IMAGE_REPO|" -e "s|^  digest: \"\"$|  digest: $IMAGE_DIGEST|" "$chart/values.yaml"
 grep -q "digest: $IMAGE_DIGEST" "$chart/values.yaml" || { echo "package: could not set the chart's image" >&2; exit 1; }
+# Artifact Hub's list of the chart's images: the release's, by digest.
+sed -i -e "s|^      image: holdfast:$VERSION$|      image: $IMAGE|" "$chart/Chart.yaml"
+grep -q "image: $IMAGE$" "$chart/Chart.yaml" || { echo "package: could not set the chart's image annotation" >&2; exit 1; }
 "$HELM" package "$chart" --destination "$OUT" >/dev/null 2>&1
 "$HELM" push "$OUT/holdfast-$VERSION.tgz" "oci://$PREFIX/charts" ${PLAIN:+--plain-http} >"$OUT/chart.log" 2>&1
 CHART="$PREFIX/charts/holdfast@$(sed -n 's/^Digest: //p' "$OUT/chart.log")"

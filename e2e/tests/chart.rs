@@ -3,8 +3,10 @@
 //! manifests/ for the same settings — differing only by what `chart::HELM_ADDS` lists — with the
 //! webhook configurations calling the installed Service; `helm upgrade` to other settings
 //! changes what the kustomize overlay of those changes and keeps what holdfast itself wrote: its
-//! TLS Secret's data, the caBundle it injected, and the digest cache entries. (holdfast's pods
-//! run on kwok's nodes, without containers: the objects are what is checked.)
+//! TLS Secret's data, the caBundle it injected, and the digest cache entries. The release goes
+//! where users put it, `helm install -n NAMESPACE --create-namespace` (a namespace the chart does
+//! not render), everything namespaced in it, and `helm uninstall` leaves the namespace.
+//! (holdfast's pods run on kwok's nodes, without containers: the objects are what is checked.)
 
 use std::sync::Arc;
 
@@ -18,7 +20,8 @@ use serde_json::{Value, json};
 
 e2e_main!(helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast_wrote);
 
-const NAMESPACE: &str = "holdfast-system";
+/// Not the kustomize base's namespace: the chart puts everything in the release's.
+const NAMESPACE: &str = "platform-holdfast";
 
 fn helm(env: &Env, args: &[&str], values: Option<&Value>) -> Result<String> {
     let scratch = tempfile::tempdir()?;
@@ -74,19 +77,42 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
     let chart = format!("oci://{chart_repository}");
     let version = env!("CARGO_PKG_VERSION");
     let settings = Settings {
+        namespace: Some(NAMESPACE.into()),
         image: Some((packaged.image.repository.clone(), packaged.image.digest.clone())),
         insecure_registries: vec![env.registry().to_string()],
         ..Settings::recommended()
     };
     // `helm install` or `helm upgrade` of the chart with these settings, checked.
     let release = |verb: &str, settings: &Settings| -> Result<Vec<Value>> {
-        let args = [verb, "holdfast", &chart, "--version", version, "--plain-http"];
+        let mut args = vec![
+            verb,
+            "holdfast",
+            &chart,
+            "--version",
+            version,
+            "--plain-http",
+            "-n",
+            NAMESPACE,
+        ];
+        if verb == "install" {
+            args.push("--create-namespace");
+        }
         // The image is the released chart's default: a user sets none.
         let mut values = settings.values();
         values.as_object_mut().context("values")?.remove("image");
         helm(&env, &args, Some(&values))?;
-        let manifest = helm(&env, &["get", "manifest", "holdfast"], None)?;
-        check_installed(&env, settings, &manifest)
+        let manifest = helm(&env, &["get", "manifest", "holdfast", "-n", NAMESPACE], None)?;
+        let installed = check_installed(&env, settings, &manifest)?;
+        for object in &installed {
+            if let Some(ns) = object["metadata"]["namespace"].as_str() {
+                ensure!(
+                    ns == NAMESPACE,
+                    "{} is in {ns}, not the release's namespace {NAMESPACE}",
+                    chart::object_id(object)
+                );
+            }
+        }
+        Ok(installed)
     };
     release("install", &settings)?;
 
@@ -186,6 +212,15 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
     ensure!(
         policies.len() == 1,
         "policy ConfigMaps after the upgrade: {policies:?}"
+    );
+
+    // The namespace is not the release's: helm uninstall leaves it.
+    helm(&env, &["uninstall", "holdfast", "-n", NAMESPACE, "--wait"], None)?;
+    let namespace = env.kubectl_get("namespace", NAMESPACE, "default")?;
+    ensure!(
+        namespace["status"]["phase"] == "Active",
+        "helm uninstall left the namespace {NAMESPACE} {}",
+        namespace["status"]
     );
     Ok(())
 }

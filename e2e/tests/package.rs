@@ -96,6 +96,11 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
         packaged.bundle
     );
     for key in [
+        "global",
+        "carvel",
+        "korifi",
+        "secrets",
+        "networkPolicy",
         "insecureRegistries",
         "webhook",
         "policy",
@@ -116,6 +121,8 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
 
     // What a user sets: their registry over plain HTTP, one webhook replica, a stricter policy.
     let settings = Settings {
+        // The package installs into holdfast-system and creates it.
+        create_namespace: true,
         // The copy of the image, by the digest the release's ImagesLock names.
         image: Some((private.clone(), packaged.image.digest.clone())),
         insecure_registries: vec![env.registry().to_string()],

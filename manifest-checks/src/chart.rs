@@ -1,8 +1,10 @@
 //! The Helm chart (`charts/holdfast`, which the Carvel package templates too) held to
-//! `manifests/`: for the same [`Settings`], `helm template` renders exactly what `kubectl
-//! kustomize` renders of an overlay of manifests/ that makes the same changes, so the chart and
-//! the kustomize base cannot drift apart. [`Settings::values`] are the chart's values,
-//! [`Settings::kustomize`] the overlay; [`differences`] compares two renderings object by object,
+//! `manifests/`: for the same [`Settings`], `helm template -n NAMESPACE` renders exactly what
+//! `kubectl kustomize` renders of an overlay of manifests/ that makes the same changes (every
+//! component is a value), so the chart and the kustomize base cannot drift apart.
+//! [`Settings::values`] are the chart's values, [`Settings::kustomize`] the overlay (for another
+//! namespace than the base's, its rendering with `holdfast-system` replaced in every string:
+//! names, subjects, selectors, the fence's CEL); [`differences`] compares two renderings object by object,
 //! [`installed_differences`] what an installer created with what was rendered, allowing only the
 //! labels and annotations the installer is listed to add.
 
@@ -23,9 +25,15 @@ pub fn chart() -> PathBuf {
 }
 
 /// What a user sets, as chart values and as a kustomize overlay. `Default` is the base as
-/// shipped (`kubectl kustomize manifests/`); [`Settings::recommended`] is the chart's defaults.
+/// shipped (`kubectl kustomize manifests/`) in `holdfast-system`, its Namespace left to the
+/// installer; [`Settings::recommended`] is the chart's defaults.
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
+    /// The release's namespace (`helm -n`); `None`: the base's, `holdfast-system`.
+    pub namespace: Option<String>,
+    /// `namespace.create`: the Namespace object is rendered (the base's, with its Pod Security
+    /// labels).
+    pub create_namespace: bool,
     /// `(repository, digest)` of the image.
     pub image: Option<(String, String)>,
     pub image_pull_secrets: Vec<String>,
@@ -40,6 +48,145 @@ pub struct Settings {
     pub controller_replicas: Option<u32>,
     pub webhook_resources: Option<Value>,
     pub controller_resources: Option<Value>,
+    /// `carvel.enabled: false`: only the Korifi half.
+    pub without_carvel: bool,
+    /// `korifi.enabled: false`: only the Carvel half.
+    pub without_korifi: bool,
+    /// `korifi.deleteOrgSpaces` (components/fast-org-deletion).
+    pub delete_org_spaces: bool,
+    /// `secrets.read: false` (components/no-secret-reads).
+    pub no_secret_reads: bool,
+    /// `policy.failClosed` (components/policy-fail-closed).
+    pub policy_fail_closed: bool,
+    /// `networkPolicy.egress` (components/restrict-egress).
+    pub egress: Option<Egress>,
+    /// `networkPolicy.webhookPort` (components/restrict-webhook-port).
+    pub webhook_port: Option<WebhookPort>,
+    /// `webhook.timeoutSeconds` of every webhook.
+    pub timeout_seconds: Option<u32>,
+    /// `controller.refreshSeconds`.
+    pub refresh_seconds: Option<u32>,
+    /// The webhook's pod values.
+    pub webhook: Pods,
+    /// The controller's pod values.
+    pub controller: Pods,
+}
+
+/// `networkPolicy.egress.enabled` with these addresses.
+#[derive(Debug, Clone)]
+pub struct Egress {
+    pub api_server_cidrs: Vec<String>,
+    pub registry_cidrs: Vec<String>,
+}
+
+/// `networkPolicy.webhookPort.restrict` with these values.
+#[derive(Debug, Clone)]
+pub struct WebhookPort {
+    pub pod_cidr: String,
+    pub kapp_controller_namespace: String,
+}
+
+/// A component's PodDisruptionBudget values.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    pub enabled: bool,
+    pub min_available: u32,
+    /// 0: unset.
+    pub max_unavailable: u32,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            min_available: 1,
+            max_unavailable: 0,
+        }
+    }
+}
+
+/// A component's scheduling and extension values (unset: the chart's defaults).
+#[derive(Debug, Clone, Default)]
+pub struct Pods {
+    pub log_level: Option<String>,
+    pub budget: Option<Budget>,
+    pub node_selector: Option<Value>,
+    pub tolerations: Option<Value>,
+    /// Merged into the default affinity (the replicas' podAntiAffinity).
+    pub affinity: Option<Value>,
+    pub topology_spread_constraints: Option<Value>,
+    pub priority_class_name: Option<String>,
+    pub pod_annotations: Option<Value>,
+    pub pod_labels: Option<Value>,
+    pub extra_args: Vec<String>,
+    pub extra_env: Option<Value>,
+    pub extra_volumes: Option<Value>,
+    pub extra_volume_mounts: Option<Value>,
+}
+
+impl Pods {
+    /// Every value set (for the component named `component`).
+    pub fn everything(component: &str) -> Self {
+        Self {
+            log_level: Some(format!("holdfast_{component}=debug,info")),
+            // Another minAvailable that three replicas satisfy (maxUnavailable: tests/chart.rs).
+            budget: Some(Budget {
+                enabled: true,
+                min_available: 2,
+                max_unavailable: 0,
+            }),
+            node_selector: Some(json!({"node-role.example/platform": "true"})),
+            tolerations: Some(
+                json!([{"key": "dedicated", "operator": "Equal", "value": "platform", "effect": "NoSchedule"}]),
+            ),
+            affinity: Some(
+                json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}}),
+            ),
+            topology_spread_constraints: Some(
+                json!([{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": {"app.kubernetes.io/component": component, "app.kubernetes.io/name": "holdfast"}}}]),
+            ),
+            priority_class_name: Some("system-cluster-critical".into()),
+            pod_annotations: Some(json!({"example.com/scrape": "true", "team": "platform"})),
+            pod_labels: Some(json!({"example.com/cost-center": "platform"})),
+            extra_args: vec!["--registry-timeout-ms=1500".into()],
+            extra_env: Some(json!([{"name": "HOLDFAST_EXTRA", "value": component}])),
+            extra_volumes: Some(json!([{"name": "ca-certs", "configMap": {"name": "corp-ca"}}])),
+            extra_volume_mounts: Some(
+                json!([{"name": "ca-certs", "mountPath": "/etc/ssl/corp", "readOnly": true}]),
+            ),
+        }
+    }
+
+    fn values(&self) -> Value {
+        let mut v = json!({});
+        let mut set = |key: &str, value: &Option<Value>| {
+            if let Some(value) = value {
+                v[key] = value.clone();
+            }
+        };
+        set("nodeSelector", &self.node_selector);
+        set("tolerations", &self.tolerations);
+        set("affinity", &self.affinity);
+        set("topologySpreadConstraints", &self.topology_spread_constraints);
+        set("podAnnotations", &self.pod_annotations);
+        set("podLabels", &self.pod_labels);
+        set("extraEnv", &self.extra_env);
+        set("extraVolumes", &self.extra_volumes);
+        set("extraVolumeMounts", &self.extra_volume_mounts);
+        if let Some(l) = &self.log_level {
+            v["logLevel"] = json!(l);
+        }
+        if let Some(p) = &self.priority_class_name {
+            v["priorityClassName"] = json!(p);
+        }
+        if !self.extra_args.is_empty() {
+            v["extraArgs"] = json!(self.extra_args);
+        }
+        if let Some(b) = self.budget {
+            v["podDisruptionBudget"] = json!({"enabled": b.enabled, "minAvailable": b.min_available, "maxUnavailable": b.max_unavailable});
+        }
+        v
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -99,7 +246,62 @@ impl Settings {
                 json!({"requests": {"cpu": "200m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}),
             ),
             controller_resources: Some(json!({"requests": {"cpu": "20m", "memory": "32Mi"}})),
+            ..Self::default()
         }
+    }
+
+    /// Every component and value at once with the other half off: `--set carvel.enabled=false`
+    /// or `korifi.enabled=false` with everything that half still has changed.
+    pub fn one_half(carvel: bool) -> Self {
+        Self {
+            without_carvel: !carvel,
+            without_korifi: carvel,
+            ..Self::all_components()
+        }
+    }
+
+    /// Every component of manifests/components/ at once (the chart's value of each), with every
+    /// other value changed too, in another namespace that the chart creates.
+    pub fn all_components() -> Self {
+        Self {
+            namespace: Some("platform-holdfast".into()),
+            create_namespace: true,
+            cert_manager: true,
+            delete_org_spaces: true,
+            no_secret_reads: true,
+            policy_fail_closed: true,
+            egress: Some(Egress {
+                api_server_cidrs: vec!["10.96.0.1/32".into(), "192.168.10.0/24".into()],
+                registry_cidrs: vec!["0.0.0.0/0".into()],
+            }),
+            webhook_port: Some(WebhookPort {
+                pod_cidr: "10.42.0.0/16".into(),
+                kapp_controller_namespace: "carvel-system".into(),
+            }),
+            timeout_seconds: Some(8),
+            refresh_seconds: Some(300),
+            // Not the name no-secret-reads' Role ships: the chart names the mirror's Secret.
+            mirror: Some(Mirror {
+                registry: "mirror.example".into(),
+                prefix: "cache".into(),
+                namespace_selector: "holdfast.dev/mirror=true".into(),
+                pull_secret: "mirror-pull".into(),
+                secret: "mirror-credentials".into(),
+            }),
+            webhook: Pods::everything("webhook"),
+            controller: Pods::everything("controller"),
+            ..Self::everything_changed()
+        }
+    }
+
+    /// The namespace holdfast goes to.
+    pub fn namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or(crate::HOLDFAST_NAMESPACE)
+    }
+
+    /// `helm template -n` [`Settings::namespace`] with [`Settings::values`].
+    pub fn helm_template(&self, helm: &Path) -> Result<Vec<Value>> {
+        helm_template_in(helm, self.namespace(), &self.values())
     }
 
     /// The chart's values for these settings (only what differs from the chart's defaults).
@@ -108,6 +310,27 @@ impl Settings {
             "matchConditions": self.match_conditions,
             "certMode": if self.cert_manager { "cert-manager" } else { "self-managed" },
         });
+        if self.create_namespace {
+            values["namespace"] = json!({"create": true});
+        }
+        if self.without_carvel {
+            values["carvel"] = json!({"enabled": false});
+        }
+        if self.without_korifi {
+            values["korifi"] = json!({"enabled": false});
+        }
+        if self.delete_org_spaces {
+            values["korifi"]["deleteOrgSpaces"] = json!(true);
+        }
+        if self.no_secret_reads {
+            values["secrets"] = json!({"read": false});
+        }
+        if let Some(e) = &self.egress {
+            values["networkPolicy"]["egress"] = json!({"enabled": true, "apiServerCIDRs": e.api_server_cidrs, "registryCIDRs": e.registry_cidrs});
+        }
+        if let Some(w) = &self.webhook_port {
+            values["networkPolicy"]["webhookPort"] = json!({"restrict": true, "podCIDR": w.pod_cidr, "kappControllerNamespace": w.kapp_controller_namespace});
+        }
         if let Some((repository, digest)) = &self.image {
             values["image"] = json!({"repository": repository, "digest": digest});
         }
@@ -120,22 +343,45 @@ impl Settings {
         if let Some(p) = &self.policy {
             values["policy"] = json!({"allowedRegistries": p.allowed_registries, "requireDigestsLabel": p.require_digests_label, "mode": p.mode});
         }
+        if self.policy_fail_closed {
+            values["policy"]["failClosed"] = json!(true);
+        }
         if !self.namespace_selector.is_empty() {
             values["namespaceSelector"] = json!({"matchExpressions": self.namespace_selector});
         }
         if let Some(m) = &self.mirror {
             values["mirror"] = json!({"registry": m.registry, "prefix": m.prefix, "namespaceSelector": m.namespace_selector, "pullSecret": m.pull_secret, "secret": m.secret});
         }
-        for (key, replicas, resources) in [
-            ("webhook", self.webhook_replicas, &self.webhook_resources),
-            ("controller", self.controller_replicas, &self.controller_resources),
+        for (key, replicas, resources, pods) in [
+            (
+                "webhook",
+                self.webhook_replicas,
+                &self.webhook_resources,
+                &self.webhook,
+            ),
+            (
+                "controller",
+                self.controller_replicas,
+                &self.controller_resources,
+                &self.controller,
+            ),
         ] {
+            let pods = pods.values();
+            if pods.as_object().is_some_and(|o| !o.is_empty()) {
+                values[key] = pods;
+            }
             if let Some(r) = replicas {
                 values[key]["replicas"] = json!(r);
             }
             if let Some(r) = resources {
                 values[key]["resources"] = r.clone();
             }
+        }
+        if let Some(t) = self.timeout_seconds {
+            values["webhook"]["timeoutSeconds"] = json!(t);
+        }
+        if let Some(r) = self.refresh_seconds {
+            values["controller"]["refreshSeconds"] = json!(r);
         }
         values
     }
@@ -161,7 +407,9 @@ impl Settings {
     }
 
     /// `kubectl kustomize` of the overlay of manifests/ that makes the same changes (written
-    /// beside a copy of manifests/ in a scratch directory: kustomize takes no absolute paths).
+    /// beside a copy of manifests/ in a scratch directory: kustomize takes no absolute paths):
+    /// the components the values stand for, then patches in the order the chart renders. In
+    /// another namespace, the rendering with `holdfast-system` replaced in every string.
     pub fn kustomize(&self, kubectl: &Path) -> Result<Vec<Value>> {
         let scratch = tempfile::tempdir()?;
         let dir = scratch.path();
@@ -173,13 +421,30 @@ impl Settings {
             "components": [],
             "patches": [],
         });
-        let components = k["components"].as_array_mut().context("components")?;
-        if self.match_conditions {
-            components.push(json!("manifests/components/match-conditions"));
+        let (carvel, korifi) = (!self.without_carvel, !self.without_korifi);
+        let mut components = Vec::new();
+        for (on, component) in [
+            (self.match_conditions, "match-conditions"),
+            (self.cert_manager, "cert-manager"),
+            // The chart widens the policy webhook to every namespace once registries are
+            // restricted; kustomize users add the component.
+            (
+                self.policy
+                    .as_ref()
+                    .is_some_and(|p| !p.allowed_registries.is_empty()),
+                "policy-all-namespaces",
+            ),
+            (self.policy_fail_closed && carvel, "policy-fail-closed"),
+            (self.delete_org_spaces && korifi, "fast-org-deletion"),
+            (self.no_secret_reads && carvel, "no-secret-reads"),
+            (self.egress.is_some(), "restrict-egress"),
+            (self.webhook_port.is_some(), "restrict-webhook-port"),
+        ] {
+            if on {
+                components.push(json!(format!("manifests/components/{component}")));
+            }
         }
-        if self.cert_manager {
-            components.push(json!("manifests/components/cert-manager"));
-        }
+        k["components"] = json!(components);
         if let Some((repository, digest)) = &self.image {
             k["images"] = json!([{"name": "holdfast", "newName": repository, "digest": digest}]);
         }
@@ -196,23 +461,38 @@ impl Settings {
             k["replicas"] = json!(replicas);
         }
         if let Some(p) = &self.policy {
-            // The chart widens the policy webhook to every namespace once registries are
-            // restricted; kustomize users add the component.
-            if !p.allowed_registries.is_empty() {
-                k["components"]
-                    .as_array_mut()
-                    .context("components")?
-                    .push(json!("manifests/components/policy-all-namespaces"));
-            }
             std::fs::write(dir.join("policy.yaml"), policy_file(p)?)?;
             k["configMapGenerator"] = json!([{"name": "holdfast-policy", "namespace": crate::HOLDFAST_NAMESPACE, "behavior": "replace", "files": ["policy.yaml=policy.yaml"]}]);
         }
         let mut patches = Vec::new();
-        for (name, resources, extra) in [
-            ("holdfast-webhook", &self.webhook_resources, Vec::new()),
+        let json_patch = |kind: &str, name: &str, ops: &[Value]| -> Result<Value> {
+            Ok(json!({"target": {"kind": kind, "name": name}, "patch": serde_json::to_string(ops)?}))
+        };
+        let delete = |kind: &str, api: &str, name: &str, namespaced: bool| -> Result<Value> {
+            let mut metadata = json!({"name": name});
+            if namespaced {
+                metadata["namespace"] = json!(crate::HOLDFAST_NAMESPACE);
+            }
+            let patch = json!({"$patch": "delete", "apiVersion": api, "kind": kind, "metadata": metadata});
+            Ok(json!({"patch": serde_json::to_string(&patch)?}))
+        };
+        if !self.create_namespace {
+            patches.push(delete("Namespace", "v1", crate::HOLDFAST_NAMESPACE, false)?);
+        }
+        let container = "/spec/template/spec/containers/0";
+        for (name, resources, pods, count, extra) in [
+            (
+                "holdfast-webhook",
+                &self.webhook_resources,
+                &self.webhook,
+                self.webhook_replicas,
+                Vec::new(),
+            ),
             (
                 "holdfast-controller",
                 &self.controller_resources,
+                &self.controller,
+                self.controller_replicas,
                 self.mirror
                     .iter()
                     .filter(|m| !m.secret.is_empty())
@@ -220,18 +500,78 @@ impl Settings {
                     .collect(),
             ),
         ] {
-            let mut ops: Vec<Value> = self
+            let controller = name == "holdfast-controller";
+            let mut ops: Vec<Value> = Vec::new();
+            if controller {
+                if let Some(r) = self.refresh_seconds {
+                    ops.push(json!({"op": "test", "path": format!("{container}/args/0"), "value": "--refresh-seconds=600"}));
+                    ops.push(json!({"op": "replace", "path": format!("{container}/args/0"), "value": format!("--refresh-seconds={r}")}));
+                }
+                // Only the Carvel half reads Secrets.
+                if !carvel {
+                    ops.push(json!({"op": "add", "path": format!("{container}/args/-"), "value": "--read-secrets=false"}));
+                }
+            }
+            let args = self
                 .registry_args()
                 .into_iter()
                 .chain(extra)
-                .map(|a| json!({"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": a}))
-                .collect();
-            if let Some(r) = resources {
-                // Merged into the shipped resources, key by key, as Helm merges values into the
-                // defaults (a strategic merge patch of the container).
-                let container = name.trim_start_matches("holdfast-");
-                let merge = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": crate::HOLDFAST_NAMESPACE}, "spec": {"template": {"spec": {"containers": [{"name": container, "resources": r}]}}}});
-                patches.push(json!({"patch": serde_json::to_string(&merge)?}));
+                .chain(pods.extra_args.iter().cloned());
+            ops.extend(args.map(|a| json!({"op": "add", "path": format!("{container}/args/-"), "value": a})));
+            if let Some(level) = &pods.log_level {
+                let i = if controller { 2 } else { 1 };
+                ops.push(
+                    json!({"op": "test", "path": format!("{container}/env/{i}/name"), "value": "RUST_LOG"}),
+                );
+                ops.push(
+                    json!({"op": "replace", "path": format!("{container}/env/{i}/value"), "value": level}),
+                );
+            }
+            if let Some(Value::Array(env)) = &pods.extra_env {
+                ops.extend(
+                    env.iter()
+                        .map(|e| json!({"op": "add", "path": format!("{container}/env/-"), "value": e})),
+                );
+            }
+            // The webhook mounts its policy (and cert-manager's certificate); the controller
+            // nothing.
+            for (field, path, values) in [
+                ("volumeMounts", container.to_string(), &pods.extra_volume_mounts),
+                ("volumes", "/spec/template/spec".to_string(), &pods.extra_volumes),
+            ] {
+                if let Some(Value::Array(list)) = values {
+                    if controller {
+                        ops.push(json!({"op": "add", "path": format!("{path}/{field}"), "value": list}));
+                    } else {
+                        ops.extend(
+                            list.iter().map(
+                                |v| json!({"op": "add", "path": format!("{path}/{field}/-"), "value": v}),
+                            ),
+                        );
+                    }
+                }
+            }
+            let spec = "/spec/template/spec";
+            for (field, value) in [
+                ("nodeSelector", &pods.node_selector),
+                ("tolerations", &pods.tolerations),
+                ("topologySpreadConstraints", &pods.topology_spread_constraints),
+            ] {
+                if let Some(value) = value {
+                    ops.push(json!({"op": "add", "path": format!("{spec}/{field}"), "value": value}));
+                }
+            }
+            if let Some(p) = &pods.priority_class_name {
+                ops.push(json!({"op": "add", "path": format!("{spec}/priorityClassName"), "value": p}));
+            }
+            if let Some(a) = &pods.pod_annotations {
+                ops.push(json!({"op": "add", "path": "/spec/template/metadata/annotations", "value": a}));
+            }
+            if let Some(Value::Object(labels)) = &pods.pod_labels {
+                for (key, value) in labels {
+                    let key = key.replace('~', "~0").replace('/', "~1");
+                    ops.push(json!({"op": "add", "path": format!("/spec/template/metadata/labels/{key}"), "value": value}));
+                }
             }
             if !self.image_pull_secrets.is_empty() {
                 let secrets: Vec<Value> = self
@@ -239,35 +579,203 @@ impl Settings {
                     .iter()
                     .map(|s| json!({"name": s}))
                     .collect();
-                ops.push(
-                    json!({"op": "add", "path": "/spec/template/spec/imagePullSecrets", "value": secrets}),
-                );
+                ops.push(json!({"op": "add", "path": format!("{spec}/imagePullSecrets"), "value": secrets}));
             }
             if !ops.is_empty() {
-                patches.push(json!({"target": {"kind": "Deployment", "name": name}, "patch": serde_json::to_string(&ops)?}));
+                patches.push(json_patch("Deployment", name, &ops)?);
+            }
+            // Merged into the shipped values, key by key, as Helm merges values into the
+            // defaults (a strategic merge patch of the pod template).
+            let component = name.trim_start_matches("holdfast-");
+            if let Some(r) = resources {
+                let merge = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": crate::HOLDFAST_NAMESPACE}, "spec": {"template": {"spec": {"containers": [{"name": component, "resources": r}]}}}});
+                patches.push(json!({"patch": serde_json::to_string(&merge)?}));
+            }
+            if let Some(a) = &pods.affinity {
+                let merge = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": crate::HOLDFAST_NAMESPACE}, "spec": {"template": {"spec": {"affinity": a}}}});
+                patches.push(json!({"patch": serde_json::to_string(&merge)?}));
+            }
+            // The budget only where a drain can satisfy it.
+            let budget = pods.budget.unwrap_or_default();
+            let replicas = count.unwrap_or(2);
+            if !budget.enabled || (budget.max_unavailable == 0 && replicas <= budget.min_available) {
+                patches.push(delete("PodDisruptionBudget", "policy/v1", name, true)?);
+            } else if budget.max_unavailable > 0 {
+                patches.push(json_patch(
+                    "PodDisruptionBudget",
+                    name,
+                    &[
+                        json!({"op": "remove", "path": "/spec/minAvailable"}),
+                        json!({"op": "add", "path": "/spec/maxUnavailable", "value": budget.max_unavailable}),
+                    ],
+                )?);
+            } else if budget.min_available != 1 {
+                patches.push(json_patch(
+                    "PodDisruptionBudget",
+                    name,
+                    &[json!({"op": "replace", "path": "/spec/minAvailable", "value": budget.min_available})],
+                )?);
             }
         }
-        if !self.namespace_selector.is_empty() {
-            let base = crate::load::render(kubectl, &manifests())?;
-            for kind in ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"] {
-                let configuration = base
-                    .iter()
-                    .find(|o| crate::yaml::kind(o) == kind)
-                    .with_context(|| format!("the base has no {kind}"))?;
-                let count = crate::yaml::items(configuration, "webhooks").len();
-                let ops: Vec<Value> = (0..count)
-                    .flat_map(|i| {
-                        self.namespace_selector.iter().map(move |e| {
-                            json!({"op": "add", "path": format!("/webhooks/{i}/namespaceSelector/matchExpressions/-"), "value": e})
-                        })
-                    })
-                    .collect();
-                patches.push(json!({"target": {"kind": kind, "name": "holdfast"}, "patch": serde_json::to_string(&ops)?}));
+        // The base's webhooks, in order; each configuration's patch names them by index.
+        let webhooks: [(&str, &[(&str, bool)]); 2] = [
+            (
+                "MutatingWebhookConfiguration",
+                &[
+                    ("pin-fetch-refs.holdfast.dev", carvel),
+                    ("stamp-owners.holdfast.dev", korifi),
+                ],
+            ),
+            (
+                "ValidatingWebhookConfiguration",
+                &[
+                    ("policy.holdfast.dev", carvel),
+                    ("terminating-guard.holdfast.dev", korifi),
+                    ("terminating-guard-pods.holdfast.dev", korifi),
+                ],
+            ),
+        ];
+        for (kind, hooks) in webhooks {
+            let mut ops = Vec::new();
+            for (i, (name, _)) in hooks.iter().enumerate() {
+                ops.push(json!({"op": "test", "path": format!("/webhooks/{i}/name"), "value": name}));
+                ops.extend(self.namespace_selector.iter().map(|e| {
+                    json!({"op": "add", "path": format!("/webhooks/{i}/namespaceSelector/matchExpressions/-"), "value": e})
+                }));
+                if let Some(t) = self.timeout_seconds {
+                    ops.push(
+                        json!({"op": "replace", "path": format!("/webhooks/{i}/timeoutSeconds"), "value": t}),
+                    );
+                }
             }
+            // The half that is off: its webhooks, last first.
+            for (i, _) in hooks.iter().enumerate().rev().filter(|(_, (_, on))| !on) {
+                ops.push(json!({"op": "remove", "path": format!("/webhooks/{i}")}));
+            }
+            if ops.len() > hooks.len() {
+                patches.push(json_patch(kind, "holdfast", &ops)?);
+            }
+        }
+        // The half that is off: its RBAC rows (by index in manifests/base/rbac/, last first,
+        // each tested), and the fence's rows of what the fast finalizer may delete.
+        let mut controller_rules = Vec::new();
+        let rule = |ops: &mut Vec<Value>, i: usize, resource: &str| {
+            ops.push(json!({"op": "test", "path": format!("/rules/{i}/resources/0"), "value": resource}));
+            ops.push(json!({"op": "remove", "path": format!("/rules/{i}")}));
+        };
+        if !carvel {
+            rule(&mut controller_rules, 9, "events");
+        }
+        if !korifi {
+            rule(&mut controller_rules, 8, "pods");
+            controller_rules
+                .push(json!({"op": "test", "path": "/rules/7/resources/0", "value": "namespaces"}));
+            controller_rules
+                .push(json!({"op": "replace", "path": "/rules/7/verbs", "value": ["get", "list", "watch"]}));
+            for (i, resource) in [(6, "cfpackages"), (5, "cfapps"), (4, "builds"), (3, "images")] {
+                rule(&mut controller_rules, i, resource);
+            }
+            let mut webhook_rules = Vec::new();
+            for (i, resource) in [(3, "images"), (2, "buildworkloads"), (1, "cfapps")] {
+                rule(&mut webhook_rules, i, resource);
+            }
+            patches.push(json_patch("ClusterRole", "holdfast-webhook", &webhook_rules)?);
+            patches.push(json_patch(
+                "ValidatingAdmissionPolicy",
+                "holdfast-controller-fence",
+                &[
+                    json!({"op": "test", "path": "/spec/variables/1/name", "value": "deletable"}),
+                    json!({"op": "replace", "path": "/spec/variables/1/expression", "value": "[]"}),
+                ],
+            )?);
+        }
+        if !carvel {
+            for (i, resource) in [(2, "packages"), (1, "packagerepositories"), (0, "apps")] {
+                rule(&mut controller_rules, i, resource);
+            }
+            // (no-secret-reads, which deletes them too, is for the Carvel half only.)
+            patches.push(delete(
+                "ClusterRoleBinding",
+                "rbac.authorization.k8s.io/v1",
+                "holdfast-read-secrets",
+                false,
+            )?);
+            patches.push(delete(
+                "ClusterRole",
+                "rbac.authorization.k8s.io/v1",
+                "holdfast-read-secrets",
+                false,
+            )?);
+        }
+        if !controller_rules.is_empty() {
+            patches.push(json_patch(
+                "ClusterRole",
+                "holdfast-controller",
+                &controller_rules,
+            )?);
+        }
+        // The one Secret no-secret-reads leaves readable: the mirror's, by its name.
+        if let Some(m) = self.mirror.as_ref().filter(|m| {
+            self.no_secret_reads && carvel && !m.secret.is_empty() && m.secret != "holdfast-mirror"
+        }) {
+            patches.push(json_patch(
+                "Role",
+                "holdfast-mirror-secret",
+                &[json!({"op": "replace", "path": "/rules/0/resourceNames/0", "value": m.secret})],
+            )?);
+        }
+        if let Some(e) = &self.egress {
+            let to = |cidrs: &[String]| -> Value {
+                cidrs.iter().map(|c| json!({"ipBlock": {"cidr": c}})).collect()
+            };
+            patches.push(json_patch(
+                "NetworkPolicy",
+                "holdfast-egress",
+                &[
+                    json!({"op": "replace", "path": "/spec/egress/1/to", "value": to(&e.api_server_cidrs)}),
+                    json!({"op": "replace", "path": "/spec/egress/2/to", "value": to(&e.registry_cidrs)}),
+                ],
+            )?);
+        }
+        if let Some(w) = &self.webhook_port {
+            patches.push(json_patch(
+                "NetworkPolicy",
+                "holdfast-webhook",
+                &[
+                    json!({"op": "replace", "path": "/spec/ingress/0/from/0/ipBlock/except/0", "value": w.pod_cidr}),
+                    json!({"op": "replace", "path": "/spec/ingress/0/from/1/namespaceSelector/matchLabels/kubernetes.io~1metadata.name", "value": w.kapp_controller_namespace}),
+                ],
+            )?);
         }
         k["patches"] = json!(patches);
         std::fs::write(dir.join("kustomization.yaml"), serde_json::to_string_pretty(&k)?)?;
-        to_json(crate::load::render(kubectl, dir)?)
+        let rendered = to_json(crate::load::render(kubectl, dir)?)?;
+        Ok(match self.namespace.as_deref() {
+            Some(ns) if ns != crate::HOLDFAST_NAMESPACE => {
+                rendered.into_iter().map(|o| in_namespace(o, ns)).collect()
+            }
+            _ => rendered,
+        })
+    }
+}
+
+/// `object` with `holdfast-system` replaced by `namespace` in every string (keys included):
+/// what the chart templates as `.Release.Namespace`.
+pub fn in_namespace(object: Value, namespace: &str) -> Value {
+    renamed(object, crate::HOLDFAST_NAMESPACE, namespace)
+}
+
+/// `object` with `from` replaced by `to` in every string (keys included).
+pub fn renamed(object: Value, from: &str, to: &str) -> Value {
+    match object {
+        Value::String(s) => Value::String(s.replace(from, to)),
+        Value::Array(a) => Value::Array(a.into_iter().map(|v| renamed(v, from, to)).collect()),
+        Value::Object(o) => Value::Object(
+            o.into_iter()
+                .map(|(k, v)| (k.replace(from, to), renamed(v, from, to)))
+                .collect(),
+        ),
+        other => other,
     }
 }
 
@@ -296,14 +804,22 @@ pub fn helm() -> Result<PathBuf> {
     helm.context("helm is missing: run `make deps` (scripts/install-deps.sh) first")
 }
 
-/// `helm template holdfast charts/holdfast --include-crds` with these values, parsed.
+/// `helm template holdfast charts/holdfast -n holdfast-system --include-crds` with these values,
+/// parsed.
 pub fn helm_template(helm: &Path, values: &Value) -> Result<Vec<Value>> {
+    helm_template_in(helm, crate::HOLDFAST_NAMESPACE, values)
+}
+
+/// `helm template holdfast charts/holdfast -n NAMESPACE --include-crds` with these values,
+/// parsed.
+pub fn helm_template_in(helm: &Path, namespace: &str, values: &Value) -> Result<Vec<Value>> {
     let scratch = tempfile::tempdir()?;
     let file = scratch.path().join("values.json");
     std::fs::write(&file, serde_json::to_vec(values)?)?;
     let out = Command::new(helm)
         .args(["template", "holdfast"])
         .arg(chart())
+        .args(["--namespace", namespace])
         .arg("--include-crds")
         .arg("--values")
         .arg(&file)

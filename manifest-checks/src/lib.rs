@@ -16,13 +16,15 @@
 //!   (collected by `make deps`) that the fence must hold.
 //!
 //! - [`chart`]: the Helm chart (charts/holdfast) rendered for a set of values against the
-//!   kustomize overlay of manifests/ that makes the same changes.
+//!   kustomize overlay of manifests/ that makes the same changes; [`chart_docs`]: the chart's
+//!   README generated from its values.yaml.
 //!
 //! A library, not an e2e suite: it needs no control plane. Its tests (`tests/`) run every check
 //! on the manifests as written, as rendered, and on mutated copies (a wildcard verb, a missing
 //! namespaceSelector, …) to show that each catches what it is meant to catch.
 
 pub mod chart;
+pub mod chart_docs;
 pub mod checks;
 pub mod fence;
 pub mod finalizer;

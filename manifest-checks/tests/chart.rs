@@ -1,13 +1,14 @@
 //! The Helm chart (charts/holdfast) renders exactly what kustomize renders of manifests/ for the
-//! same settings — the chart's defaults are `manifests/overlays/recommended` — and every
-//! rendering keeps SECURITY.md's promises. No differences are allowed: `helm template` adds no
+//! same settings — the chart's defaults are `manifests/overlays/recommended` without its
+//! Namespace, in the release's namespace; every component of manifests/components/ is a value —
+//! and every rendering of the default replicas keeps SECURITY.md's promises. No differences are allowed: `helm template` adds no
 //! label or annotation (what `helm install` and kapp add to installed objects is listed in
 //! `chart::HELM_ADDS` and `chart::KAPP_ADDS`, and checked by the e2e suites `chart` and
 //! `package`).
 
 use anyhow::{Context, Result, ensure};
 use holdfast_manifest_checks::{
-    chart::{Settings, differences, helm, helm_template},
+    chart::{Budget, Settings, differences, helm, helm_template, helm_template_in},
     check_all,
     load::kubectl,
     report::assert_clean,
@@ -16,10 +17,10 @@ use serde_json::json;
 
 fn same_as_kustomize(what: &str, settings: &Settings) -> Result<Vec<serde_json::Value>> {
     let kubectl = kubectl().context("kubectl is not on PATH")?;
-    let rendered = helm_template(&helm()?, &settings.values())?;
+    let rendered = settings.helm_template(&helm()?)?;
     let expected = settings.kustomize(&kubectl)?;
     ensure!(
-        expected.len() > 20,
+        expected.len() > 15,
         "kustomize rendered only {} objects",
         expected.len()
     );
@@ -52,6 +53,224 @@ fn the_charts_defaults_are_the_recommended_overlay() -> Result<()> {
 #[test]
 fn without_match_conditions_the_chart_is_the_base() -> Result<()> {
     same_as_kustomize("matchConditions=false", &Settings::default()).map(drop)
+}
+
+/// namespace.create renders the base's Namespace (with its Pod Security labels), in the
+/// release's namespace.
+#[test]
+fn namespace_create_is_the_bases_namespace() -> Result<()> {
+    let settings = Settings {
+        create_namespace: true,
+        ..Settings::recommended()
+    };
+    let rendered = same_as_kustomize("namespace.create", &settings)?;
+    keeps_the_promises("namespace.create", &rendered)?;
+    let namespace = rendered
+        .iter()
+        .find(|o| o["kind"] == "Namespace")
+        .context("no Namespace")?;
+    ensure!(namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted");
+    Ok(())
+}
+
+/// `helm template -n some-ns`: every namespaced object is in some-ns, everything that names
+/// holdfast's namespace (webhook clientConfigs and namespaceSelectors, binding subjects, the
+/// fence's CEL, cert-manager's names) names some-ns, and nothing names holdfast-system.
+#[test]
+fn everything_goes_to_the_release_namespace() -> Result<()> {
+    for create_namespace in [false, true] {
+        let settings = Settings {
+            namespace: Some("some-ns".into()),
+            create_namespace,
+            cert_manager: true,
+            ..Settings::recommended()
+        };
+        let rendered = same_as_kustomize("helm template -n some-ns", &settings)?;
+        let text = serde_json::to_string(&rendered)?;
+        ensure!(
+            !text.contains("holdfast-system"),
+            "a rendering in some-ns names holdfast-system"
+        );
+        for object in &rendered {
+            let kind = object["kind"].as_str().unwrap_or_default();
+            let cluster_wide = [
+                "Namespace",
+                "CustomResourceDefinition",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "MutatingWebhookConfiguration",
+                "ValidatingWebhookConfiguration",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
+            ];
+            if !cluster_wide.contains(&kind) {
+                ensure!(
+                    object["metadata"]["namespace"] == "some-ns",
+                    "{kind} {} is in {}",
+                    object["metadata"]["name"],
+                    object["metadata"]["namespace"]
+                );
+            }
+        }
+        ensure!(
+            rendered.iter().any(|o| o["kind"] == "Namespace") == create_namespace,
+            "namespace.create={create_namespace} and the Namespace is {}rendered",
+            if create_namespace { "not " } else { "" }
+        );
+    }
+    Ok(())
+}
+
+/// One replica of each renders no PodDisruptionBudget that would block a drain; maxUnavailable
+/// renders one that never does.
+#[test]
+fn a_budget_is_rendered_only_when_a_drain_can_satisfy_it() -> Result<()> {
+    let one = Settings {
+        webhook_replicas: Some(1),
+        controller_replicas: Some(1),
+        ..Settings::recommended()
+    };
+    let rendered = same_as_kustomize("replicas=1", &one)?;
+    ensure!(
+        !rendered.iter().any(|o| o["kind"] == "PodDisruptionBudget"),
+        "one replica each and a PodDisruptionBudget"
+    );
+    let mut budgeted = one.clone();
+    budgeted.webhook.budget = Some(Budget {
+        max_unavailable: 1,
+        ..Budget::default()
+    });
+    budgeted.controller.budget = Some(Budget {
+        enabled: true,
+        min_available: 2,
+        max_unavailable: 0,
+    });
+    budgeted.controller_replicas = Some(3);
+    let rendered = same_as_kustomize("replicas=1 with maxUnavailable", &budgeted)?;
+    let budgets: Vec<_> = rendered
+        .iter()
+        .filter(|o| o["kind"] == "PodDisruptionBudget")
+        .collect();
+    ensure!(budgets.len() == 2, "{} budgets", budgets.len());
+    // A budget nobody wants: none, with the default replicas.
+    let mut off = Settings::recommended();
+    off.webhook.budget = Some(Budget {
+        enabled: false,
+        ..Budget::default()
+    });
+    same_as_kustomize("podDisruptionBudget.enabled=false", &off).map(drop)
+}
+
+/// Every component of manifests/components/ at once, each as its chart value, with every other
+/// value changed too, in a namespace the chart creates.
+#[test]
+fn every_component_is_a_value() -> Result<()> {
+    let settings = Settings::all_components();
+    let rendered = same_as_kustomize("every component", &settings)?;
+    let components = holdfast_manifest_checks::load::subdirectories(
+        &holdfast_manifest_checks::load::manifests().join("components"),
+    )?;
+    // Each component left a trace the chart had to render too.
+    let text = serde_json::to_string(&rendered)?;
+    for (component, trace) in [
+        ("cert-manager", Some("cert-manager.io/inject-ca-from")),
+        ("fast-org-deletion", Some("holdfast-controller-cfspaces")),
+        ("match-conditions", Some("not-being-deleted")),
+        ("no-secret-reads", Some("holdfast-mirror-secret")),
+        ("policy-all-namespaces", None),
+        ("policy-fail-closed", Some("\"failurePolicy\":\"Fail\"")),
+        ("restrict-egress", Some("holdfast-egress")),
+        ("restrict-webhook-port", Some("carvel-system")),
+    ] {
+        ensure!(
+            components.contains(&component.to_string()),
+            "no component {component}"
+        );
+        if let Some(trace) = trace {
+            ensure!(text.contains(trace), "{component}: {trace} not rendered");
+        }
+    }
+    ensure!(
+        components.len() == 8,
+        "manifests/components/ has {components:?}: give a new one its chart value and list it here"
+    );
+    // SECURITY.md's promises name holdfast-system: checked with it named back.
+    let back: Vec<_> = rendered
+        .into_iter()
+        .map(|o| holdfast_manifest_checks::chart::renamed(o, settings.namespace(), "holdfast-system"))
+        .collect();
+    keeps_the_promises("every component", &back)
+}
+
+/// carvel.enabled=false and korifi.enabled=false: the other half only, with every value and
+/// component that half has; both off is refused.
+#[test]
+fn each_half_alone_is_the_kustomize_overlay_without_the_other() -> Result<()> {
+    for carvel in [true, false] {
+        let what = if carvel {
+            "korifi.enabled=false"
+        } else {
+            "carvel.enabled=false"
+        };
+        let settings = Settings::one_half(carvel);
+        let rendered = same_as_kustomize(what, &settings)?;
+        // What SECURITY.md promises of any webhook and container still holds (with holdfast's
+        // namespace named as SECURITY.md names it); check_served does not: the code serves the
+        // other half's routes, which nothing calls.
+        let objects: Vec<serde_yaml::Value> = rendered
+            .iter()
+            .map(|o| {
+                serde_yaml::to_value(holdfast_manifest_checks::chart::renamed(
+                    o.clone(),
+                    settings.namespace(),
+                    "holdfast-system",
+                ))
+            })
+            .collect::<Result<_, _>>()?;
+        for check in [
+            holdfast_manifest_checks::checks::check_no_wildcards,
+            holdfast_manifest_checks::checks::check_webhooks,
+            holdfast_manifest_checks::checks::check_containers,
+        ] {
+            assert_clean(what, &check(&objects));
+        }
+        let text = serde_json::to_string(&rendered)?;
+        let (gone, kept) = if carvel {
+            (
+                ["stamp-owners.holdfast.dev", "korifi.cloudfoundry.org"],
+                "pin-fetch-refs.holdfast.dev",
+            )
+        } else {
+            (
+                ["pin-fetch-refs.holdfast.dev", "kappctrl.k14s.io\",\"resources"],
+                "stamp-owners.holdfast.dev",
+            )
+        };
+        for gone in gone {
+            ensure!(!text.contains(gone), "{what}: {gone} is still rendered");
+        }
+        ensure!(text.contains(kept), "{what}: {kept} is not rendered");
+    }
+    let both = serde_json::json!({"carvel": {"enabled": false}, "korifi": {"enabled": false}});
+    ensure!(
+        helm_template(&helm()?, &both).is_err(),
+        "both halves off rendered"
+    );
+    Ok(())
+}
+
+/// `global` is accepted (Helm gives it to every subchart), whatever it holds, and changes nothing.
+#[test]
+fn global_values_are_accepted() -> Result<()> {
+    let defaults = helm_template(&helm()?, &json!({}))?;
+    let global = helm_template(
+        &helm()?,
+        &json!({"global": {"x": 1, "imageRegistry": "r.example"}}),
+    )?;
+    assert_clean("global values", &differences(&defaults, &global));
+    let elsewhere = helm_template_in(&helm()?, "some-ns", &json!({"global": {"x": 1}}))?;
+    ensure!(elsewhere.len() == defaults.len());
+    Ok(())
 }
 
 #[test]
@@ -96,6 +315,10 @@ fn the_values_schema_refuses_unknown_values() -> Result<()> {
         json!({"webhook": {"replica": 3}}),
         json!({"certMode": "vault"}),
         json!({"image": {"digest": "latest"}}),
+        json!({"namespace": "holdfast-system"}),
+        json!({"webhook": {"timeoutSeconds": 30}}),
+        json!({"controller": {"podDisruptionBudget": {"minAvailable": "50%"}}}),
+        json!({"korifi": {"deleteOrgSpace": true}}),
     ] {
         ensure!(
             helm_template(&helm()?, &values).is_err(),
@@ -141,5 +364,47 @@ fn the_chart_is_versioned_with_holdfast() -> Result<()> {
             "{what} is {found:?}, holdfast is {version}"
         );
     }
+    Ok(())
+}
+
+/// As a subchart (an umbrella chart's dependency, which Helm hands `global`), holdfast renders,
+/// with its values under its name.
+#[test]
+fn the_chart_renders_as_a_subchart() -> Result<()> {
+    let helm = helm()?;
+    let scratch = tempfile::tempdir()?;
+    let umbrella = scratch.path();
+    std::fs::write(
+        umbrella.join("Chart.yaml"),
+        format!(
+            "apiVersion: v2\nname: platform\nversion: 1.0.0\ndependencies:\n- name: holdfast\n  version: {}\n  repository: file://{}\n",
+            env!("CARGO_PKG_VERSION"),
+            holdfast_manifest_checks::chart::chart().canonicalize()?.display()
+        ),
+    )?;
+    std::fs::write(
+        umbrella.join("values.yaml"),
+        "global:\n  imageRegistry: registry.example\nholdfast:\n  webhook:\n    replicas: 3\n",
+    )?;
+    let run = |args: &[&str]| -> Result<String> {
+        let out = std::process::Command::new(&helm)
+            .args(args)
+            .arg(umbrella)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "helm {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    };
+    run(&["dependency", "build"])?;
+    let rendered =
+        holdfast_manifest_checks::chart::parse(&run(&["template", "platform", "-n", "platform"])?)?;
+    let webhook = rendered
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "holdfast-webhook")
+        .context("no webhook Deployment")?;
+    ensure!(webhook["spec"]["replicas"] == 3 && webhook["metadata"]["namespace"] == "platform");
     Ok(())
 }

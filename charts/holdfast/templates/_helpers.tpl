@@ -62,3 +62,59 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* A component's pod template metadata: the chart's labels, then podLabels and podAnnotations.
+Called with (list $ "webhook") or (list $ "controller"). */}}
+{{- define "holdfast.podMetadata" -}}
+{{- $component := index . 1 -}}
+{{- $values := index (index . 0).Values $component -}}
+metadata:
+  {{- with $values.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  labels:
+    {{- with $values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+    app.kubernetes.io/component: {{ $component }}
+    app.kubernetes.io/name: holdfast
+{{- end -}}
+
+{{/* A component's scheduling: affinity, nodeSelector, tolerations, topologySpreadConstraints,
+priorityClassName (each only when set). */}}
+{{- define "holdfast.scheduling" -}}
+{{- $values := index (index . 0).Values (index . 1) -}}
+{{- with $values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* At least one half is on. */}}
+{{- define "holdfast.halves" -}}
+{{- if not (or .Values.carvel.enabled .Values.korifi.enabled) -}}
+{{- fail "carvel.enabled and korifi.enabled are both false: nothing to install" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the controller reads tenant Secrets: only for the Carvel half, unless secrets.read
+is false (components/no-secret-reads). */}}
+{{- define "holdfast.readSecrets" -}}
+{{- if and .Values.carvel.enabled .Values.secrets.read }}true{{ end -}}
+{{- end -}}
