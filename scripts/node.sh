@@ -9,6 +9,10 @@
 #
 #   scripts/node.sh up [STATE]     start it (STATE/env must exist: `make up`); returns once the
 #                                  Node is Ready; writes STATE/node/env (images, crictl endpoint)
+#   scripts/node.sh check [STATE]  prove it on the running node, in a namespace of its own: agnhost
+#                                  pods Ready with bridge addresses, a ClusterIP Service reached
+#                                  from the host and from a pod through kube-proxy, kubectl logs
+#                                  and exec, a NetworkPolicy letting one client in and not another
 #   scripts/node.sh down [STATE]   stop it and remove what it made: pod sandboxes (through the CRI,
 #                                  so CNI deletes their veths and network namespaces), mounts under
 #                                  STATE/node/, the bridge, nftables tables, cgroups, the Node
@@ -23,7 +27,7 @@
 # Facts behind each setting: ../shared/TESTENV.md, "Real containers on these machines".
 set -euo pipefail
 
-usage() { echo "usage: $0 up|down [STATE]" >&2; exit 2; }
+usage() { echo "usage: $0 up|check|down [STATE]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 action=$1
 state_arg=${2:-.holdfast}
@@ -38,6 +42,8 @@ NODE_NAME=holdfast-node
 BRIDGE=hf-br0
 POD_CIDR=10.244.0.0/24
 NODE_IP=10.244.0.1
+# The control plane's --service-cluster-ip-range (e2e/src/control_plane.rs).
+SERVICE_CIDR=10.96.0.0/24
 GUARD_TABLE=holdfast-node
 TAINT=holdfast.dev/real-node
 CNI_BIN=/usr/lib/cni
@@ -56,7 +62,7 @@ free_port() {
   done
 }
 
-pid_of() { sed -n "s/^$1=//p" "$DIR/pids" 2>/dev/null; }
+pid_of() { sed -n "s/^$1=//p" "$DIR/pids" 2>/dev/null || true; }
 
 running() {
   local pid
@@ -222,6 +228,8 @@ resolvConf: $DIR/resolv.conf
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: true}
+  # kube-apiserver's client certificate (logs, exec, port-forward), when the environment has one.
+  x509: {clientCAFile: "${HOLDFAST_KUBELET_CLIENT_CA:-}"}
 authorization:
   mode: Webhook
 registerWithTaints:
@@ -258,6 +266,7 @@ EOF
 setup_network() {
   # What was there before, to take away only what the node added.
   [ -f "$DIR/nft-tables.before" ] || nft list tables >"$DIR/nft-tables.before"
+  [ -f "$DIR/ipsets.before" ] || ipset list -n >"$DIR/ipsets.before"
   if [ ! -f "$DIR/sysctl.saved" ]; then
     {
       echo "net.ipv4.ip_forward=$(sysctl -n net.ipv4.ip_forward)"
@@ -300,7 +309,7 @@ up() {
   # shellcheck disable=SC1091 # written by make up: KUBECONFIG, HOLDFAST_REGISTRY
   source "$STATE/env"
   : "${KUBECONFIG:?} ${HOLDFAST_REGISTRY:?}"
-  if running kubelet && running containerd && running kube-proxy; then
+  if running kubelet && running containerd && running kube-proxy && running kube-router; then
     echo "holdfast node already running (kubelet pid $(pid_of kubelet)); source $DIR/env"
     return
   fi
@@ -335,6 +344,13 @@ up() {
   until_ok 90 "the Node $NODE_NAME to be Ready" kubelet node_ready
   until_ok 30 "kube-proxy's nftables table" kube-proxy nft list table ip kube-proxy
 
+  # NetworkPolicy: kube-router's policy controller alone (iptables and ipset; no BGP, no proxy,
+  # no health or metrics port).
+  start kube-router "$(peer kube-router)/bin/kube-router" --run-firewall=true --run-router=false \
+    --run-service-proxy=false --kubeconfig="$KUBECONFIG" --hostname-override="$NODE_NAME" \
+    --service-cluster-ip-range="$SERVICE_CIDR" --enable-ipv6=false --health-port=0 --metrics-port=0
+  until_ok 60 "kube-router's firewall chains" kube-router iptables -S KUBE-ROUTER-FORWARD
+
   cat >"$DIR/env.partial" <<EOF
 export HOLDFAST_NODE=$NODE_NAME
 export HOLDFAST_NODE_TAINT=$TAINT
@@ -350,6 +366,25 @@ EOF
 }
 
 # --- down ---
+
+# kube-router's filter chains (KUBE-ROUTER-*, KUBE-NWPLCY-*, KUBE-POD-FW-*), the rules jumping to
+# them, and its ipsets (KUBE-SRC-*, KUBE-DST-*) that were not there before. Its own
+# --cleanup-config does not do it in v2.1.0: it cleans no policy chain and then panics (nil
+# pointer in the proxy's deleteHairpinIptablesRules).
+cleanup_kube_router() {
+  local cmd set pattern='KUBE-(ROUTER|NWPLCY|POD-FW)-'
+  local rules
+  for cmd in iptables ip6tables; do
+    rules=$("$cmd-save" -t filter 2>/dev/null) || continue
+    if grep -qE "$pattern" <<<"$rules"; then
+      grep -vE "^:$pattern|^-A .*$pattern" <<<"$rules" | "$cmd-restore" -T filter
+    fi
+  done
+  for set in $(ipset list -n 2>/dev/null | grep -E '^KUBE-(SRC|DST)-'); do
+    grep -qx "$set" "$DIR/ipsets.before" 2>/dev/null || ipset destroy "$set"
+  done
+  rm -f "$DIR/ipsets.before"
+}
 
 # The chains the kubelet makes in each iptables table (iptables-nft here): its canaries, the hint
 # kube-proxy detects the mode by, and KUBE-FIREWALL (drops non-local packets to 127.0.0.0/8).
@@ -368,15 +403,17 @@ cleanup_kubelet_chains() {
 
 # Processes containerd's shims run as: theirs is our socket (found by it, stopped by PID).
 shim_pids() {
-  local p
+  local p args
   for p in /proc/[0-9]*; do
-    { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q -- "-address $CONTAINERD_SOCK " && echo "${p#/proc/}"
+    args=$({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null) || continue
+    if [[ $args == *"-address $CONTAINERD_SOCK "* ]]; then echo "${p#/proc/}"; fi
   done
   return 0
 }
 
 down_node() {
   local pid m link
+  stop kube-router 10
   stop kube-proxy 10
   stop kubelet 30
   if running containerd; then
@@ -390,6 +427,9 @@ down_node() {
   fi
   stop containerd 20
   for pid in $(shim_pids); do kill -KILL "$pid" 2>/dev/null || true; done
+  # containerd 1.6's shims keep their sockets in /run/containerd/s whatever the state directory:
+  # gone with the shims; the directories go too when nothing else uses them.
+  rmdir /run/containerd/s /run/containerd 2>/dev/null || true
   # Deepest first: containers' rootfs and shm, network namespaces, the kubelet's volumes.
   for m in $(findmnt -rn -o TARGET | grep -F "$DIR/" | sort -r); do
     umount "$m" 2>/dev/null || umount -l "$m"
@@ -404,6 +444,7 @@ down_node() {
   nft delete table ip kube-proxy 2>/dev/null || true
   nft delete table ip6 kube-proxy 2>/dev/null || true
   nft delete table inet "$GUARD_TABLE" 2>/dev/null || true
+  cleanup_kube_router
   cleanup_kubelet_chains
   local chain
   for chain in $(iptables-save -t nat 2>/dev/null | sed -n 's/^:\(CNI-[^ ]*\).*/\1/p'); do
@@ -453,8 +494,95 @@ down() {
   echo "holdfast node stopped"
 }
 
+# --- check ---
+
+# check_pod NAME LABEL ARGS...: an agnhost pod on the real node.
+check_pod() {
+  local name=$1 label=$2 args
+  shift 2
+  args=$(printf '"%s",' "$@")
+  kubectl apply -n "$CHECK_NS" -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $name, labels: {$label}}
+spec:
+  nodeSelector: {kubernetes.io/hostname: $NODE_NAME}
+  tolerations: [{key: $TAINT, operator: Exists, effect: NoSchedule}]
+  automountServiceAccountToken: false
+  securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
+  containers:
+  - name: main
+    image: $HOLDFAST_AGNHOST_IMAGE
+    args: [${args%,}]
+    securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
+EOF
+}
+
+# connects FROM TARGET: whether the pod FROM opens a TCP connection to TARGET (host:port).
+connects() {
+  kubectl exec -n "$CHECK_NS" "$1" -- /agnhost connect "$2" --timeout=3s >/dev/null 2>&1
+}
+
+pass() { log "ok: $*"; }
+
+check() {
+  [ -f "$DIR/env" ] || die "the node is not running (scripts/node.sh up)"
+  # shellcheck disable=SC1091 # written by make up and node.sh up
+  source "$STATE/env" && source "$DIR/env"
+  CHECK_NS=node-check-$RANDOM
+  kubectl create namespace "$CHECK_NS" >/dev/null
+  trap 'kubectl delete namespace "$CHECK_NS" --wait=false >/dev/null 2>&1 || true' EXIT
+  check_pod server "app: server" netexec --http-port=8080
+  check_pod client-allowed "role: allowed" pause
+  check_pod client-other "role: other" pause
+  kubectl apply -n "$CHECK_NS" -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: {name: server}
+spec:
+  selector: {app: server}
+  ports: [{port: 80, targetPort: 8080}]
+EOF
+  kubectl wait -n "$CHECK_NS" --for=condition=Ready pod --all --timeout=90s >/dev/null
+  local server_ip cluster_ip
+  server_ip=$(kubectl get pod -n "$CHECK_NS" server -o jsonpath='{.status.podIP}')
+  cluster_ip=$(kubectl get service -n "$CHECK_NS" server -o jsonpath='{.spec.clusterIP}')
+  pass "3 pods Ready on $NODE_NAME; server at $server_ip (bridge $BRIDGE, $POD_CIDR)"
+  until_ok 30 "the Service's endpoints in kube-proxy's rules" kube-proxy \
+    curl -fsS -m 2 "http://$cluster_ip/hostname"
+  pass "the host reaches the Service at $cluster_ip through kube-proxy: $(curl -fsS -m 2 "http://$cluster_ip/hostname")"
+  connects client-other "$cluster_ip:80" || die "client-other could not reach the Service at $cluster_ip:80"
+  pass "a pod reaches the Service at $cluster_ip:80 (kubectl exec)"
+  [[ $(kubectl logs -n "$CHECK_NS" server) == *"Started HTTP server"* ]] || die "kubectl logs did not show agnhost's log"
+  pass "kubectl logs"
+  kubectl apply -n "$CHECK_NS" -f - >/dev/null <<EOF
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: server-from-allowed}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{podSelector: {matchLabels: {role: allowed}}}]
+    ports: [{port: 8080, protocol: TCP}]
+EOF
+  local i
+  for ((i = 0; i < 30; i++)); do
+    if ! connects client-other "$server_ip:8080"; then break; fi
+    sleep 1
+  done
+  if connects client-other "$server_ip:8080"; then
+    die "the NetworkPolicy was not enforced after 30 s (client-other still connects)"
+  fi
+  pass "NetworkPolicy: client-other (role=other) refused by kube-router"
+  connects client-allowed "$server_ip:8080" || die "the NetworkPolicy refused client-allowed too"
+  pass "NetworkPolicy: client-allowed (role=allowed) still connects"
+  log "all checks passed (namespace $CHECK_NS deleted)"
+}
+
 case "$action" in
   up) up ;;
+  check) check ;;
   down) down ;;
   *) usage ;;
 esac
