@@ -2,8 +2,9 @@
 # One real node for the environment `make up` runs (`make cluster`): containerd (Debian's 1.6.20,
 # its own root, state and socket under STATE/node/), runc, the CNI bridge, host-local, loopback and
 # portmap plugins on a bridge this script creates, kubelet and kube-proxy (nftables mode) of the
-# control plane's release, built by scripts/install-deps.sh (the node group), and the pause image
-# built here from the Kubernetes module's source and pushed to the environment's registry. The
+# control plane's release and kube-router's NetworkPolicy controller, built by
+# scripts/install-deps.sh (the node group), and the pause image built there from the Kubernetes
+# module's source and pushed here to the environment's registry. The
 # kwok nodes stay for the workloads that need no containers: this node is tainted
 # (holdfast.dev/real-node=true:NoSchedule), so only pods that tolerate it run here.
 #
@@ -15,8 +16,9 @@
 #                                  and exec, a NetworkPolicy letting one client in and not another
 #   scripts/node.sh down [STATE]   stop it and remove what it made: pod sandboxes (through the CRI,
 #                                  so CNI deletes their veths and network namespaces), mounts under
-#                                  STATE/node/, the bridge, nftables tables, cgroups, the Node
-#                                  object; the sysctls it changed get their values back
+#                                  STATE/node/, the bridge, nftables tables, iptables chains and
+#                                  ipsets of kubelet and kube-router, cgroups, the Node object;
+#                                  the sysctls it changed get their values back
 #
 # Addresses: pods get 10.244.0.0/24 on the bridge hf-br0 (host side 10.244.0.1, also the node's
 # InternalIP and the kubelet's only listening address); only network namespaces containerd
@@ -317,6 +319,8 @@ up() {
   local started=$SECONDS images pause agnhost
   mkdir -p "$DIR"
   : >"$DIR/pids"
+  # A start that fails stops what it started and takes away what it made.
+  trap 'log "the node did not start; stopping it"; down_node' EXIT
   local kubelet kube_proxy
   kubelet=$(peer kubernetes-node)/bin/kubelet
   kube_proxy=$(peer kubernetes-node)/bin/kube-proxy
@@ -361,6 +365,7 @@ export CRI_CONFIG_FILE=$DIR/crictl.yaml
 export PATH=$PEERS_DIR/cri-tools/bin:\$PATH
 EOF
   mv "$DIR/env.partial" "$DIR/env"
+  trap - EXIT
   log "node $NODE_NAME Ready in $((SECONDS - started)) s: $(kubectl get node "$NODE_NAME" -o jsonpath='{.status.nodeInfo.containerRuntimeVersion} kubelet {.status.nodeInfo.kubeletVersion}'), pods on $POD_CIDR ($BRIDGE)"
   echo "run: source $STATE/env && source $DIR/env; pods tolerate $TAINT and select kubernetes.io/hostname=$NODE_NAME"
 }
