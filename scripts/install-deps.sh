@@ -9,12 +9,13 @@
 #     the vendir/ytt/kapp/kbld it runs, kpack (v0.17.2; v0.17.1 for Korifi; v0.16.1 for the
 #     org-deletion benchmark only, with --bench), Korifi's controllers, local-path-provisioner;
 #     the real node of `make cluster` (scripts/node.sh): kubelet and kube-proxy of the same
-#     Kubernetes release, crictl, agnhost (static) and the pause program (static, compiled from
+#     Kubernetes release, containerd 2.4 with its runc shim (static), crictl, agnhost (static) and
+#     the pause program (static, compiled from
 #     the Kubernetes module's build/pause/linux/pause.c), both packed as OCI image layouts, and
 #     kube-router (its NetworkPolicy controller);
 #     and the release tools: helm (the chart), imgpkg (the Carvel bundles), cosign (signing the
 #     image), umoci (the image's layout); cargo-cyclonedx from crates.io (the SBOMs).
-#     The node's containerd, runc, CNI plugins, nftables and conntrack are Debian's packages.
+#     The node's runc, CNI plugins, nftables, conntrack and ipset are Debian's packages.
 # Each build is cached outside the repository under $CACHE/peers/<name>-<hash of go.mod+go.sum>/
 # (bin/, the upstream CRDs the harness installs, crds/, and the upstream manifests it applies,
 # manifests/), and $CACHE/peers/<name> links to the
@@ -63,12 +64,12 @@ PEERS_DIR="$CACHE_DIR/peers"
 # musl-tools, jq: `make image` (scripts/image.sh) without a Docker engine (umoci: a Go build below;
 # bookworm's umoci 0.4.7 writes layer tars without their last padding and end-of-archive blocks).
 # The real node of `make cluster` (scripts/node.sh; ../shared/TESTENV.md "Real containers"):
-# containerd 1.6.20 and runc 1.1.5 run pods here as Debian ships them; the CNI plugins (bridge,
+# runc 1.1.5 runs pods here as Debian ships it (containerd is built below); the CNI plugins (bridge,
 # host-local, loopback, portmap); nft for kube-proxy's nftables mode and the node's forwarding
 # guard; conntrack, which kube-proxy runs to flush UDP flows; ipset for kube-router's network
 # policy controller.
 PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2 musl-tools jq
-  containerd runc containernetworking-plugins nftables conntrack ipset)
+  runc containernetworking-plugins nftables conntrack ipset)
 # The static binaries in the image.
 RUST_TARGET=x86_64-unknown-linux-musl
 # The Go toolchain of this machine kind (Kubernetes 1.37's go.mod says go 1.26.0).
@@ -100,12 +101,9 @@ install_packages() {
   # shellcheck disable=SC2086 # one word per package
   as_root env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
     apt-get install -y -qq --no-install-recommends $missing >/dev/null
-  local service
-  for service in docker-registry containerd; do
-    if command -v service >/dev/null && service "$service" status >/dev/null 2>&1; then
-      as_root service "$service" stop >/dev/null 2>&1 || true
-    fi
-  done
+  if command -v service >/dev/null && service docker-registry status >/dev/null 2>&1; then
+    as_root service docker-registry stop >/dev/null 2>&1 || true
+  fi
 }
 
 check_go() {
@@ -329,9 +327,9 @@ oci_blob() {
 
 # The real node (make cluster, scripts/node.sh): kubelet and kube-proxy of the control plane's
 # release (sharing most of its build cache: spawned after it), the sandbox image's pause program
-# compiled from that module's source as upstream's build/pause/Makefile compiles it (static), and
-# crictl (the node's pods are stopped through the CRI, so CNI removes their network namespaces
-# and veths).
+# compiled from that module's source as upstream's build/pause/Makefile compiles it (static),
+# containerd and its runc shim (static, as upstream builds the shim), and crictl (the node's pods
+# are stopped through the CRI, so CNI removes their network namespaces and veths).
 build_node() {
   local version src tag
   version=$(required_version kubernetes-node k8s.io/kubernetes)
@@ -348,6 +346,9 @@ build_node() {
     oci_layout "$PEERS_DIR/kubernetes-node/images/pause" "$PEERS_DIR/kubernetes-node/pause/pause" "$tag" 65535:65535
     log "built the pause image $tag (static pause from $src/linux/pause.c)"
   fi
+  CGO_ENABLED=0 build_peer containerd "-s -w -X github.com/containerd/containerd/v2/version.Version=$(required_version containerd github.com/containerd/containerd/v2)" \
+    github.com/containerd/containerd/v2/cmd/containerd=containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2=containerd-shim-runc-v2
   build_peer cri-tools "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$(required_version cri-tools sigs.k8s.io/cri-tools)" \
     sigs.k8s.io/cri-tools/cmd/crictl=crictl
 }

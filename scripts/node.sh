@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One real node for the environment `make up` runs (`make cluster`): containerd (Debian's 1.6.20,
-# its own root, state and socket under STATE/node/), runc, the CNI bridge, host-local, loopback and
+# One real node for the environment `make up` runs (`make cluster`): containerd (2.4, its own root,
+# state and socket under STATE/node/), Debian's runc, the CNI bridge, host-local, loopback and
 # portmap plugins on a bridge this script creates, kubelet and kube-proxy (nftables mode) of the
-# control plane's release and kube-router's NetworkPolicy controller, built by
+# control plane's release and kube-router's NetworkPolicy controller, all built by
 # scripts/install-deps.sh (the node group), and the pause image built there from the Kubernetes
 # module's source and pushed here to the environment's registry. The
 # kwok nodes stay for the workloads that need no containers: this node is tainted
@@ -140,14 +140,18 @@ server = "http://$registry"
 [host."http://$registry"]
   capabilities = ["pull", "resolve"]
 EOF
+  # Version 3 (containerd 2.0's layout; 2.4 migrates it at start, an info line): written as version 4
+  # the CRI plugins did not load here.
   cat >"$DIR/containerd/config.toml" <<EOF
-version = 2
+version = 3
 root = "$DIR/containerd/root"
 state = "$DIR/containerd/state"
 # Plugins that would use paths of their own outside the node's directory, or that no pod here needs.
-disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp"]
+disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.erofs", "io.containerd.differ.v1.erofs",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.nri.v1.nri",
+  "io.containerd.image-verifier.v1.bindir"]
 
 [grpc]
   address = "$CONTAINERD_SOCK"
@@ -155,28 +159,31 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 [ttrpc]
   address = "$CONTAINERD_SOCK.ttrpc"
 
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$pause"
-  # Negative oom_score_adj is refused here, even for root: the kubelet's -998 for sandboxes would
-  # fail runc ("can't get final child's PID from pipe: EOF").
-  restrict_oom_score_adj = true
-  # Pod network namespaces under the node's state directory, not /var/run/netns.
-  netns_mounts_under_state_dir = true
-  enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
+[plugins]
+  [plugins."io.containerd.cri.v1.images"]
     snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "$RUNC"
-        Root = "$DIR/containerd/runc"
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$CNI_BIN"
-    conf_dir = "$DIR/cni/net.d"
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "$DIR/containerd/certs.d"
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "$pause"
+    [plugins."io.containerd.cri.v1.images".registry]
+      config_path = "$DIR/containerd/certs.d"
+  [plugins."io.containerd.cri.v1.runtime"]
+    # Negative oom_score_adj is refused here, even for root: the kubelet's -998 for sandboxes would
+    # fail runc ("can't get final child's PID from pipe: EOF").
+    restrict_oom_score_adj = true
+    # Pod network namespaces under the node's state directory, not /var/run/netns.
+    netns_mounts_under_state_dir = true
+    enable_selinux = false
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "runc"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+          BinaryName = "$RUNC"
+          Root = "$DIR/containerd/runc"
+          SystemdCgroup = false
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["$CNI_BIN"]
+      conf_dir = "$DIR/cni/net.d"
 EOF
 }
 
@@ -237,6 +244,9 @@ authorization:
 registerWithTaints:
 - {key: $TAINT, value: "true", effect: NoSchedule}
 serializeImagePulls: false
+# The defaults (nodefs 10 %, imagefs 15 % free) taint a test machine's node with disk pressure
+# as soon as the Go and cargo caches fill its disk: only a nearly full disk counts here.
+evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
 EOF
 }
 
@@ -321,7 +331,8 @@ up() {
   : >"$DIR/pids"
   # A start that fails stops what it started and takes away what it made.
   trap 'log "the node did not start; stopping it"; down_node' EXIT
-  local kubelet kube_proxy
+  local kubelet kube_proxy containerd_bin
+  containerd_bin=$(peer containerd)/bin
   kubelet=$(peer kubernetes-node)/bin/kubelet
   kube_proxy=$(peer kubernetes-node)/bin/kube-proxy
   peer cri-tools >/dev/null
@@ -334,9 +345,11 @@ up() {
 
   write_containerd_config "$HOLDFAST_REGISTRY" "$pause"
   write_cni_config
-  start containerd containerd --config "$DIR/containerd/config.toml"
+  # containerd starts its runc shim from PATH: the one built beside it.
+  start containerd env PATH="$containerd_bin:$PATH" "$containerd_bin/containerd" \
+    --config "$DIR/containerd/config.toml"
   until_ok 30 "containerd's CRI" containerd crictl info
-  log "containerd $(containerd --version | awk '{print $3}') up (socket $CONTAINERD_SOCK)"
+  log "containerd $("$containerd_bin/containerd" --version | awk '{print $3}') up (socket $CONTAINERD_SOCK)"
 
   write_kubelet_config "$(free_port)" "$(free_port)"
   start kubelet "$kubelet" --config="$DIR/kubelet/config.yaml" --kubeconfig="$KUBECONFIG" \
@@ -432,7 +445,7 @@ down_node() {
   fi
   stop containerd 20
   for pid in $(shim_pids); do kill -KILL "$pid" 2>/dev/null || true; done
-  # containerd 1.6's shims keep their sockets in /run/containerd/s whatever the state directory:
+  # containerd's shims keep their sockets in /run/containerd/s whatever the state directory:
   # gone with the shims; the directories go too when nothing else uses them.
   rmdir /run/containerd/s /run/containerd 2>/dev/null || true
   # Deepest first: containers' rootfs and shm, network namespaces, the kubelet's volumes.
