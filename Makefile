@@ -3,7 +3,7 @@ SHELL := /bin/bash
 STATE := .holdfast
 CARGO ?= cargo
 
-.PHONY: deps build up down demo test lint fmt fuzz-smoke bench-admission bench-apiserver bench-scale bench-deletion bench-pinning bench-mirror
+.PHONY: deps build up cluster down demo test lint fmt fuzz-smoke bench-admission bench-apiserver bench-scale bench-deletion bench-pinning bench-mirror
 
 ## deps: install the registry, skopeo, shellcheck; build and cache Kubernetes 1.37, etcd, kwok and the peers from their Go modules
 deps:
@@ -16,8 +16,14 @@ build:
 up: deps build
 	@scripts/up.sh $(STATE)
 
-## down: stop everything `make up` started
+## cluster: `make up` plus one real node (scripts/node.sh: containerd, runc, CNI bridge, kubelet,
+## kube-proxy; tainted holdfast.dev/real-node); writes $(STATE)/node/env
+cluster: up
+	@scripts/node.sh up $(STATE)
+
+## down: stop everything `make up` and `make cluster` started
 down:
+	@scripts/node.sh down $(STATE)
 	@scripts/down.sh $(STATE)
 
 ## demo: up, push the demo images, apply examples/, show what holdfast did to them

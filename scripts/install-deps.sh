@@ -8,8 +8,14 @@
 #     (kube-apiserver, kube-controller-manager, kube-scheduler), etcd, kwok, kapp-controller with
 #     the vendir/ytt/kapp/kbld it runs, kpack (v0.17.2; v0.17.1 for Korifi; v0.16.1 for the
 #     org-deletion benchmark only, with --bench), Korifi's controllers, local-path-provisioner;
+#     the real node of `make cluster` (scripts/node.sh): kubelet and kube-proxy of the same
+#     Kubernetes release, containerd 2.4 with its runc shim (static), crictl, agnhost (static) and
+#     the pause program (static, compiled from
+#     the Kubernetes module's build/pause/linux/pause.c), both packed as OCI image layouts, and
+#     kube-router (its NetworkPolicy controller);
 #     and the release tools: helm (the chart), imgpkg (the Carvel bundles), cosign (signing the
 #     image), umoci (the image's layout); cargo-cyclonedx from crates.io (the SBOMs).
+#     The node's runc, CNI plugins, nftables, conntrack and ipset are Debian's packages.
 # Each build is cached outside the repository under $CACHE/peers/<name>-<hash of go.mod+go.sum>/
 # (bin/, the upstream CRDs the harness installs, crds/, and the upstream manifests it applies,
 # manifests/), and $CACHE/peers/<name> links to the
@@ -18,7 +24,9 @@
 #   scripts/install-deps.sh [--bench]            everything (make deps)
 #   scripts/install-deps.sh --packages           only the Debian packages and the rustup target
 #   scripts/install-deps.sh --builds [--bench]   only the Go builds and cargo-cyclonedx
-#   scripts/install-deps.sh --peers [--bench]    only the builds the control plane and the peers need
+#   scripts/install-deps.sh --peers [--bench]    only the builds the control plane, the peers and the
+#                                                node (make cluster) need
+#   scripts/install-deps.sh --node               only the node's builds (a part of --peers)
 #   scripts/install-deps.sh --release-tools      only the tools that the image's suites alone need
 #                                                (umoci, cosign, cargo-cyclonedx)
 # (--peers and --release-tools together are --builds: make test runs them one after the other and
@@ -36,6 +44,8 @@ WITH_BENCH_PEERS=false
 DO_PACKAGES=true
 DO_PEERS=true
 DO_RELEASE_TOOLS=true
+# The node's builds alone (--node); --peers includes them.
+ONLY_NODE=false
 for arg in "$@"; do
   case "$arg" in
     --bench) WITH_BENCH_PEERS=true ;;
@@ -43,7 +53,8 @@ for arg in "$@"; do
     --builds) DO_PACKAGES=false ;;
     --peers) DO_PACKAGES=false DO_RELEASE_TOOLS=false ;;
     --release-tools) DO_PACKAGES=false DO_PEERS=false ;;
-    *) echo "usage: $0 [--packages | --builds | --peers | --release-tools] [--bench]" >&2; exit 2 ;;
+    --node) DO_PACKAGES=false DO_PEERS=false DO_RELEASE_TOOLS=false ONLY_NODE=true ;;
+    *) echo "usage: $0 [--packages | --builds | --peers | --release-tools | --node] [--bench]" >&2; exit 2 ;;
   esac
 done
 DEPS_JOBS=${HOLDFAST_DEPS_JOBS:-2}
@@ -52,7 +63,13 @@ PEERS_DIR="$CACHE_DIR/peers"
 # iproute2: `ip link set lo up` in the network namespaces of peers with hard-coded ports.
 # musl-tools, jq: `make image` (scripts/image.sh) without a Docker engine (umoci: a Go build below;
 # bookworm's umoci 0.4.7 writes layer tars without their last padding and end-of-archive blocks).
-PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2 musl-tools jq)
+# The real node of `make cluster` (scripts/node.sh; ../shared/TESTENV.md "Real containers"):
+# runc 1.1.5 runs pods here as Debian ships it (containerd is built below); the CNI plugins (bridge,
+# host-local, loopback, portmap); nft for kube-proxy's nftables mode and the node's forwarding
+# guard; conntrack, which kube-proxy runs to flush UDP flows; ipset for kube-router's network
+# policy controller.
+PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2 musl-tools jq
+  runc containernetworking-plugins nftables conntrack ipset)
 # The static binaries in the image.
 RUST_TARGET=x86_64-unknown-linux-musl
 # The Go toolchain of this machine kind (Kubernetes 1.37's go.mod says go 1.26.0).
@@ -271,6 +288,85 @@ build_korifi() {
     'helm/korifi/controllers/cf_roles/*.yaml'
 }
 
+# oci_layout DIR PROGRAM TAG USER: DIR becomes an OCI image layout of one image, tagged TAG, whose one
+# layer holds the static PROGRAM as /NAME (its basename), the entrypoint, run as USER ("" for the
+# runtime's default). Byte for byte the same from the same program (no timestamps, sorted, numeric
+# owners), so its digest changes only with the program. scripts/node.sh pushes it with skopeo.
+oci_layout() {
+  local dir=$1 program=$2 tag=$3 user=$4 name tmp diff_id layer config manifest
+  name=$(basename "$program")
+  tmp=$(mktemp -d)
+  mkdir -p "$tmp/root" "$tmp/oci/blobs/sha256"
+  install -m 0755 "$program" "$tmp/root/$name"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=gnu \
+    -C "$tmp/root" -cf "$tmp/layer.tar" "$name"
+  diff_id=$(sha256sum <"$tmp/layer.tar" | cut -d' ' -f1)
+  gzip -n -9 <"$tmp/layer.tar" >"$tmp/layer.tar.gz"
+  layer=$(oci_blob "$tmp/oci" "$tmp/layer.tar.gz" application/vnd.oci.image.layer.v1.tar+gzip)
+  printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":["/%s"]%s},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+    "$name" "${user:+,\"User\":\"$user\"}" "$diff_id" >"$tmp/config.json"
+  config=$(oci_blob "$tmp/oci" "$tmp/config.json" application/vnd.oci.image.config.v1+json)
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":%s,"layers":[%s]}' \
+    "$config" "$layer" >"$tmp/manifest.json"
+  manifest=$(oci_blob "$tmp/oci" "$tmp/manifest.json" application/vnd.oci.image.manifest.v1+json)
+  printf '{"schemaVersion":2,"manifests":[%s]}' \
+    "${manifest%\}},\"annotations\":{\"org.opencontainers.image.ref.name\":\"$tag\"}}" >"$tmp/oci/index.json"
+  printf '{"imageLayoutVersion":"1.0.0"}' >"$tmp/oci/oci-layout"
+  rm -rf "$dir" && mkdir -p "$(dirname "$dir")" && mv "$tmp/oci" "$dir"
+  rm -rf "$tmp"
+}
+
+# oci_blob LAYOUT FILE MEDIATYPE: moves FILE into LAYOUT's blobs; prints its descriptor.
+oci_blob() {
+  local digest size
+  digest=$(sha256sum <"$2" | cut -d' ' -f1)
+  size=$(stat -c %s "$2")
+  mv "$2" "$1/blobs/sha256/$digest"
+  printf '{"mediaType":"%s","digest":"sha256:%s","size":%s}' "$3" "$digest" "$size"
+}
+
+# The real node (make cluster, scripts/node.sh): kubelet and kube-proxy of the control plane's
+# release (sharing most of its build cache: spawned after it), the sandbox image's pause program
+# compiled from that module's source as upstream's build/pause/Makefile compiles it (static),
+# containerd and its runc shim (static, as upstream builds the shim), and crictl (the node's pods
+# are stopped through the CRI, so CNI removes their network namespaces and veths).
+build_node() {
+  local version src tag
+  version=$(required_version kubernetes-node k8s.io/kubernetes)
+  build_peer kubernetes-node "$(k8s_ldflags "$version")" \
+    k8s.io/kubernetes/cmd/kubelet=kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy=kube-proxy
+  if [ ! -f "$PEERS_DIR/kubernetes-node/images/pause/index.json" ]; then
+    src=$(module_dir kubernetes-node k8s.io/kubernetes)/build/pause
+    tag=$(sed -n 's/^TAG ?= *//p' "$src/Makefile")
+    mkdir -p "$PEERS_DIR/kubernetes-node/pause"
+    gcc -Os -Wall -Werror -static -DVERSION="v$tag-holdfast" -o "$PEERS_DIR/kubernetes-node/pause/pause" \
+      "$src/linux/pause.c"
+    # As upstream's image: the nobody user.
+    oci_layout "$PEERS_DIR/kubernetes-node/images/pause" "$PEERS_DIR/kubernetes-node/pause/pause" "$tag" 65535:65535
+    log "built the pause image $tag (static pause from $src/linux/pause.c)"
+  fi
+  CGO_ENABLED=0 build_peer containerd "-s -w -X github.com/containerd/containerd/v2/version.Version=$(required_version containerd github.com/containerd/containerd/v2)" \
+    github.com/containerd/containerd/v2/cmd/containerd=containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2=containerd-shim-runc-v2
+  build_peer cri-tools "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$(required_version cri-tools sigs.k8s.io/cri-tools)" \
+    sigs.k8s.io/cri-tools/cmd/crictl=crictl
+}
+
+# The node's other programs: the image of agnhost its test pods run (static, so it shares no
+# compiled package with the cgo builds), and kube-router (its NetworkPolicy controller only).
+build_node_tools() {
+  local tag
+  CGO_ENABLED=0 build_peer agnhost "-s -w" k8s.io/kubernetes/test/images/agnhost=agnhost
+  if [ ! -f "$PEERS_DIR/agnhost/images/agnhost/index.json" ]; then
+    tag=$(cat "$(module_dir agnhost k8s.io/kubernetes)/test/images/agnhost/VERSION")
+    oci_layout "$PEERS_DIR/agnhost/images/agnhost" "$PEERS_DIR/agnhost/bin/agnhost" "$tag" ""
+    log "built the agnhost image $tag"
+  fi
+  build_peer kube-router "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$(required_version kube-router github.com/cloudnativelabs/kube-router/v2)" \
+    github.com/cloudnativelabs/kube-router/v2/cmd/kube-router=kube-router
+}
+
 # Release tools: the chart (make chart, tests/dist.rs). As helm's own Makefile links it: its
 # version, and the Kubernetes version of its client-go as the default capabilities (else
 # `helm template` assumes 1.20 and the chart's kubeVersion fails).
@@ -329,7 +425,7 @@ if [ "$DO_PACKAGES" = true ]; then
   install_packages
   install_rust_target
 fi
-if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ]; then
+if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$ONLY_NODE" = true ]; then
   check_go
   mkdir -p "$PEERS_DIR"
 fi
@@ -342,11 +438,15 @@ if [ "$DO_PEERS" = true ]; then
   spawn build_helm
   spawn build_cluster_tools
 fi
+if [ "$DO_PEERS" = true ] || [ "$ONLY_NODE" = true ]; then
+  spawn build_node
+  spawn build_node_tools
+fi
 if [ "$DO_RELEASE_TOOLS" = true ]; then
   spawn build_image_tools
   spawn install_cyclonedx
 fi
-if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ]; then
+if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$ONLY_NODE" = true ]; then
   await_all
   log "ready: peers in $PEERS_DIR: $(cd "$PEERS_DIR" && find . -maxdepth 1 -type l -printf '%f ')"
 fi

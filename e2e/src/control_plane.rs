@@ -58,6 +58,8 @@ pub struct Env {
     boot_time: Duration,
     apiserver_port: u16,
     apiserver_ca: PathBuf,
+    /// The CA a real kubelet authenticates kube-apiserver's client certificate by.
+    kubelet_client_ca: PathBuf,
     admin_token: String,
     /// In start order; stopped in reverse.
     processes: Vec<ServerProcess>,
@@ -102,6 +104,7 @@ impl Env {
             boot_time: Duration::ZERO,
             apiserver_port: 0,
             apiserver_ca: PathBuf::new(),
+            kubelet_client_ca: PathBuf::new(),
             admin_token: String::new(),
             processes: Vec::new(),
             kapp_controller: tokio::sync::OnceCell::new(),
@@ -128,6 +131,7 @@ impl Env {
             boot_time: Duration::ZERO,
             apiserver_port: 0,
             apiserver_ca: PathBuf::new(),
+            kubelet_client_ca: PathBuf::new(),
             admin_token: String::new(),
             processes: Vec::new(),
             kapp_controller: tokio::sync::OnceCell::new(),
@@ -177,6 +181,7 @@ impl Env {
         let ca_file = cert_dir.join("apiserver.crt");
         env.apiserver_port = apiserver_port;
         env.apiserver_ca = ca_file.clone();
+        env.kubelet_client_ca = pki.kubelet_client_ca.clone();
         env.admin_token = pki.token.clone();
         let mut apiserver_args = vec![
             format!("--etcd-servers={etcd_url}"),
@@ -190,6 +195,9 @@ impl Env {
             // Endpoints may not hold a loopback address: the `kubernetes` Service gets none, and
             // programs that run "in cluster" here are given KUBERNETES_SERVICE_HOST=127.0.0.1.
             "--endpoint-reconciler-type=none".into(),
+            // A real kubelet (`make cluster`) is reached at its InternalIP: its Hostname resolves
+            // nowhere, and looking it up would ask the machine's DNS server.
+            "--kubelet-preferred-address-types=InternalIP".into(),
         ];
         apiserver_args.extend(pki.apiserver_flags());
         // Writes to what the controller writes, at Metadata level ([`crate::audit`]).
@@ -596,6 +604,12 @@ impl Env {
     /// The API server's self-signed serving certificate (its CA for clients).
     pub fn apiserver_ca(&self) -> &Path {
         &self.apiserver_ca
+    }
+
+    /// The CA of kube-apiserver's kubelet client certificate, for a real kubelet's
+    /// `authentication.x509.clientCAFile` (`scripts/node.sh`).
+    pub fn kubelet_client_ca(&self) -> &Path {
+        &self.kubelet_client_ca
     }
 
     /// The bearer token of the `system:masters` user the kubeconfig holds.

@@ -68,12 +68,14 @@ async fn up(state: &Path) -> Result<()> {
         .map(|(name, pid)| format!("{name}={pid}"))
         .collect();
     std::fs::write(state.join("pids"), pids.join("\n") + "\n")?;
+    // HOLDFAST_KUBELET_CLIENT_CA: for `make cluster`'s kubelet (scripts/node.sh).
     let exports = format!(
-        "export KUBECONFIG={}\nexport HOLDFAST_REGISTRY={}\nexport HOLDFAST_WEBHOOK_ADMIN=http://{}\nexport HOLDFAST_CONTROLLER_ADMIN=http://{}\n",
+        "export KUBECONFIG={}\nexport HOLDFAST_REGISTRY={}\nexport HOLDFAST_WEBHOOK_ADMIN=http://{}\nexport HOLDFAST_CONTROLLER_ADMIN=http://{}\nexport HOLDFAST_KUBELET_CLIENT_CA={}\n",
         kubeconfig.display(),
         env.registry(),
         webhook.admin,
-        webhook.controller_admin.as_deref().unwrap_or_default()
+        webhook.controller_admin.as_deref().unwrap_or_default(),
+        env.kubelet_client_ca().display()
     );
     let partial = state.join("env.partial");
     std::fs::write(&partial, exports)?;
