@@ -19,6 +19,7 @@ up: deps build
 ## cluster: `make up` plus one real node (scripts/node.sh: containerd, runc, CNI bridge, kubelet,
 ## kube-proxy; tainted holdfast.dev/real-node); writes $(STATE)/node/env
 cluster: up
+	@scripts/install-deps.sh --node
 	@scripts/node.sh up $(STATE)
 
 ## down: stop everything `make up` and `make cluster` started

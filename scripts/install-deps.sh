@@ -26,7 +26,8 @@
 #   scripts/install-deps.sh --builds [--bench]   only the Go builds and cargo-cyclonedx
 #   scripts/install-deps.sh --peers [--bench]    only the builds the control plane, the peers and the
 #                                                node (make cluster) need
-#   scripts/install-deps.sh --node               only the node's builds (a part of --peers)
+#   scripts/install-deps.sh --node               only the node's builds (make cluster); no other
+#                                                mode builds them
 #   scripts/install-deps.sh --release-tools      only the tools that the image's suites alone need
 #                                                (umoci, cosign, cargo-cyclonedx)
 # (--peers and --release-tools together are --builds: make test runs them one after the other and
@@ -44,8 +45,9 @@ WITH_BENCH_PEERS=false
 DO_PACKAGES=true
 DO_PEERS=true
 DO_RELEASE_TOOLS=true
-# The node's builds alone (--node); --peers includes them.
-ONLY_NODE=false
+# The real node's builds: only with --node (make cluster runs it), so that neither make up nor
+# make test spends ~35 min of builds on a node none of their steps runs.
+DO_NODE=false
 for arg in "$@"; do
   case "$arg" in
     --bench) WITH_BENCH_PEERS=true ;;
@@ -53,7 +55,7 @@ for arg in "$@"; do
     --builds) DO_PACKAGES=false ;;
     --peers) DO_PACKAGES=false DO_RELEASE_TOOLS=false ;;
     --release-tools) DO_PACKAGES=false DO_PEERS=false ;;
-    --node) DO_PACKAGES=false DO_PEERS=false DO_RELEASE_TOOLS=false ONLY_NODE=true ;;
+    --node) DO_PACKAGES=false DO_PEERS=false DO_RELEASE_TOOLS=false DO_NODE=true ;;
     *) echo "usage: $0 [--packages | --builds | --peers | --release-tools | --node] [--bench]" >&2; exit 2 ;;
   esac
 done
@@ -425,7 +427,7 @@ if [ "$DO_PACKAGES" = true ]; then
   install_packages
   install_rust_target
 fi
-if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$ONLY_NODE" = true ]; then
+if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$DO_NODE" = true ]; then
   check_go
   mkdir -p "$PEERS_DIR"
 fi
@@ -438,7 +440,7 @@ if [ "$DO_PEERS" = true ]; then
   spawn build_helm
   spawn build_cluster_tools
 fi
-if [ "$DO_PEERS" = true ] || [ "$ONLY_NODE" = true ]; then
+if [ "$DO_NODE" = true ]; then
   spawn build_node
   spawn build_node_tools
 fi
@@ -446,7 +448,7 @@ if [ "$DO_RELEASE_TOOLS" = true ]; then
   spawn build_image_tools
   spawn install_cyclonedx
 fi
-if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$ONLY_NODE" = true ]; then
+if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$DO_NODE" = true ]; then
   await_all
   log "ready: peers in $PEERS_DIR: $(cd "$PEERS_DIR" && find . -maxdepth 1 -type l -printf '%f ')"
 fi
