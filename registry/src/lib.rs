@@ -1,4 +1,5 @@
-//! OCI references, tag to digest resolution, registry credentials and the digest cache.
+//! OCI references, tag to digest resolution, registry credentials, the digest cache and its
+//! cluster store, and the mirror copier.
 //!
 //! Knows nothing of Kubernetes admission: the webhook and the controller build on it.
 //!
@@ -8,7 +9,10 @@
 //! - [`credentials`]: registry credentials from a `secretRef` Secret, as vendir reads them.
 //! - [`resolve`]: the registry client: tag → digest, tag lists, auth, rate limits, budgets.
 //! - [`tag_list`]: a tag list page read keeping only the tags that parse as versions, bounded.
+//! - [`cache`]: the digest cache (single-flight lookups as tasks of their own, stale-if-error,
+//!   bounded entries); [`cluster_store`]: its `DigestCacheEntry` objects.
 //! - [`mirror`]: copies pinned content (and imgpkg bundles, relocated) into a cache registry.
+//! - `testing` (feature `testing`): the registry stand-ins the other crates' tests use.
 
 mod auth;
 pub mod cache;

@@ -1,7 +1,9 @@
 //! holdfast's admission server: TLS serving, AdmissionReview decoding and routing, and the rules.
 //!
-//! - [`rules`]: pure decisions over a request and a read-only [`cluster::ClusterView`].
-//! - [`review`]: the wire format; [`handler`]: the HTTP layer (deadline, metrics, logs).
+//! - [`rules`]: pure decisions over a request and a read-only [`cluster::ClusterView`];
+//!   [`rules::RuleContext::new`] is the one constructor of what they consult.
+//! - [`review`]: the wire format; [`handler`]: the HTTP layer (deadline, body and in-flight
+//!   budgets, metrics, logs).
 //! - [`digest_cache`]: the controller's cache entries, read-only.
 //! - [`server`]: the TLS and admin ports; [`admin`]: probes and metrics; [`logs`]: the log lines.
 
