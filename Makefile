@@ -3,7 +3,7 @@ SHELL := /bin/bash
 STATE := .holdfast
 CARGO ?= cargo
 
-.PHONY: deps build up cluster down demo test lint fmt fuzz-smoke bench-admission bench-apiserver bench-scale bench-deletion bench-pinning bench-mirror
+.PHONY: deps deps-demo build up cluster down demo test lint fmt fuzz-smoke bench-admission bench-apiserver bench-scale bench-deletion bench-pinning bench-mirror
 
 ## deps: install the registry, skopeo, shellcheck; build and cache Kubernetes 1.37, etcd, kwok and the peers from their Go modules
 deps:
@@ -12,8 +12,13 @@ deps:
 build:
 	$(CARGO) build --workspace --bins
 
+## deps-demo: only what make up and make demo run (install-deps.sh --demo: no kpack, Korifi or
+## release-tool builds; their CRDs come from module source)
+deps-demo:
+	@scripts/install-deps.sh --demo
+
 ## up: start the local control plane + registry in the background; writes $(STATE)/env
-up: deps build
+up: deps-demo build
 	@scripts/up.sh $(STATE)
 
 ## cluster: `make up` plus one real node (scripts/node.sh: containerd, runc, CNI bridge, kubelet,

@@ -26,6 +26,10 @@
 #   scripts/install-deps.sh --builds [--bench]   only the Go builds and cargo-cyclonedx
 #   scripts/install-deps.sh --peers [--bench]    only the builds the control plane, the peers and the
 #                                                node (make cluster) need
+#   scripts/install-deps.sh --demo               only what make up / make demo run: the Debian packages,
+#                                                Kubernetes, etcd, kwok, kapp-controller with vendir, ytt,
+#                                                kapp, kbld and helm, and kpack's and Korifi's CRDs read
+#                                                from their module source (no build)
 #   scripts/install-deps.sh --node               only the node's builds (make cluster); no other
 #                                                mode builds them
 #   scripts/install-deps.sh --release-tools      only the tools that the image's suites alone need
@@ -48,6 +52,8 @@ DO_RELEASE_TOOLS=true
 # The real node's builds: only with --node (make cluster runs it), so that neither make up nor
 # make test spends ~35 min of builds on a node none of their steps runs.
 DO_NODE=false
+# --demo: the demo's set only (make up, make demo).
+DO_DEMO=false
 for arg in "$@"; do
   case "$arg" in
     --bench) WITH_BENCH_PEERS=true ;;
@@ -56,7 +62,8 @@ for arg in "$@"; do
     --peers) DO_PACKAGES=false DO_RELEASE_TOOLS=false ;;
     --release-tools) DO_PACKAGES=false DO_PEERS=false ;;
     --node) DO_PACKAGES=false DO_PEERS=false DO_RELEASE_TOOLS=false DO_NODE=true ;;
-    *) echo "usage: $0 [--packages | --builds | --peers | --release-tools | --node] [--bench]" >&2; exit 2 ;;
+    --demo) DO_PEERS=false DO_RELEASE_TOOLS=false DO_DEMO=true ;;
+    *) echo "usage: $0 [--packages | --builds | --peers | --release-tools | --node | --demo] [--bench]" >&2; exit 2 ;;
   esac
 done
 DEPS_JOBS=${HOLDFAST_DEPS_JOBS:-2}
@@ -233,6 +240,14 @@ build_kubernetes() {
 }
 
 build_cluster_tools() {
+  build_etcd_kwok
+  # The dynamic volume provisioner kind ships: kpack's build cache volumes (PVCs) are bound through it.
+  build_peer local-path-provisioner "-s -w" github.com/rancher/local-path-provisioner=local-path-provisioner
+  collect_manifests local-path-provisioner github.com/rancher/local-path-provisioner deploy/local-path-storage.yaml
+}
+
+# etcd and kwok (the control plane's store and nodes), with kwok's stages.
+build_etcd_kwok() {
   build_peer etcd "-s -w" go.etcd.io/etcd/server/v3=etcd
   build_peer kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$(required_version kwok sigs.k8s.io/kwok)" \
     sigs.k8s.io/kwok/cmd/kwok=kwok
@@ -245,9 +260,31 @@ build_cluster_tools() {
       cat "$src/$f"; echo "---"
     done >"$stages.tmp" && mv "$stages.tmp" "$stages"
   fi
-  # The dynamic volume provisioner kind ships: kpack's build cache volumes (PVCs) are bound through it.
-  build_peer local-path-provisioner "-s -w" github.com/rancher/local-path-provisioner=local-path-provisioner
-  collect_manifests local-path-provisioner github.com/rancher/local-path-provisioner deploy/local-path-storage.yaml
+}
+
+# crds_only PEER MODULE SUBDIR...: the peer's CRDs collected from its module source into its cache
+# directory without building it (the control plane installs them; make up runs no such peer). A
+# later build of the peer replaces the directory and collects them again.
+crds_only() {
+  local name=$1 mod="$ROOT/e2e/peers/$1" key
+  key=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)
+  mkdir -p "$PEERS_DIR/$name-$key"
+  ln -sfn "$name-$key" "$PEERS_DIR/$name"
+  collect_crds "$@"
+}
+
+# What make up and make demo run: kapp-controller with the tools it runs (helm among them), and
+# the CRDs of kpack and Korifi, whose controllers they do not run.
+build_demo_peers() {
+  build_peer kapp-controller "-s -w -X carvel.dev/kapp-controller/pkg/version.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
+    carvel.dev/kapp-controller/cmd/controller=kapp-controller
+  collect_crds kapp-controller carvel.dev/kapp-controller config/config/crds.yml
+  build_peer vendir "-s -w" carvel.dev/vendir/cmd/vendir=vendir
+  build_peer ytt "-s -w" carvel.dev/ytt/cmd/ytt=ytt
+  build_peer kapp "-s -w" carvel.dev/kapp/cmd/kapp=kapp
+  build_peer kbld "-s -w" carvel.dev/kbld/cmd/kbld=kbld
+  crds_only kpack github.com/pivotal/kpack 'config/*.yaml'
+  crds_only korifi code.cloudfoundry.org/korifi 'helm/korifi/controllers/crds/*.yaml'
 }
 
 # kapp-controller with the tools it runs, and imgpkg (the Carvel bundles of make package).
@@ -427,7 +464,8 @@ if [ "$DO_PACKAGES" = true ]; then
   install_packages
   install_rust_target
 fi
-if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$DO_NODE" = true ]; then
+STARTED=$SECONDS
+if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$DO_NODE" = true ] || [ "$DO_DEMO" = true ]; then
   check_go
   mkdir -p "$PEERS_DIR"
 fi
@@ -440,6 +478,13 @@ if [ "$DO_PEERS" = true ]; then
   spawn build_helm
   spawn build_cluster_tools
 fi
+if [ "$DO_DEMO" = true ]; then
+  log "the demo's builds (4 groups, $DEPS_JOBS at a time; each logs when it starts and when it is built): kubernetes, kapp-controller with vendir/ytt/kapp/kbld, helm, etcd and kwok"
+  spawn build_kubernetes
+  spawn build_demo_peers
+  spawn build_helm
+  spawn build_etcd_kwok
+fi
 if [ "$DO_NODE" = true ]; then
   spawn build_node
   spawn build_node_tools
@@ -448,7 +493,7 @@ if [ "$DO_RELEASE_TOOLS" = true ]; then
   spawn build_image_tools
   spawn install_cyclonedx
 fi
-if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$DO_NODE" = true ]; then
+if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$DO_NODE" = true ] || [ "$DO_DEMO" = true ]; then
   await_all
-  log "ready: peers in $PEERS_DIR: $(cd "$PEERS_DIR" && find . -maxdepth 1 -type l -printf '%f ')"
+  log "ready in $((SECONDS - STARTED)) s: peers in $PEERS_DIR: $(cd "$PEERS_DIR" && find . -maxdepth 1 -type l -printf '%f ')"
 fi
