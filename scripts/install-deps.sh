@@ -436,26 +436,54 @@ install_cyclonedx() {
   fi
 }
 
+# The run's groups of builds (spawn: started, HOLDFAST_DEPS_JOBS at a time), each logged as it
+# ends: its time, how many of the run's groups are done, which are still building.
 TASK_PIDS=()
 TASK_NAMES=()
-# spawn FUNCTION: runs FUNCTION in the background once fewer than DEPS_JOBS run.
+TASK_STARTS=()
+TASKS_DONE=0
+TASKS_FAILED=()
+
+# plan GROUP...: the run's groups, known before the first starts (for the "[done/all]" count).
+PLANNED=0
+plan() { PLANNED=$((PLANNED + $#)); }
+
 spawn() {
-  while [ "$(jobs -rp | wc -l)" -ge "$DEPS_JOBS" ]; do wait -n || true; done
+  while [ $((${#TASK_PIDS[@]} - TASKS_DONE)) -ge "$DEPS_JOBS" ]; do reap_one; done
   "$1" &
   TASK_PIDS+=("$!")
   TASK_NAMES+=("$1")
+  TASK_STARTS+=("$SECONDS")
+}
+
+# reap_one: waits for the next group to end and logs it.
+reap_one() {
+  local pid rc=0 i left=()
+  wait -n -p pid || rc=$?
+  [ -n "${pid:-}" ] || { TASKS_DONE=${#TASK_PIDS[@]}; return; }
+  for i in "${!TASK_PIDS[@]}"; do
+    if [ "${TASK_PIDS[$i]}" = "$pid" ]; then
+      TASKS_DONE=$((TASKS_DONE + 1))
+      [ "$rc" -eq 0 ] || TASKS_FAILED+=("${TASK_NAMES[$i]}")
+      local name=${TASK_NAMES[$i]#build_} outcome="done" j
+      [ "$rc" -eq 0 ] || outcome="FAILED (exit $rc)"
+      local took=$((SECONDS - TASK_STARTS[i]))
+      for j in "${!TASK_PIDS[@]}"; do
+        kill -0 "${TASK_PIDS[$j]}" 2>/dev/null && [ "${TASK_PIDS[$j]}" != "$pid" ] && left+=("${TASK_NAMES[$j]#build_}")
+      done
+      log "[$TASKS_DONE/$PLANNED] ${name} ${outcome} in ${took} s; still building: ${left[*]:-nothing}; $((SECONDS - STARTED)) s so far"
+      return
+    fi
+  done
 }
 
 # await_all: waits for every spawned group (a group that fails leaves the others to finish: their
 # builds are cached for the next run); fails naming the groups that failed (their build logs
 # were printed as they failed).
 await_all() {
-  local i failed=()
-  for i in "${!TASK_PIDS[@]}"; do
-    wait "${TASK_PIDS[$i]}" || failed+=("${TASK_NAMES[$i]}")
-  done
-  if [ "${#failed[@]}" -gt 0 ]; then
-    echo "install-deps: failed: ${failed[*]}" >&2
+  while [ "$TASKS_DONE" -lt "${#TASK_PIDS[@]}" ]; do reap_one; done
+  if [ "${#TASKS_FAILED[@]}" -gt 0 ]; then
+    echo "install-deps: failed: ${TASKS_FAILED[*]}" >&2
     exit 1
   fi
 }
@@ -469,29 +497,16 @@ if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$DO_NODE" = tr
   check_go
   mkdir -p "$PEERS_DIR"
 fi
-if [ "$DO_PEERS" = true ]; then
-  # Longest first (README "The test environment" has each build's time).
-  spawn build_kubernetes
-  spawn build_kpack
-  spawn build_carvel
-  spawn build_korifi
-  spawn build_helm
-  spawn build_cluster_tools
-fi
-if [ "$DO_DEMO" = true ]; then
-  log "the demo's builds (4 groups, $DEPS_JOBS at a time; each logs when it starts and when it is built): kubernetes, kapp-controller with vendir/ytt/kapp/kbld, helm, etcd and kwok"
-  spawn build_kubernetes
-  spawn build_demo_peers
-  spawn build_helm
-  spawn build_etcd_kwok
-fi
-if [ "$DO_NODE" = true ]; then
-  spawn build_node
-  spawn build_node_tools
-fi
-if [ "$DO_RELEASE_TOOLS" = true ]; then
-  spawn build_image_tools
-  spawn install_cyclonedx
+RUN_GROUPS=()
+# Longest first (README "The test environment" has each build's time).
+[ "$DO_PEERS" = true ] && RUN_GROUPS+=(build_kubernetes build_kpack build_carvel build_korifi build_helm build_cluster_tools)
+[ "$DO_DEMO" = true ] && RUN_GROUPS+=(build_kubernetes build_demo_peers build_helm build_etcd_kwok)
+[ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools)
+[ "$DO_RELEASE_TOOLS" = true ] && RUN_GROUPS+=(build_image_tools install_cyclonedx)
+if [ "${#RUN_GROUPS[@]}" -gt 0 ]; then
+  plan "${RUN_GROUPS[@]}"
+  log "building ${#RUN_GROUPS[@]} groups, $DEPS_JOBS at a time (a build already cached for its go.mod is skipped): ${RUN_GROUPS[*]#build_}"
+  for group in "${RUN_GROUPS[@]}"; do spawn "$group"; done
 fi
 if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$DO_NODE" = true ] || [ "$DO_DEMO" = true ]; then
   await_all
