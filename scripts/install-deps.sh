@@ -276,19 +276,20 @@ crds_only() {
 # What make up and make demo run: kapp-controller with the tools it runs (helm among them), and
 # the CRDs of kpack and Korifi, whose controllers they do not run.
 build_demo_peers() {
-  build_peer kapp-controller "-s -w -X carvel.dev/kapp-controller/pkg/version.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
-    carvel.dev/kapp-controller/cmd/controller=kapp-controller
-  collect_crds kapp-controller carvel.dev/kapp-controller config/config/crds.yml
-  build_peer vendir "-s -w" carvel.dev/vendir/cmd/vendir=vendir
-  build_peer ytt "-s -w" carvel.dev/ytt/cmd/ytt=ytt
-  build_peer kapp "-s -w" carvel.dev/kapp/cmd/kapp=kapp
-  build_peer kbld "-s -w" carvel.dev/kbld/cmd/kbld=kbld
+  build_kapp_controller
   crds_only kpack github.com/pivotal/kpack 'config/*.yaml'
   crds_only korifi code.cloudfoundry.org/korifi 'helm/korifi/controllers/crds/*.yaml'
 }
 
 # kapp-controller with the tools it runs, and imgpkg (the Carvel bundles of make package).
 build_carvel() {
+  build_kapp_controller
+  build_peer imgpkg "-s -w -X carvel.dev/imgpkg/pkg/imgpkg/cmd.Version=$(required_version imgpkg carvel.dev/imgpkg)" \
+    carvel.dev/imgpkg/cmd/imgpkg=imgpkg
+}
+
+# kapp-controller with its CRDs and the tools it runs (helm is a group of its own).
+build_kapp_controller() {
   build_peer kapp-controller "-s -w -X carvel.dev/kapp-controller/pkg/version.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
     carvel.dev/kapp-controller/cmd/controller=kapp-controller
   collect_crds kapp-controller carvel.dev/kapp-controller config/config/crds.yml
@@ -296,8 +297,6 @@ build_carvel() {
   build_peer ytt "-s -w" carvel.dev/ytt/cmd/ytt=ytt
   build_peer kapp "-s -w" carvel.dev/kapp/cmd/kapp=kapp
   build_peer kbld "-s -w" carvel.dev/kbld/cmd/kbld=kbld
-  build_peer imgpkg "-s -w -X carvel.dev/imgpkg/pkg/imgpkg/cmd.Version=$(required_version imgpkg carvel.dev/imgpkg)" \
-    carvel.dev/imgpkg/cmd/imgpkg=imgpkg
 }
 
 build_kpack() {

@@ -649,14 +649,27 @@ mod tests {
         server.done().await;
     }
 
+    /// Runs `app_deleting` for the terminating CFApp `app-guid` (uid `app-1`) while `api` answers
+    /// what it sends, given the path of the app's Image; then checks that it sent nothing more.
+    async fn app_image_deleting<F, Fut>(api: F)
+    where
+        F: FnOnce(ApiServer, String) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ApiServer> + Send + 'static,
+    {
+        let (ctx, server) = context();
+        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
+        let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+        let api = tokio::spawn(api(server, path));
+        let reconciled = app_deleting(app, ctx).await;
+        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
+        finish(reconciled, server).await;
+    }
+
     /// A terminating CFApp: its Image, whose ownerReference names the CFApp's uid, is deleted
     /// with background propagation and no grace period of holdfast's choosing (APP_IMAGE).
     #[tokio::test]
     async fn a_terminating_cfapp_has_the_image_that_names_its_uid_deleted_in_the_background() {
-        let (ctx, mut server) = context();
-        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
-        let api = tokio::spawn(async move {
-            let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+        app_image_deleting(|mut server, path| async move {
             let (_, answer) = server.expect(Method::GET, &path).await;
             let owned = image(
                 "app-guid",
@@ -671,48 +684,36 @@ mod tests {
             assert_eq!(APP_IMAGE.grace_period_seconds, None);
             answer.ok(&owned);
             server
-        });
-        let reconciled = app_deleting(app, ctx).await;
-        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
-        finish(reconciled, server).await;
+        })
+        .await;
     }
 
     /// An Image named like the terminating CFApp but owned by another uid is left alone.
     #[tokio::test]
     async fn an_image_whose_owner_reference_names_another_uid_is_not_deleted() {
-        let (ctx, mut server) = context();
-        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
-        let api = tokio::spawn(async move {
-            let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+        app_image_deleting(|mut server, path| async move {
             let (_, answer) = server.expect(Method::GET, &path).await;
             answer.ok(&image(
                 "app-guid",
                 &[owner("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-2", false)],
             ));
             server
-        });
-        let reconciled = app_deleting(app, ctx).await;
-        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
-        finish(reconciled, server).await;
+        })
+        .await;
     }
 
     /// An Image already gone: nothing to delete, no error.
     #[tokio::test]
     async fn an_image_already_gone_is_not_an_error() {
-        let (ctx, mut server) = context();
-        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
-        let api = tokio::spawn(async move {
-            let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+        app_image_deleting(|mut server, path| async move {
             let (_, answer) = server.expect(Method::GET, &path).await;
             answer.json(
                 StatusCode::NOT_FOUND,
                 &fixtures::status(404, "NotFound", "images.kpack.io \"app-guid\" not found"),
             );
             server
-        });
-        let reconciled = app_deleting(app, ctx).await;
-        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
-        finish(reconciled, server).await;
+        })
+        .await;
     }
 
     /// Issue 35: an Image deleted and re-created under the app's name between the check and the
@@ -720,10 +721,7 @@ mod tests {
     /// server refuses it (409), and the reconcile ends without deleting or failing.
     #[tokio::test]
     async fn an_image_replaced_between_the_check_and_the_delete_is_left_alone() {
-        let (ctx, mut server) = context();
-        let app = terminating("korifi.cloudfoundry.org/v1alpha1", "CFApp", "app-guid", "app-1");
-        let api = tokio::spawn(async move {
-            let path = format!("/apis/kpack.io/v1alpha2/namespaces/{NAMESPACE}/images/app-guid");
+        app_image_deleting(|mut server, path| async move {
             let (_, answer) = server.expect(Method::GET, &path).await;
             answer.ok(&image(
                 "app-guid",
@@ -740,10 +738,8 @@ mod tests {
                 ),
             );
             server
-        });
-        let reconciled = app_deleting(app, ctx).await;
-        let server = api.await.unwrap_or_else(|e| panic!("mock API server: {e}"));
-        finish(reconciled, server).await;
+        })
+        .await;
     }
 
     /// A terminating Build: of the pods its label finds, only the one it controls (by uid) is
