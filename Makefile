@@ -17,8 +17,10 @@ build:
 deps-demo:
 	@scripts/install-deps.sh --demo
 
-## up: start the local control plane + registry in the background; writes $(STATE)/env
-up: deps-demo build
+## up: start the local control plane + registry in the background; writes $(STATE)/env. The demo's
+## Go builds and cargo's build of holdfast run side by side (a first run is mostly the two).
+up:
+	@$(MAKE) --no-print-directory -j2 deps-demo build
 	@scripts/up.sh $(STATE)
 
 ## cluster: `make up` plus one real node (scripts/node.sh: containerd, runc, CNI bridge, kubelet,
