@@ -171,6 +171,10 @@ collect_crds() {
   src=$(module_dir "$peer" "$module")
   out="$PEERS_DIR/$peer/crds"
   [ -f "$out/.done" ] && return
+  if [ -z "$src" ]; then
+    echo "install-deps: $module is not in the Go module cache; its CRDs cannot be collected" >&2
+    return 1
+  fi
   rm -rf "$out" && mkdir -p "$out"
   local sub f
   for sub in "$@"; do
@@ -185,6 +189,10 @@ collect_crds() {
         END { flush() }' "$f"
     done
   done
+  if [ -z "$(find "$out" -name '*.yaml' -print -quit)" ]; then
+    echo "install-deps: no CRD found in $src/$* for $peer" >&2
+    return 1
+  fi
   touch "$out/.done"
   log "collected $(find "$out" -name '*.yaml' | wc -l) CRDs of $peer"
 }
@@ -270,6 +278,8 @@ crds_only() {
   key=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)
   mkdir -p "$PEERS_DIR/$name-$key"
   ln -sfn "$name-$key" "$PEERS_DIR/$name"
+  # Nothing builds it, so nothing else brings its source into the module cache.
+  (cd "$mod" && "$GO" mod download "$2")
   collect_crds "$@"
 }
 
