@@ -265,17 +265,9 @@ fn events_for(update: &PinUpdate) -> Vec<Event> {
 }
 
 /// Event notes are limited to 1 kB.
-pub(crate) fn truncate(mut note: String) -> String {
+pub(crate) fn truncate(note: String) -> String {
     const MAX: usize = 1000;
-    if note.len() > MAX {
-        let mut end = MAX;
-        while !note.is_char_boundary(end) {
-            end -= 1;
-        }
-        note.truncate(end);
-        note.push('…');
-    }
-    note
+    holdfast_registry::truncated(&note, MAX).into_owned()
 }
 
 /// A failed update (the object changed under us, the API server is unavailable) is retried.

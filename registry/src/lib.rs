@@ -31,9 +31,11 @@ pub mod semver_select;
 pub mod tag_list;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+mod text;
 
 pub use credentials::{AuthConfig, Credentials, CredentialsError};
 pub use digest::{Digest, DigestError};
 pub use reference::{Reference, ReferenceError};
 pub use resolve::{ResolveError, Resolver, ResolverBuildError, ResolverConfig};
 pub use semver_select::{Prereleases, SelectError, SemverSelection, VersionSelection, select_tag};
+pub use text::truncated;

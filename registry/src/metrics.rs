@@ -50,48 +50,46 @@ impl Collector for CacheCollector {
             ConstCounter::new(value).encode(family.encode_family(&LookupLabels { result })?)?;
         }
 
-        let requests = ConstCounter::new(read(&stats.registry_lookups));
-        requests.encode(encoder.encode_descriptor(
-            "registry_lookups",
-            "Registry resolutions started (one per single-flight, however many callers joined it)",
-            None,
-            requests.metric_type(),
-        )?)?;
-        let errors = ConstCounter::new(read(&stats.registry_errors));
-        errors.encode(encoder.encode_descriptor(
-            "registry_errors",
-            "Registry resolutions that failed (timeouts, refused connections, 429s, 5xx, auth)",
-            None,
-            errors.metric_type(),
-        )?)?;
-        let refused = ConstCounter::new(read(&stats.refused));
-        refused.encode(encoder.encode_descriptor(
-            "digest_cache_refused",
-            "New references answered but not cached: the cache held --cache-max-entries, or this minute's --cache-new-entries-per-minute were used",
-            None,
-            refused.metric_type(),
-        )?)?;
-        let entries = ConstGauge::new(i64::try_from(self.0.entry_count()).unwrap_or(i64::MAX));
-        entries.encode(encoder.encode_descriptor(
-            "digest_cache_entries",
-            "Entries in the digest cache (one per reference, tag selection and credential scope)",
-            None,
-            entries.metric_type(),
-        )?)?;
-        let flights = ConstGauge::new(i64::try_from(self.0.flights_in_flight()).unwrap_or(i64::MAX));
-        flights.encode(encoder.encode_descriptor(
-            "registry_lookups_in_flight",
-            "Registry lookups under way (one per key, however many callers wait; a caller that gives up leaves its lookup to finish)",
-            None,
-            flights.metric_type(),
-        )?)?;
-        let negative = ConstGauge::new(i64::try_from(self.0.negative_count()).unwrap_or(i64::MAX));
-        negative.encode(encoder.encode_descriptor(
-            "digest_cache_failures_remembered",
-            "Failed lookups of uncached references remembered for --cache-negative-ttl (at most --cache-max-entries)",
-            None,
-            negative.metric_type(),
-        )?)?;
+        for (name, help, value) in [
+            (
+                "registry_lookups",
+                "Registry resolutions started (one per single-flight, however many callers joined it)",
+                &stats.registry_lookups,
+            ),
+            (
+                "registry_errors",
+                "Registry resolutions that failed (timeouts, refused connections, 429s, 5xx, auth)",
+                &stats.registry_errors,
+            ),
+            (
+                "digest_cache_refused",
+                "New references answered but not cached: the cache held --cache-max-entries, or this minute's --cache-new-entries-per-minute were used",
+                &stats.refused,
+            ),
+        ] {
+            let counter = ConstCounter::new(read(value));
+            counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+        }
+        for (name, help, value) in [
+            (
+                "digest_cache_entries",
+                "Entries in the digest cache (one per reference, tag selection and credential scope)",
+                self.0.entry_count(),
+            ),
+            (
+                "registry_lookups_in_flight",
+                "Registry lookups under way (one per key, however many callers wait; a caller that gives up leaves its lookup to finish)",
+                self.0.flights_in_flight(),
+            ),
+            (
+                "digest_cache_failures_remembered",
+                "Failed lookups of uncached references remembered for --cache-negative-ttl (at most --cache-max-entries)",
+                self.0.negative_count(),
+            ),
+        ] {
+            let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
         Ok(())
     }
 }

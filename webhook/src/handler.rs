@@ -99,9 +99,19 @@ fn kib(bytes: usize) -> usize {
     bytes.div_ceil(1024).clamp(1, Semaphore::MAX_PERMITS)
 }
 
+/// How long a request waited for its share of the in-flight budget: it counts against the
+/// deadline, so that waiting and deciding together stay within it.
+#[derive(Debug, Clone, Copy)]
+struct Waited(Duration);
+
 /// Holds the request's share of the in-flight budget until its answer is written, before its
-/// body is read.
-async fn reserve(State(budget): State<Arc<Budget>>, request: axum::extract::Request, next: Next) -> Response {
+/// body is read. Taken at once while there is room (no timer on the common path); else waited
+/// for up to the deadline, and the wait recorded on the request ([`Waited`]).
+async fn reserve(
+    State(budget): State<Arc<Budget>>,
+    mut request: axum::extract::Request,
+    next: Next,
+) -> Response {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -109,22 +119,37 @@ async fn reserve(State(budget): State<Arc<Budget>>, request: axum::extract::Requ
         .unwrap_or(budget.body_bytes)
         .min(budget.body_bytes);
     let share = u32::try_from(kib(declared)).unwrap_or(u32::MAX);
-    match tokio::time::timeout(budget.wait, budget.permits.acquire_many(share)).await {
-        Ok(Ok(_held)) => next.run(request).await,
-        _ => {
-            budget.metrics.count(Outcome::Error);
-            budget.metrics.shed();
-            tracing::warn!(
-                bytes = declared,
-                wait_ms = budget.wait.as_millis() as u64,
-                "admission bodies in flight at their budget; answered 503"
-            );
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "holdfast is at its in-flight review budget; retry",
-            )
+    let held = match budget.permits.try_acquire_many(share) {
+        Ok(held) => held,
+        Err(_) => {
+            let queued = Instant::now();
+            match tokio::time::timeout(budget.wait, budget.permits.acquire_many(share)).await {
+                Ok(Ok(held)) => {
+                    request.extensions_mut().insert(Waited(queued.elapsed()));
+                    held
+                }
+                _ => return shed(&budget, declared),
+            }
         }
-    }
+    };
+    let response = next.run(request).await;
+    drop(held);
+    response
+}
+
+/// The answer past the budget: 503 (the API server applies the failure policy), counted.
+fn shed(budget: &Budget, declared: usize) -> Response {
+    budget.metrics.count(Outcome::Error);
+    budget.metrics.shed();
+    tracing::warn!(
+        bytes = declared,
+        wait_ms = budget.wait.as_millis() as u64,
+        "admission bodies in flight at their budget; answered 503"
+    );
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "holdfast is at its in-flight review budget; retry",
+    )
 }
 
 async fn mutate(
@@ -143,21 +168,23 @@ async fn validate(
     admit(Family::Validating, &state, content_type, body).await
 }
 
-/// The request's `Content-Type`, the only header admission reads: extracting it alone spares
-/// cloning the whole `HeaderMap` on every request.
-struct ContentType(Option<HeaderValue>);
+/// What admission reads of the request besides its body: the `Content-Type` (extracting it
+/// alone spares cloning the whole `HeaderMap` on every request) and how long the request
+/// waited for the in-flight budget ([`Waited`]).
+struct ContentType(Option<HeaderValue>, Duration);
 
 impl<S: Send + Sync> FromRequestParts<S> for ContentType {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(Self(parts.headers.get(header::CONTENT_TYPE).cloned()))
+        let waited = parts.extensions.get::<Waited>().map_or(Duration::ZERO, |w| w.0);
+        Ok(Self(parts.headers.get(header::CONTENT_TYPE).cloned(), waited))
     }
 }
 
 async fn admit(family: Family, state: &AdmissionState, content_type: ContentType, body: Bytes) -> Response {
     let started = Instant::now();
-    let content_type = content_type.0;
+    let ContentType(content_type, waited) = content_type;
     if !is_json(content_type.as_ref()) {
         state.metrics.count(Outcome::Error);
         tracing::warn!(content_type = ?content_type.as_ref(), "rejected a non-JSON admission body");
@@ -176,7 +203,10 @@ async fn admit(family: Family, state: &AdmissionState, content_type: ContentType
     };
     let operation = operation_name(&request.operation);
     let (rule, verdict) = match Rule::route(family, &request) {
-        Some(rule) => (rule.name(), decide(rule, &request, state).await),
+        Some(rule) => (
+            rule.name(),
+            decide(rule, &request, state, state.deadline.saturating_sub(waited)).await,
+        ),
         None => ("none", unrouted(&request)),
     };
     let outcome = verdict.outcome();
@@ -208,11 +238,12 @@ async fn admit(family: Family, state: &AdmissionState, content_type: ContentType
     }
 }
 
-/// Runs a rule within the deadline. Past it, holdfast admits unchanged: the webhook must never
-/// be what blocks the cluster, and the controller catches up on what it let through.
-async fn decide(rule: Rule, request: &Request<'_>, state: &AdmissionState) -> Verdict {
+/// Runs a rule within what is left of the deadline (`left`). Past it, holdfast admits unchanged:
+/// the webhook must never be what blocks the cluster, and the controller catches up on what it
+/// let through.
+async fn decide(rule: Rule, request: &Request<'_>, state: &AdmissionState, left: Duration) -> Verdict {
     let evaluation = rule.evaluate(request, &state.context);
-    match tokio::time::timeout(state.deadline, evaluation).await {
+    match tokio::time::timeout(left, evaluation).await {
         Ok(verdict) => verdict,
         Err(_) => {
             tracing::warn!(uid = %request.uid, rule = rule.name(), deadline_ms = state.deadline.as_millis() as u64, "deadline exceeded; admitting unchanged");

@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     Credentials, Digest, Reference, ResolveError, Resolver, SelectError, VersionSelection, select_tag,
+    truncated,
 };
 
 mod mirror_records;
@@ -772,18 +773,6 @@ fn same_secret(entry: &CacheEntry, loaded: Option<&str>, error: &CacheError) -> 
     }
 }
 
-/// `text` cut to at most `max` bytes at a character boundary, marked with `…` when cut.
-fn truncated(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    if text.len() <= max {
-        return text.into();
-    }
-    let mut end = max.saturating_sub('…'.len_utf8());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end]).into()
-}
-
 fn age(since: SystemTime, now: SystemTime) -> Duration {
     now.duration_since(since).unwrap_or_default()
 }
@@ -939,17 +928,6 @@ mod tests {
             .unwrap();
         assert!(entry.error.as_ref().is_some_and(|e| e.len() <= MAX_ERROR_BYTES));
         assert!(entry.approximate_bytes() <= MAX_ENTRY_BYTES);
-    }
-
-    #[test]
-    fn truncation_keeps_characters_whole() {
-        assert_eq!(truncated("short", 10), "short");
-        let cut = truncated("ééééé", 6);
-        assert!(cut.len() <= 6 && cut.ends_with('…'), "{cut:?}");
-        assert_eq!(
-            truncated(&"a".repeat(600), MAX_ERROR_BYTES).len(),
-            MAX_ERROR_BYTES
-        );
     }
 
     #[tokio::test]
