@@ -23,11 +23,18 @@ up:
 	@$(MAKE) --no-print-directory -j2 deps-demo build
 	@scripts/up.sh $(STATE)
 
-## cluster: `make up` plus one real node (scripts/node.sh: containerd, runc, CNI bridge, kubelet,
-## kube-proxy; tainted holdfast.dev/real-node); writes $(STATE)/node/env
-cluster: up
+## cluster: the control plane of `make up` without holdfast's host processes, plus one real node
+## (scripts/node.sh: containerd, runc, CNI bridge, kubelet, kube-proxy, kube-router; tainted
+## holdfast.dev/real-node), and holdfast installed onto it from its image and chart
+## (scripts/install.sh: make image, helm install); writes $(STATE)/env as make up does, and
+## $(STATE)/node/env
+cluster:
+	@$(MAKE) --no-print-directory -j2 deps-demo build
 	@scripts/install-deps.sh --node
+	@scripts/install-deps.sh --release-tools
+	@scripts/up.sh $(STATE) --without-holdfast
 	@scripts/node.sh up $(STATE)
+	@scripts/install.sh $(STATE)
 
 ## down: stop everything `make up` and `make cluster` started
 down:

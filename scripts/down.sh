@@ -19,5 +19,5 @@ if kill -0 "$pid" 2>/dev/null; then
     kill -KILL "$pid" || true
   fi
 fi
-rm -f "$pidfile" "$state/env"
+rm -f "$pidfile" "$state/env" "$state/mode"
 echo "holdfast local environment stopped"

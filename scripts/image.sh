@@ -16,7 +16,8 @@
 #   scripts/image.sh archive NAME  writes the image as a docker-archive tarball tagged NAME
 #                                  (target/image/holdfast.tar), for `kind load image-archive`
 #   scripts/image.sh push REPO     copies the layout to REPO:<version> with skopeo (plain HTTP
-#                                  when REPO's registry is a loopback address) and prints
+#                                  when REPO's registry is a loopback address or
+#                                  $HOLDFAST_CLUSTER_REGISTRY) and prints
 #                                  REPO@sha256:… — what manifests, the chart and the package name.
 #
 # Outputs, under $CARGO_TARGET_DIR (target/): image/oci (the layout, tag <version>),
@@ -126,8 +127,10 @@ build_layout() {
 push() {
   local repo=$1 registry tls=()
   registry=${repo%%/*}
+  # Plain HTTP to loopback, and to the address `make cluster`'s node gives the environment's
+  # registry (HOLDFAST_CLUSTER_REGISTRY, scripts/node.sh).
   case "$registry" in
-    127.*|localhost|localhost:*|\[::1\]*) tls=(--dest-tls-verify=false) ;;
+    127.*|localhost|localhost:*|\[::1\]*|"${HOLDFAST_CLUSTER_REGISTRY:-}") tls=(--dest-tls-verify=false) ;;
   esac
   [ -f "$OUT/digest" ] || { echo "image: run \`scripts/image.sh build\` first" >&2; exit 1; }
   skopeo copy -q --preserve-digests "${tls[@]}" --digestfile "$OUT/pushed.digest" \

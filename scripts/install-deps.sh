@@ -76,9 +76,9 @@ PEERS_DIR="$CACHE_DIR/peers"
 # runc 1.1.5 runs pods here as Debian ships it (containerd is built below); the CNI plugins (bridge,
 # host-local, loopback, portmap); nft for kube-proxy's nftables mode and the node's forwarding
 # guard; conntrack, which kube-proxy runs to flush UDP flows; ipset for kube-router's network
-# policy controller.
+# policy controller; socat, the forwarders that give the node's address to what listens on loopback.
 PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2 musl-tools jq
-  runc containernetworking-plugins nftables conntrack ipset)
+  runc containernetworking-plugins nftables conntrack ipset socat)
 # The static binaries in the image.
 RUST_TARGET=x86_64-unknown-linux-musl
 # The Go toolchain of this machine kind (Kubernetes 1.37's go.mod says go 1.26.0).

@@ -25,7 +25,14 @@
 # creates for pod sandboxes hold pod addresses. Forwarding is switched on (a pod reaching a
 # ClusterIP is DNATed by the host back onto the bridge), and the table `inet holdfast-node` drops
 # every forwarded packet that does not both enter and leave the bridge, so no pod traffic is
-# routed off the machine. Pods get an empty resolv.conf (no DNS server to call).
+# routed off the machine; its input chain takes traffic for the node's address only from the bridge
+# and from the host itself. Pods get an empty resolv.conf (no DNS server to call).
+# What pods call on the host listens on loopback (`make up`): socat forwarders give the registry and
+# kube-apiserver the node's address too, on the same ports. The registry is then named
+# $NODE_IP:PORT everywhere on the node (HOLDFAST_CLUSTER_REGISTRY: host and pods both reach it),
+# and the `kubernetes` Service's EndpointSlice (the control plane runs with
+# --endpoint-reconciler-type=none) points at the API server's forwarder, so in-cluster clients
+# reach it at its ClusterIP, as in any cluster.
 # Facts behind each setting: ../shared/TESTENV.md, "Real containers on these machines".
 set -euo pipefail
 
@@ -50,6 +57,7 @@ GUARD_TABLE=holdfast-node
 TAINT=holdfast.dev/real-node
 CNI_BIN=/usr/lib/cni
 RUNC=/usr/sbin/runc
+SOCAT=/usr/bin/socat
 CONTAINERD_SOCK="$DIR/containerd/containerd.sock"
 
 log() { printf '[node %(%H:%M:%S)T] %s\n' -1 "$*"; }
@@ -298,6 +306,10 @@ table inet $GUARD_TABLE {
     type filter hook forward priority filter - 10; policy drop;
     iifname "$BRIDGE" oifname "$BRIDGE" accept
   }
+  chain input {
+    type filter hook input priority filter - 10; policy accept;
+    ip daddr $NODE_IP iifname != { "lo", "$BRIDGE" } drop
+  }
 }
 EOF
   sysctl -qw net.ipv4.ip_forward=1 net.bridge.bridge-nf-call-iptables=1
@@ -312,6 +324,27 @@ push_images() {
   done
 }
 
+# forward NAME PORT TARGET: socat on the node's address, PORT, to TARGET (host:port on loopback).
+forward() {
+  start "$1" "$SOCAT" "TCP-LISTEN:$2,bind=$NODE_IP,reuseaddr,fork" "TCP:$3"
+  until_ok 10 "$1 on $NODE_IP:$2" "$1" bash -c "exec 3<>/dev/tcp/$NODE_IP/$2"
+}
+
+# The `kubernetes` Service's endpoint: the API server's forwarder on the node's address.
+kubernetes_endpoints() {
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kubernetes
+  namespace: default
+  labels: {kubernetes.io/service-name: kubernetes, endpointslice.kubernetes.io/managed-by: holdfast.dev-node}
+addressType: IPv4
+endpoints: [{addresses: ["$NODE_IP"], conditions: {ready: true}}]
+ports: [{name: https, port: $1, protocol: TCP}]
+EOF
+}
+
 node_ready() {
   [ "$(kubectl get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
@@ -320,8 +353,9 @@ up() {
   [ -f "$STATE/env" ] || die "$STATE/env is missing: start the environment first (make up)"
   # shellcheck disable=SC1091 # written by make up: KUBECONFIG, HOLDFAST_REGISTRY
   source "$STATE/env"
-  : "${KUBECONFIG:?} ${HOLDFAST_REGISTRY:?}"
-  if running kubelet && running containerd && running kube-proxy && running kube-router; then
+  : "${KUBECONFIG:?} ${HOLDFAST_REGISTRY:?} ${HOLDFAST_APISERVER:?}"
+  if running kubelet && running containerd && running kube-proxy && running kube-router \
+    && running registry-forwarder && running apiserver-forwarder; then
     echo "holdfast node already running (kubelet pid $(pid_of kubelet)); source $DIR/env"
     return
   fi
@@ -338,12 +372,16 @@ up() {
   peer cri-tools >/dev/null
 
   setup_network
-  images=$(push_images "$HOLDFAST_REGISTRY")
+  local registry=$NODE_IP:${HOLDFAST_REGISTRY##*:} apiserver_port=${HOLDFAST_APISERVER##*:}
+  forward registry-forwarder "${HOLDFAST_REGISTRY##*:}" "$HOLDFAST_REGISTRY"
+  forward apiserver-forwarder "$apiserver_port" "$HOLDFAST_APISERVER"
+  kubernetes_endpoints "$apiserver_port"
+  images=$(push_images "$registry")
   pause=$(echo "$images" | sed -n 1p)
   agnhost=$(echo "$images" | sed -n 2p)
   log "pushed $pause and $agnhost"
 
-  write_containerd_config "$HOLDFAST_REGISTRY" "$pause"
+  write_containerd_config "$registry" "$pause"
   write_cni_config
   # containerd starts its runc shim from PATH: the one built beside it.
   start containerd env PATH="$containerd_bin:$PATH" "$containerd_bin/containerd" \
@@ -372,6 +410,7 @@ up() {
 export HOLDFAST_NODE=$NODE_NAME
 export HOLDFAST_NODE_TAINT=$TAINT
 export HOLDFAST_NODE_IP=$NODE_IP
+export HOLDFAST_CLUSTER_REGISTRY=$registry
 export HOLDFAST_PAUSE_IMAGE=$pause
 export HOLDFAST_AGNHOST_IMAGE=$agnhost
 export CRI_CONFIG_FILE=$DIR/crictl.yaml
@@ -433,6 +472,8 @@ down_node() {
   local pid m link
   stop kube-router 10
   stop kube-proxy 10
+  stop apiserver-forwarder 5
+  stop registry-forwarder 5
   stop kubelet 30
   if running containerd; then
     # Through the CRI, so CNI DEL removes each sandbox's veth, address and network namespace.

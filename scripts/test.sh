@@ -6,9 +6,11 @@
 #      binaries, which need none of them;
 #   2. then every suite but the image's runs, while what only those need builds at the lowest
 #      priority in the background (install-deps.sh --release-tools: umoci, cosign,
-#      cargo-cyclonedx; scripts/image.sh binaries: the static release binaries): the suites spend
-#      much of their time waiting on controllers, and the builds take what they leave;
-#   3. then the image's suites (IMAGE_SUITES).
+#      cargo-cyclonedx; scripts/image.sh binaries: the static release binaries; install-deps.sh
+#      --node: containerd, kubelet, kube-proxy, kube-router, crictl, pause and agnhost for the real
+#      node): the suites spend much of their time waiting on controllers, and the builds take what
+#      they leave;
+#   3. then the image's suites (IMAGE_SUITES), the real node's among them.
 # Where everything is cached this is the plain sequence. All runs are `--workspace`: cargo unifies
 # the dependencies' features over the packages it selects, and a narrower selection would
 # rebuild them.
@@ -20,7 +22,7 @@ LOG="$STATE/install-deps.log"
 TOOLS_LOG="$STATE/release-tools.log"
 # The test targets that build, push, sign or package the image (e2e/src/dist.rs), by name: a
 # name selects that target in every package that has one (manifest-checks' chart.rs too).
-IMAGE_SUITES=(chart image package)
+IMAGE_SUITES=(chart image package node)
 
 log() { printf '[test %(%H:%M:%S)T] %s\n' -1 "$*"; }
 
@@ -61,13 +63,13 @@ done
 
 log "waiting for the Go builds of the control plane and the peers"
 await "$deps" "$LOG" "scripts/install-deps.sh --peers"
-log "the image's tools and static binaries at the lowest priority in the background, log: $TOOLS_LOG"
-setsid nice -n 19 bash -c 'scripts/install-deps.sh --release-tools && scripts/image.sh binaries' >"$TOOLS_LOG" 2>&1 &
+log "the image's tools and static binaries and the real node's builds at the lowest priority in the background, log: $TOOLS_LOG"
+setsid nice -n 19 bash -c 'scripts/install-deps.sh --release-tools && scripts/image.sh binaries && scripts/install-deps.sh --node' >"$TOOLS_LOG" 2>&1 &
 tools=$!
 "$CARGO" test --workspace --lib --bins "${first[@]}"
 "$CARGO" test --workspace --doc
-log "waiting for the image's tools and static binaries"
-await "$tools" "$TOOLS_LOG" "scripts/install-deps.sh --release-tools && scripts/image.sh binaries"
+log "waiting for the image's tools and static binaries, and the real node's builds"
+await "$tools" "$TOOLS_LOG" "scripts/install-deps.sh --release-tools && scripts/image.sh binaries && scripts/install-deps.sh --node"
 image=()
 for suite in "${IMAGE_SUITES[@]}"; do image+=(--test "$suite"); done
 "$CARGO" test --workspace "${image[@]}"

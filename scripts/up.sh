@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
 # Starts the local environment in the background and waits until it is ready.
+#   scripts/up.sh [STATE] [--without-holdfast]
+# --without-holdfast (make cluster): no holdfast host processes; scripts/install.sh installs
+# holdfast onto the real node instead.
 set -euo pipefail
 state=${1:-.holdfast}
+shift || true
+mode=${1:-with-holdfast}
+mode=${mode#--}
 mkdir -p "$state"
 pidfile="$state/localenv.pid"
 
 if [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null && [ -f "$state/env" ]; then
+  running=$(cat "$state/mode" 2>/dev/null || echo with-holdfast)
+  if [ "$running" != "$mode" ]; then
+    echo "the local environment is running $running (make up and make cluster differ there): make down first" >&2
+    exit 1
+  fi
   echo "holdfast local environment already running (pid $(cat "$pidfile")); source $state/env"
   exit 0
 fi
 
 rm -f "$state/env"
-nohup target/debug/holdfast-localenv up --state-dir "$state" >"$state/localenv.log" 2>&1 &
+echo "$mode" >"$state/mode"
+nohup target/debug/holdfast-localenv up --state-dir "$state" "$@" >"$state/localenv.log" 2>&1 &
 pid=$!
 echo "$pid" >"$pidfile"
 

@@ -97,10 +97,20 @@ impl Env {
         let registry = std::env::var(REGISTRY_ENV).with_context(|| {
             format!("{KUBECONFIG_ENV} is set: {REGISTRY_ENV} must name the test registry")
         })?;
-        Ok(Env {
+        Ok(Self::attached(
             kubeconfig,
             registry,
-            cluster_registry: std::env::var(CLUSTER_REGISTRY_ENV).ok(),
+            std::env::var(CLUSTER_REGISTRY_ENV).ok(),
+        ))
+    }
+
+    /// A cluster started by something else (`make cluster`'s scripts, [`crate::cluster`]):
+    /// nothing is started, and nothing is stopped.
+    pub fn attached(kubeconfig: PathBuf, registry: String, cluster_registry: Option<String>) -> Self {
+        Env {
+            kubeconfig,
+            registry,
+            cluster_registry,
             boot_time: Duration::ZERO,
             apiserver_port: 0,
             apiserver_ca: PathBuf::new(),
@@ -111,7 +121,7 @@ impl Env {
             kpack: tokio::sync::OnceCell::new(),
             korifi: tokio::sync::OnceCell::new(),
             dir: None,
-        })
+        }
     }
 
     /// Whether this is a cluster the harness did not start ([`KUBECONFIG_ENV`]).

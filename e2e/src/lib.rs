@@ -4,6 +4,7 @@
 
 pub mod accounts;
 pub mod audit;
+pub mod cluster;
 pub mod control_plane;
 pub mod controller;
 pub mod dist;

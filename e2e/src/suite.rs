@@ -1,9 +1,10 @@
-//! A test runner for suites that share one control plane per test binary.
+//! A test runner for suites that share one fixture per test binary: the local control plane
+//! ([`Env`]), or `make cluster`'s real node ([`crate::cluster::Cluster`]).
 //!
 //! libtest's harness gives no hook to stop shared servers at the end of a run, so e2e test
-//! binaries use `harness = false` and this runner: the control plane boots lazily with the first
-//! test that runs (none boots for `--list` or a filter that matches nothing) and is stopped, in
-//! order, before the process exits. Output and exit code are libtest's.
+//! binaries use `harness = false` and this runner: the fixture starts lazily with the first test
+//! that runs (none starts for `--list` or a filter that matches nothing) and is stopped, in order,
+//! before the process exits. Output and exit code are libtest's.
 
 use std::{future::Future, pin::Pin, process::ExitCode, sync::Arc};
 
@@ -14,10 +15,31 @@ use crate::control_plane::Env;
 
 pub type TestFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>>;
 
-/// One e2e test: an async function of the shared environment.
-pub struct Test {
+/// What a test binary's tests share: started once, by the first test that runs.
+pub trait Fixture: Sized + Send + Sync + 'static {
+    fn start() -> impl Future<Output = anyhow::Result<Self>> + Send;
+    /// The line logged once it is ready.
+    fn ready(&self) -> String;
+}
+
+impl Fixture for Env {
+    async fn start() -> anyhow::Result<Self> {
+        Env::start().await
+    }
+
+    fn ready(&self) -> String {
+        format!(
+            "harness: control plane (etcd, kube-apiserver {}, kube-controller-manager, kube-scheduler, kwok nodes) and registry ready in {:.1} s",
+            crate::tools::KUBERNETES_VERSION,
+            self.boot_time().as_secs_f64()
+        )
+    }
+}
+
+/// One e2e test: an async function of the shared fixture.
+pub struct Test<F = Env> {
     pub name: &'static str,
-    pub run: fn(Arc<Env>) -> TestFuture,
+    pub run: fn(Arc<F>) -> TestFuture,
 }
 
 /// Declares the test binary's `main` from a list of `async fn(Arc<Env>) -> anyhow::Result<()>`.
@@ -39,10 +61,11 @@ macro_rules! e2e_main {
     };
 }
 
-type SharedEnv = Arc<OnceCell<Result<Arc<Env>, String>>>;
+type Shared<F> = Arc<OnceCell<Result<Arc<F>, String>>>;
 
-/// Runs the tests; `serial` for suites whose tests act cluster-wide and must not overlap.
-pub fn run_with(tests: Vec<Test>, serial: bool) -> ExitCode {
+/// Runs the tests; `serial` for suites whose tests act cluster-wide and must not overlap (they
+/// then run in the order given).
+pub fn run_with<F: Fixture>(tests: Vec<Test<F>>, serial: bool) -> ExitCode {
     crate::init();
     let mut args = Arguments::from_args();
     if serial {
@@ -55,7 +78,7 @@ pub fn run_with(tests: Vec<Test>, serial: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let env: SharedEnv = Arc::default();
+    let env: Shared<F> = Arc::default();
     let trials = tests
         .into_iter()
         .map(|test| {
@@ -70,20 +93,16 @@ pub fn run_with(tests: Vec<Test>, serial: bool) -> ExitCode {
     conclusion.exit_code()
 }
 
-async fn run_one(env: &SharedEnv, test: fn(Arc<Env>) -> TestFuture) -> Result<(), Failed> {
+async fn run_one<F: Fixture>(env: &Shared<F>, test: fn(Arc<F>) -> TestFuture) -> Result<(), Failed> {
     let env = env
         .get_or_init(|| async {
-            match Env::start().await {
+            match F::start().await {
                 Ok(env) => {
-                    eprintln!(
-                        "harness: control plane (etcd, kube-apiserver {}, kube-controller-manager, kube-scheduler, kwok nodes) and registry ready in {:.1} s",
-                        crate::tools::KUBERNETES_VERSION,
-                        env.boot_time().as_secs_f64()
-                    );
+                    eprintln!("{}", env.ready());
                     Ok(Arc::new(env))
                 }
-                // Booted once per binary: every test reports the same failure without retrying.
-                Err(e) => Err(format!("local control plane failed to start: {e:#}")),
+                // Started once per binary: every test reports the same failure without retrying.
+                Err(e) => Err(format!("the suite's fixture failed to start: {e:#}")),
             }
         })
         .await

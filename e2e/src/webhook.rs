@@ -462,7 +462,7 @@ impl LocalWebhook {
             .delete(&self.configuration, &DeleteParams::default())
             .await?;
         if let Some(running) = self.running.take() {
-            running.shutdown(Duration::from_secs(5)).await;
+            running.shutdown(Duration::ZERO, Duration::from_secs(5)).await;
         }
         self.cancel.cancel();
         Ok(())

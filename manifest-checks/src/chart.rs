@@ -811,8 +811,24 @@ pub fn helm_template(helm: &Path, values: &Value) -> Result<Vec<Value>> {
 }
 
 /// `helm template holdfast charts/holdfast -n NAMESPACE --include-crds` with these values,
-/// parsed.
+/// parsed: the release's objects, without its hooks ([`helm_hooks`]), which `helm install`
+/// creates only when their event comes and which kustomize has no counterpart of.
 pub fn helm_template_in(helm: &Path, namespace: &str, values: &Value) -> Result<Vec<Value>> {
+    let all = render(helm, namespace, values)?;
+    Ok(all.into_iter().filter(|o| !is_hook(o)).collect())
+}
+
+/// The chart's hooks (objects annotated `helm.sh/hook`) for these values, in holdfast-system.
+pub fn helm_hooks(helm: &Path, values: &Value) -> Result<Vec<Value>> {
+    let all = render(helm, crate::HOLDFAST_NAMESPACE, values)?;
+    Ok(all.into_iter().filter(is_hook).collect())
+}
+
+fn is_hook(object: &Value) -> bool {
+    !object["metadata"]["annotations"]["helm.sh/hook"].is_null()
+}
+
+fn render(helm: &Path, namespace: &str, values: &Value) -> Result<Vec<Value>> {
     let scratch = tempfile::tempdir()?;
     let file = scratch.path().join("values.json");
     std::fs::write(&file, serde_json::to_vec(values)?)?;

@@ -408,3 +408,63 @@ fn the_chart_renders_as_a_subchart() -> Result<()> {
     ensure!(webhook["spec"]["replicas"] == 3 && webhook["metadata"]["namespace"] == "platform");
     Ok(())
 }
+
+/// The `pre-delete` hook that makes `helm uninstall` delete the webhook configurations before the
+/// Service and the pods: its ClusterRole may delete only holdfast's two configurations, its Job
+/// runs the webhook's one-shot mode under the same restrictions as the webhook, every object is a
+/// hook deleted once it succeeds, and with the value off there is no hook at all.
+#[test]
+fn the_uninstall_hook_deletes_only_holdfasts_webhook_configurations() -> Result<()> {
+    let hooks = holdfast_manifest_checks::chart::helm_hooks(&helm()?, &json!({}))?;
+    let kinds: Vec<&str> = hooks.iter().filter_map(|o| o["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"]
+    );
+    for hook in &hooks {
+        let annotations = &hook["metadata"]["annotations"];
+        assert_eq!(annotations["helm.sh/hook"], "pre-delete", "{}", hook["kind"]);
+        assert_eq!(
+            annotations["helm.sh/hook-delete-policy"], "before-hook-creation,hook-succeeded",
+            "{}",
+            hook["kind"]
+        );
+    }
+    let role = &hooks[1];
+    assert_eq!(
+        role["rules"],
+        json!([{
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resourceNames": ["holdfast"],
+            "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+            "verbs": ["delete"],
+        }])
+    );
+    let binding = &hooks[2];
+    assert_eq!(binding["subjects"][0]["name"], "holdfast-uninstall");
+    assert_eq!(binding["roleRef"]["name"], "holdfast-uninstall");
+    let pod = &hooks[3]["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "holdfast-uninstall");
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    let container = &pod["containers"][0];
+    assert_eq!(container["args"][0], "--remove-webhook-configurations");
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(
+        container["securityContext"]["capabilities"]["drop"],
+        json!(["ALL"])
+    );
+    // The webhook's placement applies to the hook's pod.
+    let placed = holdfast_manifest_checks::chart::helm_hooks(
+        &helm()?,
+        &json!({"webhook": {"nodeSelector": {"pool": "system"}, "tolerations": [{"key": "k", "operator": "Exists"}]}}),
+    )?;
+    let placed = &placed[3]["spec"]["template"]["spec"];
+    assert_eq!(placed["nodeSelector"], json!({"pool": "system"}));
+    assert_eq!(placed["tolerations"][0]["key"], "k");
+    let off = holdfast_manifest_checks::chart::helm_hooks(
+        &helm()?,
+        &json!({"uninstall": {"removeWebhooksFirst": false}}),
+    )?;
+    assert!(off.is_empty(), "hooks rendered with the value off: {off:?}");
+    Ok(())
+}

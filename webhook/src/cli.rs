@@ -30,6 +30,17 @@ pub struct Args {
     /// Seconds in-flight requests may take to finish after SIGTERM.
     #[arg(long, env = "HOLDFAST_DRAIN_SECONDS", default_value_t = 10)]
     pub drain_seconds: u64,
+    /// Seconds the server keeps accepting after SIGTERM, unready, before it drains: the pod's
+    /// endpoint leaves the Service's EndpointSlice and then every node's kube-proxy rules only
+    /// after the kubelet has signalled, and a call routed to it meanwhile would be refused (an
+    /// admission failed, or with `failurePolicy: Ignore` let through unpinned).
+    #[arg(long, env = "HOLDFAST_SHUTDOWN_DELAY_SECONDS", default_value_t = 5)]
+    pub shutdown_delay_seconds: u64,
+    /// Delete the webhook configurations --mutating-webhook-configurations and
+    /// --validating-webhook-configurations name, then exit (the chart's `pre-delete` hook, so
+    /// that `helm uninstall` removes them before the Service and the pods).
+    #[arg(long, env = "HOLDFAST_REMOVE_WEBHOOK_CONFIGURATIONS")]
+    pub remove_webhook_configurations: bool,
 
     /// Policy file (YAML): allowedRegistries, requireDigestsLabel, mode (enforce|audit). Without
     /// one, the validating policy admits everything.

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod review;
 pub mod rules;
 pub mod server;
+pub mod uninstall;
 
 /// The log lines (shared with the controller).
 pub use holdfast_pins::logs;

@@ -39,6 +39,18 @@ async fn main() -> Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
+    if args.remove_webhook_configurations {
+        let tls = &args.tls;
+        let deleted = holdfast_webhook::uninstall::remove_configurations(
+            client,
+            &tls.mutating_webhook_configurations,
+            &tls.validating_webhook_configurations,
+        )
+        .await
+        .context("deleting the webhook configurations")?;
+        tracing::info!(deleted, "webhook configurations removed");
+        return Ok(());
+    }
 
     let certificate = certificate(&args, client.clone(), cancel.clone()).await?;
     let cluster = Cluster::start(client.clone(), cancel.clone())
@@ -81,7 +93,12 @@ async fn main() -> Result<()> {
         _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
     }
-    running.shutdown(Duration::from_secs(args.drain_seconds)).await;
+    running
+        .shutdown(
+            Duration::from_secs(args.shutdown_delay_seconds),
+            Duration::from_secs(args.drain_seconds),
+        )
+        .await;
     cancel.cancel();
     Ok(())
 }

@@ -133,9 +133,17 @@ pub async fn start(
 }
 
 impl Running {
-    /// Turns unready, stops accepting, lets in-flight requests finish within `drain`, then stops.
-    pub async fn shutdown(self, drain: Duration) {
+    /// Turns unready and keeps serving for `delay` (while the endpoint leaves the Service's
+    /// routing), then stops accepting, lets in-flight requests finish within `drain`, and stops.
+    pub async fn shutdown(self, delay: Duration, drain: Duration) {
         self.readiness.shutting_down.store(true, Ordering::Release);
+        if !delay.is_zero() {
+            tracing::info!(
+                delay_seconds = delay.as_secs_f64(),
+                "unready; serving until the endpoint is gone"
+            );
+            tokio::time::sleep(delay).await;
+        }
         self.handle.graceful_shutdown(Some(drain));
         self.cancel.cancel();
         self.sync_waiter.abort();

@@ -113,7 +113,7 @@ async fn serves_tls_12_and_13_with_alpn() {
         assert_eq!(session.protocol_version(), Some(version.version));
         assert_eq!(session.alpn_protocol(), Some(alpn));
     }
-    fx.running.shutdown(Duration::from_secs(1)).await;
+    fx.running.shutdown(Duration::ZERO, Duration::from_secs(1)).await;
 }
 
 #[tokio::test]
@@ -134,7 +134,7 @@ async fn plain_http_on_the_tls_port_gets_no_http_answer() {
         "{:?}",
         String::from_utf8_lossy(&buf)
     );
-    fx.running.shutdown(Duration::from_secs(1)).await;
+    fx.running.shutdown(Duration::ZERO, Duration::from_secs(1)).await;
 }
 
 #[tokio::test]
@@ -167,7 +167,7 @@ async fn readiness_waits_for_caches_and_metrics_report_expiry() {
         .unwrap();
     assert!(expiry > 80.0 * 86400.0 && expiry <= 90.0 * 86400.0, "{expiry}");
 
-    fx.running.shutdown(Duration::from_secs(1)).await;
+    fx.running.shutdown(Duration::ZERO, Duration::from_secs(1)).await;
     assert!(readiness.blockers().contains(&"shutting down"));
     assert!(
         TcpStream::connect(admin).await.is_err(),
@@ -227,7 +227,7 @@ async fn shutdown_lets_an_admission_in_flight_finish_and_then_refuses_connection
 
     // The admission is waiting on the registry: shut down now.
     asked.notified().await;
-    let shutdown = tokio::spawn(running.shutdown(Duration::from_secs(5)));
+    let shutdown = tokio::spawn(running.shutdown(Duration::ZERO, Duration::from_secs(5)));
     let answer = in_flight.await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.contains("\"patchType\":\"JSONPatch\""), "{answer}");
@@ -236,5 +236,57 @@ async fn shutdown_lets_an_admission_in_flight_finish_and_then_refuses_connection
     assert!(
         TcpStream::connect(addr).await.is_err(),
         "the TLS port still accepts connections after the shutdown"
+    );
+}
+
+#[tokio::test]
+async fn during_the_shutdown_delay_it_is_unready_and_still_answers_new_connections() {
+    let mut fx = start().await;
+    if let Some(release) = fx.release_sync.take() {
+        let _ = release.send(());
+    }
+    let running = fx.running;
+    let (addr, admin) = (running.addr, running.admin_addr);
+    let readiness = running.readiness.clone();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !readiness.blockers().is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap();
+    let shutdown = tokio::spawn(running.shutdown(Duration::from_secs(3), Duration::from_secs(1)));
+    tokio::time::timeout(Duration::from_secs(2), async {
+        while !readiness.blockers().contains(&"shutting down") {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(http_get(admin, "/readyz").await.0, 503);
+    // A connection opened now (kube-proxy still routing here) completes its handshake and gets an
+    // HTTP answer.
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let mut config = client(&fx.bundle, &rustls::version::TLS13);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let mut tls = TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tls.read_to_end(&mut answer).await;
+    assert!(
+        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 "),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(!shutdown.is_finished(), "the delay ended early");
+    shutdown.await.unwrap();
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "still accepting after the delay and drain"
     );
 }

@@ -153,7 +153,7 @@ async fn run() -> Result<()> {
         last = Some(pair);
     }
     let pin = pin_phase(&holdfast, &cache, &ca_pem).await?;
-    holdfast.shutdown(Duration::from_secs(1)).await;
+    holdfast.shutdown(Duration::ZERO, Duration::from_secs(1)).await;
     println!(
         "{:<10} {:>5} {:>12.0} {:>9.3} {:>9.3} {:>8.1}",
         "pin",

@@ -20,11 +20,19 @@ async fn main() -> Result<()> {
     holdfast_e2e::init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("up") => up(&state_dir(&args)?).await,
+        Some("up") => {
+            up(
+                &state_dir(&args)?,
+                !args.iter().any(|a| a == "--without-holdfast"),
+            )
+            .await
+        }
         Some("show") => show(&args[1..]).await,
         Some("seed") => seed(&flag(&args, "--registry").context("seed needs --registry HOST:PORT")?).await,
         _ => {
-            bail!("usage: holdfast-localenv up [--state-dir DIR] | seed --registry HOST:PORT | show FILE...")
+            bail!(
+                "usage: holdfast-localenv up [--state-dir DIR] [--without-holdfast] | seed --registry HOST:PORT | show FILE..."
+            )
         }
     }
 }
@@ -42,7 +50,10 @@ fn state_dir(args: &[String]) -> Result<PathBuf> {
     Ok(std::fs::canonicalize(dir)?)
 }
 
-async fn up(state: &Path) -> Result<()> {
+/// `holdfast`: run holdfast-webhook and holdfast-controller as host processes (`make up`); without
+/// them, `make cluster` installs holdfast onto its real node from the chart (scripts/install.sh),
+/// which adds the admin addresses to `<state>/env`.
+async fn up(state: &Path, holdfast: bool) -> Result<()> {
     let env_file = state.join("env");
     let _ = std::fs::remove_file(&env_file);
     let mut terminate = signal(SignalKind::terminate())?;
@@ -50,14 +61,20 @@ async fn up(state: &Path) -> Result<()> {
 
     let mut env = Env::start().await?;
     // The controller catches up on objects admitted unpinned and follows moved tags.
-    let webhook = installed::start(
-        &mut env,
-        installed::Options {
-            scope: None,
-            controller: Some(vec!["--refresh-seconds=30".into()]),
-        },
-    )
-    .await?;
+    let webhook = if holdfast {
+        Some(
+            installed::start(
+                &mut env,
+                installed::Options {
+                    scope: None,
+                    controller: Some(vec!["--refresh-seconds=30".into()]),
+                },
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
     // The real kapp-controller (and its packaging API) reconciles what the demo applies.
     env.kapp_controller().await?;
     let kubeconfig = state.join("kubeconfig");
@@ -68,26 +85,41 @@ async fn up(state: &Path) -> Result<()> {
         .map(|(name, pid)| format!("{name}={pid}"))
         .collect();
     std::fs::write(state.join("pids"), pids.join("\n") + "\n")?;
-    // HOLDFAST_KUBELET_CLIENT_CA: for `make cluster`'s kubelet (scripts/node.sh).
-    let exports = format!(
-        "export KUBECONFIG={}\nexport HOLDFAST_REGISTRY={}\nexport HOLDFAST_WEBHOOK_ADMIN=http://{}\nexport HOLDFAST_CONTROLLER_ADMIN=http://{}\nexport HOLDFAST_KUBELET_CLIENT_CA={}\n",
+    // HOLDFAST_KUBELET_CLIENT_CA: for `make cluster`'s kubelet (scripts/node.sh);
+    // HOLDFAST_APISERVER: where the node's forwarder sends pods' calls to the `kubernetes` Service.
+    let mut exports = format!(
+        "export KUBECONFIG={}\nexport HOLDFAST_REGISTRY={}\nexport HOLDFAST_KUBELET_CLIENT_CA={}\nexport HOLDFAST_APISERVER=127.0.0.1:{}\n",
         kubeconfig.display(),
         env.registry(),
-        webhook.admin,
-        webhook.controller_admin.as_deref().unwrap_or_default(),
-        env.kubelet_client_ca().display()
+        env.kubelet_client_ca().display(),
+        env.apiserver_port(),
     );
+    if let Some(webhook) = &webhook {
+        exports.push_str(&format!(
+            "export HOLDFAST_WEBHOOK_ADMIN=http://{}\nexport HOLDFAST_CONTROLLER_ADMIN=http://{}\n",
+            webhook.admin,
+            webhook.controller_admin.as_deref().unwrap_or_default(),
+        ));
+    }
     let partial = state.join("env.partial");
     std::fs::write(&partial, exports)?;
     std::fs::rename(&partial, &env_file)?;
-    println!(
-        "holdfast local environment ready in {:.1} s: kube-apiserver via {}, registry at {}, holdfast-webhook at {} (admin {})",
-        env.boot_time().as_secs_f64(),
-        kubeconfig.display(),
-        env.registry(),
-        webhook.addr,
-        webhook.admin
-    );
+    match &webhook {
+        Some(webhook) => println!(
+            "holdfast local environment ready in {:.1} s: kube-apiserver via {}, registry at {}, holdfast-webhook at {} (admin {})",
+            env.boot_time().as_secs_f64(),
+            kubeconfig.display(),
+            env.registry(),
+            webhook.addr,
+            webhook.admin
+        ),
+        None => println!(
+            "holdfast local environment ready in {:.1} s: kube-apiserver via {}, registry at {}, holdfast not started (make cluster installs it)",
+            env.boot_time().as_secs_f64(),
+            kubeconfig.display(),
+            env.registry(),
+        ),
+    }
 
     tokio::select! {
         _ = terminate.recv() => {}

@@ -111,7 +111,7 @@ impl Holdfast {
     /// stay, naming a closed port) and the fast finalizer stops mid-work.
     pub async fn kill(&mut self) {
         if let Some(running) = self.webhook.running.take() {
-            running.shutdown(Duration::ZERO).await;
+            running.shutdown(Duration::ZERO, Duration::ZERO).await;
         }
         self.cancel.cancel();
         if let Some(finalizer) = self.finalizer.take() {

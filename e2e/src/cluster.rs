@@ -1,0 +1,213 @@
+//! `make cluster` for a test binary: the local control plane without holdfast's host processes
+//! (`holdfast-localenv up --without-holdfast`), one real node (scripts/node.sh: containerd, runc,
+//! kubelet, kube-proxy, kube-router) and holdfast installed onto it from its image and chart
+//! (scripts/install.sh), all in a state directory of the fixture's own. Dropping it stops the node
+//! (through its script, which removes what it made) and then the control plane.
+//!
+//! The node is one per machine (its bridge, pod range and kube-proxy's nftables table are fixed):
+//! starting fails while another runs (`make cluster`'s: `make down` stops it). The control plane is
+//! stopped with the test binary (parent-death signal) however that ends; the node's processes run
+//! in sessions of their own and outlive a test binary that is killed: `scripts/node.sh down DIR`
+//! then stops them (DIR is logged at start).
+
+use std::{collections::BTreeMap, path::Path, time::Duration};
+
+use anyhow::{Context, Result, bail, ensure};
+use tempfile::TempDir;
+
+use crate::{Env, dist, process::ServerProcess, suite::Fixture};
+
+/// The node's name and taint (scripts/node.sh).
+pub const NODE: &str = "holdfast-node";
+/// The node's CNI bridge: there while a node runs on this machine.
+const BRIDGE: &str = "hf-br0";
+/// Where scripts/install.sh installs the release.
+pub const NAMESPACE: &str = "holdfast-system";
+pub const RELEASE: &str = "holdfast";
+
+/// A running `make cluster`.
+pub struct Cluster {
+    pub env: Env,
+    /// What `STATE/env` and `STATE/node/env` export.
+    vars: BTreeMap<String, String>,
+    state: TempDir,
+    localenv: Option<ServerProcess>,
+    node_started: bool,
+}
+
+impl Fixture for Cluster {
+    async fn start() -> Result<Self> {
+        // Forked from a runtime worker, which lives as long as the runtime: the control plane's
+        // parent-death signal follows the forking thread (a blocking-pool thread exits when idle).
+        let cluster = tokio::spawn(async { Self::control_plane() })
+            .await
+            .context("the control plane's start panicked")??;
+        tokio::task::spawn_blocking(move || cluster.node_and_release())
+            .await
+            .context("the cluster's start panicked")?
+    }
+
+    fn ready(&self) -> String {
+        format!(
+            "harness: make cluster (control plane, the real node {NODE}, holdfast from its chart) ready in {}",
+            self.state.path().display()
+        )
+    }
+}
+
+impl Cluster {
+    /// `holdfast-localenv up --without-holdfast` in a new state directory (not waited for).
+    fn control_plane() -> Result<Self> {
+        if Path::new("/sys/class/net").join(BRIDGE).exists() {
+            bail!(
+                "a real node already runs on this machine (its bridge {BRIDGE} exists): `make down` stops make cluster's"
+            );
+        }
+        let state = tempfile::Builder::new().prefix("holdfast-cluster-").tempdir()?;
+        eprintln!("harness: make cluster in {}", state.path().display());
+        let mut cluster = Cluster {
+            env: Env::attached(Default::default(), String::new(), None),
+            vars: BTreeMap::new(),
+            state,
+            localenv: None,
+            node_started: false,
+        };
+        let dir = cluster.dir().to_string();
+        // The test binary is target/<profile>/deps/NAME-HASH; cargo builds the package's binaries
+        // beside deps/ for its integration tests.
+        let exe = std::env::current_exe()?;
+        let localenv = exe
+            .parent()
+            .and_then(Path::parent)
+            .map(|p| p.join("holdfast-localenv"))
+            .filter(|p| p.is_file())
+            .context("holdfast-localenv is not built beside the test binary")?;
+        cluster.localenv = Some(ServerProcess::spawn(
+            "holdfast-localenv",
+            &localenv,
+            &[
+                "up".into(),
+                "--state-dir".into(),
+                dir.clone(),
+                "--without-holdfast".into(),
+            ],
+            &[],
+            cluster.state.path().join("localenv.log"),
+        )?);
+        Ok(cluster)
+    }
+
+    /// Once the control plane is ready: the node, then the release.
+    fn node_and_release(mut self) -> Result<Self> {
+        let cluster = &mut self;
+        let dir = cluster.dir().to_string();
+        let env_file = cluster.state.path().join("env");
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        while !env_file.exists() {
+            if let Some(process) = cluster.localenv.as_mut() {
+                process.check_running()?;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "the control plane was not ready in 300 s"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        cluster.node_started = true;
+        dist::script("node.sh", &["up", &dir])?;
+        dist::script("install.sh", &[&dir])?;
+        cluster.read_vars()?;
+        let kubeconfig = cluster.var("KUBECONFIG")?.into();
+        let registry = cluster.var("HOLDFAST_REGISTRY")?.to_string();
+        cluster.env = Env::attached(kubeconfig, registry, None);
+        Ok(self)
+    }
+
+    /// The fixture's state directory (`STATE` of the scripts).
+    pub fn dir(&self) -> &str {
+        self.state.path().to_str().unwrap_or_default()
+    }
+
+    fn read_vars(&mut self) -> Result<()> {
+        self.vars.clear();
+        for file in ["env", "node/env"] {
+            let path = self.state.path().join(file);
+            let text =
+                std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            for line in text.lines() {
+                if let Some((name, value)) = line.strip_prefix("export ").and_then(|l| l.split_once('=')) {
+                    self.vars.insert(name.to_string(), value.to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A variable `STATE/env` or `STATE/node/env` exports.
+    pub fn var(&self, name: &str) -> Result<&str> {
+        self.vars
+            .get(name)
+            .map(String::as_str)
+            .with_context(|| format!("{name} is not in the cluster's env files"))
+    }
+
+    /// Runs one of scripts/ against this cluster: `ARGS... STATE`.
+    pub fn script(&self, name: &str, args: &[&str]) -> Result<String> {
+        let mut all = args.to_vec();
+        all.push(self.dir());
+        dist::script(name, &all)
+    }
+
+    /// A command with the cluster's kubeconfig and the node's crictl configuration.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+        let mut command = std::process::Command::new(program);
+        for name in ["KUBECONFIG", "CRI_CONFIG_FILE"] {
+            if let Ok(value) = self.var(name) {
+                command.env(name, value);
+            }
+        }
+        if let Ok(path) = self.var("PATH") {
+            // node/env prepends crictl's directory to $PATH.
+            let system = std::env::var("PATH").unwrap_or_default();
+            command.env("PATH", path.replace("$PATH", &system));
+        }
+        command
+    }
+
+    /// Runs `program args` (see [`Cluster::command`]); its standard output, or an error with its
+    /// standard error.
+    pub fn run(&self, program: &str, args: &[&str]) -> Result<String> {
+        let out = self
+            .command(program)
+            .args(args)
+            .output()
+            .with_context(|| format!("running {program}"))?;
+        ensure!(
+            out.status.success(),
+            "{program} {args:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
+    /// helm of `make deps`, against this cluster.
+    pub fn helm(&self, args: &[&str]) -> Result<String> {
+        let helm = holdfast_manifest_checks::chart::helm()?;
+        self.run(&helm.to_string_lossy(), args)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.node_started {
+            let dir = self.dir().to_string();
+            if let Err(e) = dist::script("node.sh", &["down", &dir]) {
+                eprintln!("harness: stopping the node failed: {e:#}");
+            }
+        }
+        if let Some(mut localenv) = self.localenv.take() {
+            localenv.stop(Duration::from_secs(30));
+        }
+    }
+}

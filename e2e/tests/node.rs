@@ -1,0 +1,695 @@
+//! holdfast as real pods: `make cluster` ([`holdfast_e2e::cluster`]) starts the control plane, one
+//! real node (containerd, runc, kubelet, kube-proxy, kube-router) and installs holdfast onto it
+//! with `helm install` of charts/holdfast and the image `make image` builds. The webhook and the
+//! controller run in containers there; kube-apiserver calls the webhook through its Service's
+//! ClusterIP (kube-proxy) and the pods call kube-apiserver through the `kubernetes` Service.
+//!
+//! The tests run in order, on the one release: what it runs as, what it admits, what its
+//! NetworkPolicies let in, rolling updates and a helm upgrade and rollback under a steady stream of
+//! admissions, the controller killed inside its pod, and last `helm uninstall`.
+
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail, ensure};
+use futures::TryStreamExt as _;
+use holdfast_e2e::{
+    cluster::{Cluster, NAMESPACE, NODE, RELEASE},
+    control_plane::unique_name,
+    e2e_main, images,
+    peers::kapp_controller,
+    wait,
+};
+use k8s_openapi::api::{
+    admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
+    coordination::v1::Lease,
+    core::v1::Pod,
+};
+use kube::{
+    Api, ResourceExt,
+    api::{DynamicObject, ListParams, PostParams},
+    core::GroupVersionKind,
+    discovery::ApiResource,
+    runtime::{WatchStreamExt as _, watcher},
+};
+use serde_json::{Value, json};
+
+e2e_main!(serial:
+    holdfast_runs_restricted_from_its_chart_on_the_real_node,
+    a_tagged_app_applied_with_kubectl_is_stored_pinned_and_reconciled,
+    network_policies_let_only_scrapers_reach_the_admin_ports,
+    rolling_updates_and_a_helm_upgrade_and_rollback_fail_no_admission,
+    the_controller_killed_in_its_pod_restarts_and_loses_nothing,
+    helm_uninstall_removes_the_webhooks_before_the_pods,
+);
+
+const WAIT: Duration = Duration::from_secs(180);
+
+fn kubectl_json(cluster: &Cluster, args: &[&str]) -> Result<Value> {
+    let mut all = args.to_vec();
+    all.extend(["-o", "json"]);
+    Ok(serde_json::from_str(&cluster.run("kubectl", &all)?)?)
+}
+
+fn apps(client: kube::Client, namespace: &str) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("kappctrl.k14s.io", "v1alpha1", "App"));
+    Api::namespaced_with(client, namespace, &resource)
+}
+
+/// The release's pods, by name.
+fn release_pods(cluster: &Cluster) -> Result<Vec<Value>> {
+    let pods = kubectl_json(
+        cluster,
+        &[
+            "get",
+            "pods",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=holdfast",
+        ],
+    )?;
+    Ok(pods["items"].as_array().cloned().unwrap_or_default())
+}
+
+fn is_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"]
+        .as_array()
+        .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+/// The host PID of a container (`containerd://ID`), from the CRI.
+fn container_pid(cluster: &Cluster, container_id: &str) -> Result<u32> {
+    let id = container_id
+        .strip_prefix("containerd://")
+        .with_context(|| format!("{container_id} is not a containerd container"))?;
+    let inspect: Value = serde_json::from_str(&cluster.run("crictl", &["inspect", id])?)?;
+    let pid = inspect["info"]["pid"]
+        .as_u64()
+        .context("crictl inspect gave no pid")?;
+    Ok(u32::try_from(pid)?)
+}
+
+/// An image of one ConfigMap, pushed to the cluster's registry as `repository:tag`; its digest.
+async fn push_config(cluster: &Cluster, repository: &str, tag: &str) -> Result<String> {
+    let image = images::Image::with_files(&[(
+        "config/app.yml",
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: node-app}\n",
+    )])?;
+    images::push(cluster.env.registry(), repository, tag, &image).await
+}
+
+fn app_yaml(name: &str, url: &str) -> String {
+    format!(
+        "apiVersion: kappctrl.k14s.io/v1alpha1\nkind: App\nmetadata: {{name: {name}}}\nspec:\n  serviceAccountName: {}\n  fetch: [{{image: {{url: {url}}}}}]\n  template: [{{ytt: {{}}}}]\n  deploy: [{{kapp: {{}}}}]\n",
+        kapp_controller::DEPLOYER
+    )
+}
+
+fn fetch_url(app: &DynamicObject) -> String {
+    app.data["spec"]["fetch"][0]["image"]["url"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The node is real, the release's pods run on it Ready through their probes with no restart,
+/// as 65532 on a read-only root file system (read from the running processes), in a namespace
+/// that enforces Pod Security `restricted`; the webhook configurations call the Service.
+async fn holdfast_runs_restricted_from_its_chart_on_the_real_node(cluster: Arc<Cluster>) -> Result<()> {
+    let node = kubectl_json(&cluster, &["get", "node", NODE])?;
+    let runtime = node["status"]["nodeInfo"]["containerRuntimeVersion"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(runtime.starts_with("containerd://"), "{NODE} runs {runtime:?}");
+    ensure!(
+        node["metadata"]["annotations"]["kwok.x-k8s.io/node"].is_null(),
+        "{NODE} is a kwok node"
+    );
+
+    let namespace = kubectl_json(&cluster, &["get", "namespace", NAMESPACE])?;
+    ensure!(
+        namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted",
+        "{NAMESPACE} does not enforce restricted: {}",
+        namespace["metadata"]["labels"]
+    );
+    // Enforced, not only labelled: a root pod is refused at admission.
+    let refused = cluster.run(
+        "kubectl",
+        &[
+            "run",
+            "-n",
+            NAMESPACE,
+            "root",
+            "--image=x",
+            "--restart=Never",
+            "--overrides",
+            r#"{"spec":{"securityContext":{"runAsUser":0}}}"#,
+            "--dry-run=server",
+        ],
+    );
+    ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("violates PodSecurity")),
+        "a root pod was not refused by Pod Security admission: {refused:?}"
+    );
+
+    let pods = release_pods(&cluster)?;
+    let components: Vec<&str> = pods
+        .iter()
+        .filter_map(|p| p["metadata"]["labels"]["app.kubernetes.io/component"].as_str())
+        .collect();
+    ensure!(
+        components.iter().filter(|c| **c == "webhook").count() == 2
+            && components.iter().filter(|c| **c == "controller").count() == 2,
+        "expected 2 webhook and 2 controller pods, found {components:?}"
+    );
+    for pod in &pods {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        ensure!(
+            pod["spec"]["nodeName"] == NODE,
+            "{name} is not on {NODE}: {}",
+            pod["spec"]["nodeName"]
+        );
+        ensure!(
+            is_ready(pod),
+            "{name} is not Ready: {}",
+            pod["status"]["conditions"]
+        );
+        for container in pod["spec"]["containers"].as_array().into_iter().flatten() {
+            ensure!(
+                container["readinessProbe"]["httpGet"].is_object() && container["livenessProbe"].is_object(),
+                "{name}: the container has no HTTP readiness probe or no liveness probe"
+            );
+        }
+        for status in pod["status"]["containerStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            ensure!(
+                status["restartCount"] == 0,
+                "{name} restarted: {}",
+                status["restartCount"]
+            );
+            let pid = container_pid(&cluster, status["containerID"].as_str().unwrap_or_default())?;
+            let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+            let uids = proc_status
+                .lines()
+                .find(|l| l.starts_with("Uid:"))
+                .unwrap_or_default();
+            ensure!(
+                uids.split_whitespace().skip(1).all(|u| u == "65532"),
+                "{name} runs as {uids:?}, not 65532"
+            );
+            let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))?;
+            let root = mounts
+                .lines()
+                .map(|l| l.split(' ').collect::<Vec<_>>())
+                .find(|f| f.get(4) == Some(&"/"))
+                .with_context(|| format!("{name}: no root mount in its mountinfo"))?;
+            ensure!(
+                root.get(5).is_some_and(|o| o.split(',').any(|o| o == "ro")),
+                "{name}: its root file system is mounted {:?}",
+                root.get(5)
+            );
+        }
+    }
+
+    let client = cluster.env.client().await?;
+    let selector = ListParams::default().labels("app.kubernetes.io/name=holdfast");
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .list(&selector)
+        .await?;
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client)
+        .list(&selector)
+        .await?;
+    let configs: Vec<Value> = mutating
+        .items
+        .iter()
+        .flat_map(|c| {
+            c.webhooks
+                .iter()
+                .flatten()
+                .map(|w| serde_json::to_value(&w.client_config))
+        })
+        .chain(validating.items.iter().flat_map(|c| {
+            c.webhooks
+                .iter()
+                .flatten()
+                .map(|w| serde_json::to_value(&w.client_config))
+        }))
+        .collect::<Result<_, _>>()?;
+    ensure!(!configs.is_empty(), "the release installed no webhook");
+    for config in &configs {
+        ensure!(
+            config["url"].is_null() && config["service"]["name"] == "holdfast-webhook",
+            "a webhook does not call the Service: {config}"
+        );
+        ensure!(
+            config["caBundle"].as_str().is_some_and(|b| !b.is_empty()),
+            "a webhook has no caBundle"
+        );
+    }
+    Ok(())
+}
+
+/// Through the in-cluster webhook: a tagged App applied with kubectl is stored at the tag's
+/// digest, and kapp-controller reconciles it from that digest.
+async fn a_tagged_app_applied_with_kubectl_is_stored_pinned_and_reconciled(
+    cluster: Arc<Cluster>,
+) -> Result<()> {
+    let env = &cluster.env;
+    let registry = env.registry();
+    let digest = push_config(&cluster, "node/app", "1.0.0").await?;
+    let namespace = env.namespace("node-app").await?;
+    kapp_controller::add_deployer(env, &namespace)?;
+    env.kubectl_apply(
+        &namespace,
+        &app_yaml("tagged", &format!("{registry}/node/app:1.0.0")),
+    )?;
+    let api = apps(env.client().await?, &namespace);
+    let stored = api.get("tagged").await?;
+    ensure!(
+        fetch_url(&stored) == format!("{registry}/node/app@{digest}"),
+        "stored as {}, not pinned to {digest}",
+        fetch_url(&stored)
+    );
+    kapp_controller::until_reconciled(env, &api, "tagged").await?;
+    let configmap = kubectl_json(&cluster, &["get", "configmap", "-n", &namespace, "node-app"]);
+    ensure!(
+        configmap.is_ok(),
+        "kapp-controller did not deploy the App's ConfigMap: {configmap:?}"
+    );
+    Ok(())
+}
+
+/// Whether a pod in `namespace` opens a TCP connection to `target`.
+fn connects(cluster: &Cluster, namespace: &str, pod: &str, target: &str) -> bool {
+    cluster
+        .run(
+            "kubectl",
+            &[
+                "exec",
+                "-n",
+                namespace,
+                pod,
+                "--",
+                "/agnhost",
+                "connect",
+                target,
+                "--timeout=3s",
+            ],
+        )
+        .is_ok()
+}
+
+fn client_pod(cluster: &Cluster, namespace: &str) -> Result<()> {
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "client"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "tolerations": [{"key": cluster.var("HOLDFAST_NODE_TAINT")?, "operator": "Exists", "effect": "NoSchedule"}],
+            "automountServiceAccountToken": false,
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "main", "image": cluster.var("HOLDFAST_AGNHOST_IMAGE")?, "args": ["pause"],
+                "securityContext": {"readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}
+            }]
+        }
+    });
+    cluster.env.kubectl_apply(namespace, &pod.to_string())?;
+    cluster.run(
+        "kubectl",
+        &[
+            "wait",
+            "-n",
+            namespace,
+            "--for=condition=Ready",
+            "pod/client",
+            "--timeout=90s",
+        ],
+    )?;
+    Ok(())
+}
+
+/// kube-router enforces the chart's NetworkPolicies: the admin ports (metrics, probes' twin) of
+/// both Deployments refuse a pod of an unlabelled namespace and let in one of a namespace labelled
+/// `holdfast.dev/metrics-scraper=true`; the webhook port stays open (the API server calls it).
+async fn network_policies_let_only_scrapers_reach_the_admin_ports(cluster: Arc<Cluster>) -> Result<()> {
+    let env = &cluster.env;
+    let other = env.namespace("node-other").await?;
+    let scraper = env
+        .namespace_with_labels("node-scraper", &[("holdfast.dev/metrics-scraper", "true")])
+        .await?;
+    client_pod(&cluster, &other)?;
+    client_pod(&cluster, &scraper)?;
+    let pods = release_pods(&cluster)?;
+    let address = |component: &str, port: u16| -> Result<String> {
+        let pod = pods
+            .iter()
+            .find(|p| p["metadata"]["labels"]["app.kubernetes.io/component"] == component)
+            .with_context(|| format!("no {component} pod"))?;
+        Ok(format!(
+            "{}:{port}",
+            pod["status"]["podIP"].as_str().unwrap_or_default()
+        ))
+    };
+    for target in [address("webhook", 8080)?, address("controller", 8081)?] {
+        // The new pods' addresses reach kube-router's sets within seconds: wait for the allowed
+        // one, then the other must stay refused.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !connects(&cluster, &scraper, "client", &target) {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "the scraper's pod never reached {target}"
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        ensure!(
+            !connects(&cluster, &other, "client", &target),
+            "a pod of an unlabelled namespace reached the admin port {target}"
+        );
+    }
+    let webhook = address("webhook", 8443)?;
+    ensure!(
+        connects(&cluster, &other, "client", &webhook),
+        "the webhook port {webhook} is closed to pods"
+    );
+    Ok(())
+}
+
+/// What a stream of App creations saw.
+#[derive(Debug, Default)]
+struct Admissions {
+    created: usize,
+    failed: Vec<String>,
+    unpinned: Vec<String>,
+}
+
+/// Creates a tagged App every 100 ms until `stop`; each must be admitted and stored pinned.
+async fn admit_steadily(api: Api<DynamicObject>, url: String, stop: Arc<AtomicBool>) -> Admissions {
+    let mut seen = Admissions::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let name = unique_name("steady");
+        let app: DynamicObject = match serde_yaml::from_str(&app_yaml(&name, &url)) {
+            Ok(app) => app,
+            Err(e) => {
+                seen.failed.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        match api.create(&PostParams::default(), &app).await {
+            Ok(stored) if fetch_url(&stored).contains("@sha256:") => seen.created += 1,
+            Ok(stored) => seen.unpinned.push(format!("{name}: {}", fetch_url(&stored))),
+            Err(e) => seen.failed.push(format!("{name}: {e}")),
+        }
+    }
+    seen
+}
+
+/// `kubectl rollout restart` of the webhook, then a `helm upgrade` (a changed pod template rolls
+/// both Deployments) and a `helm rollback`, with an App created every 100 ms throughout: every one
+/// is admitted, and stored pinned.
+async fn rolling_updates_and_a_helm_upgrade_and_rollback_fail_no_admission(
+    cluster: Arc<Cluster>,
+) -> Result<()> {
+    let env = &cluster.env;
+    let digest = push_config(&cluster, "node/steady", "1.0.0").await?;
+    let namespace = env.namespace("node-steady").await?;
+    let api = apps(env.client().await?, &namespace);
+    let stop = Arc::new(AtomicBool::new(false));
+    let stream = tokio::spawn(admit_steadily(
+        api,
+        format!("{}/node/steady:1.0.0", env.registry()),
+        stop.clone(),
+    ));
+    let rolled = tokio::task::spawn_blocking({
+        let cluster = cluster.clone();
+        move || -> Result<()> {
+            std::thread::sleep(Duration::from_secs(3));
+            let deployment = "deployment/holdfast-webhook";
+            cluster.run("kubectl", &["rollout", "restart", "-n", NAMESPACE, deployment])?;
+            cluster.run(
+                "kubectl",
+                &["rollout", "status", "-n", NAMESPACE, deployment, "--timeout=180s"],
+            )?;
+            let chart = holdfast_e2e::dist::repo().join("charts/holdfast");
+            cluster.helm(&[
+                "upgrade",
+                RELEASE,
+                &chart.to_string_lossy(),
+                "-n",
+                NAMESPACE,
+                "--reuse-values",
+                "--set",
+                "webhook.podAnnotations.holdfast\\.dev/rolled=upgrade",
+                "--set",
+                "controller.podAnnotations.holdfast\\.dev/rolled=upgrade",
+                "--wait",
+                "--timeout=180s",
+            ])?;
+            cluster.helm(&["rollback", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=180s"])?;
+            std::thread::sleep(Duration::from_secs(3));
+            Ok(())
+        }
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    let seen = stream.await?;
+    rolled??;
+    eprintln!(
+        "steady admissions through the rollouts: {} pinned, {} failed, {} unpinned (digest {digest})",
+        seen.created,
+        seen.failed.len(),
+        seen.unpinned.len()
+    );
+    ensure!(
+        seen.failed.is_empty() && seen.unpinned.is_empty(),
+        "admissions failed or went unpinned during the rollouts: {seen:?}"
+    );
+    ensure!(
+        seen.created >= 50,
+        "only {} admissions ran through the rollouts",
+        seen.created
+    );
+    let history = cluster.helm(&["history", RELEASE, "-n", NAMESPACE, "-o", "json"])?;
+    let revisions: Vec<Value> = serde_json::from_str(&history)?;
+    ensure!(
+        revisions.len() >= 3,
+        "helm history shows {} revisions",
+        revisions.len()
+    );
+    Ok(())
+}
+
+/// The controller's leader SIGKILLed inside its container: the kubelet restarts the container, a
+/// new leader's term begins, and what the cluster holds is intact (the cache entries, a pinned
+/// App), while a new App is still pinned.
+async fn the_controller_killed_in_its_pod_restarts_and_loses_nothing(cluster: Arc<Cluster>) -> Result<()> {
+    let env = &cluster.env;
+    let client = env.client().await?;
+    let digest = push_config(&cluster, "node/kill", "1.0.0").await?;
+    let namespace = env.namespace("node-kill").await?;
+    let api = apps(client.clone(), &namespace);
+    let url = format!("{}/node/kill:1.0.0", env.registry());
+    env.kubectl_apply(&namespace, &app_yaml("before", &url))?;
+    let before = fetch_url(&api.get("before").await?);
+    ensure!(before.ends_with(&digest), "not pinned before the kill: {before}");
+
+    let entries = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("holdfast.dev", "v1alpha1", "DigestCacheEntry"),
+        "digestcacheentries",
+    );
+    let entries: Api<DynamicObject> = Api::namespaced_with(client.clone(), NAMESPACE, &entries);
+    let names = |list: kube::core::ObjectList<DynamicObject>| -> Vec<String> {
+        let mut names: Vec<String> = list.items.iter().map(ResourceExt::name_any).collect();
+        names.sort();
+        names
+    };
+    let cached = names(entries.list(&ListParams::default()).await?);
+    ensure!(
+        !cached.is_empty(),
+        "no DigestCacheEntry in {NAMESPACE} before the kill"
+    );
+
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
+    let lease = leases.get("holdfast-controller").await?;
+    let spec = lease.spec.clone().unwrap_or_default();
+    let leader = spec
+        .holder_identity
+        .clone()
+        .context("the controller's Lease has no holder")?;
+    let pod = kubectl_json(&cluster, &["get", "pod", "-n", NAMESPACE, &leader])?;
+    let container = pod["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap_or_default();
+    let pid = container_pid(&cluster, container)?;
+    cluster.run("kill", &["-KILL", &pid.to_string()])?;
+    let killed_at = k8s_openapi::jiff::Timestamp::now();
+    eprintln!("SIGKILLed the leader {leader} (pid {pid})");
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
+    let restarted = |p: Option<&Pod>| {
+        p.and_then(|p| p.status.as_ref())
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.restart_count >= 1 && c.ready))
+    };
+    tokio::time::timeout(
+        WAIT,
+        kube::runtime::wait::await_condition(pods, &leader, restarted),
+    )
+    .await
+    .with_context(|| format!("{leader} was not restarted and Ready within {WAIT:?}"))??;
+    // A live process holds the Lease again: the other replica once the dead one's lease ran out,
+    // or the restarted container, which holds the pod's identity and renews it (as client-go's
+    // leaderelection does).
+    let renewed = |l: Option<&Lease>| {
+        l.and_then(|l| l.spec.as_ref()).is_some_and(|s| {
+            s.holder_identity.is_some() && s.renew_time.as_ref().is_some_and(|t| t.0 > killed_at)
+        })
+    };
+    let lease = tokio::time::timeout(
+        WAIT,
+        kube::runtime::wait::await_condition(leases, "holdfast-controller", renewed),
+    )
+    .await
+    .context("no live leader renewed the Lease after the kill")??;
+    let holder = lease
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    eprintln!("leadership after the kill: {leader} -> {holder}");
+
+    ensure!(
+        fetch_url(&api.get("before").await?) == before,
+        "the pinned App changed"
+    );
+    let after = names(entries.list(&ListParams::default()).await?);
+    let lost: Vec<&String> = cached.iter().filter(|n| !after.contains(n)).collect();
+    ensure!(lost.is_empty(), "cache entries lost after the kill: {lost:?}");
+    env.kubectl_apply(&namespace, &app_yaml("after", &url))?;
+    ensure!(
+        fetch_url(&api.get("after").await?).ends_with(&digest),
+        "an App created after the kill is not pinned"
+    );
+    Ok(())
+}
+
+/// `helm uninstall` deletes the webhook configurations before any of the release's pods begins to
+/// go (compared by the etcd revisions of the watch events), so no admission is left calling a
+/// Service without endpoints; afterwards the cluster admits Apps, as written.
+async fn helm_uninstall_removes_the_webhooks_before_the_pods(cluster: Arc<Cluster>) -> Result<()> {
+    let env = &cluster.env;
+    let client = env.client().await?;
+    let selector = watcher::Config::default().labels("app.kubernetes.io/name=holdfast");
+    let revisions: Arc<std::sync::Mutex<BTreeMap<String, u64>>> = Arc::default();
+    let record = |kind: &'static str, revisions: Arc<std::sync::Mutex<BTreeMap<String, u64>>>| {
+        move |name: String, revision: Option<String>| {
+            let revision = revision.and_then(|r| r.parse().ok()).unwrap_or(u64::MAX);
+            if let Ok(mut seen) = revisions.lock() {
+                seen.entry(format!("{kind}/{name}")).or_insert(revision);
+            }
+        }
+    };
+    let webhooks_gone = {
+        let mark = record("webhook-configuration", revisions.clone());
+        let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
+        let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+        let (mark_m, mark_v) = (mark.clone(), mark);
+        let (sel_m, sel_v) = (selector.clone(), selector.clone());
+        tokio::spawn(async move {
+            let m = watcher(mutating, sel_m).try_for_each(move |e| {
+                if let watcher::Event::Delete(c) = e {
+                    mark_m(c.name_any(), c.resource_version());
+                }
+                std::future::ready(Ok(()))
+            });
+            let v = watcher(validating, sel_v).try_for_each(move |e| {
+                if let watcher::Event::Delete(c) = e {
+                    mark_v(c.name_any(), c.resource_version());
+                }
+                std::future::ready(Ok(()))
+            });
+            let _ = tokio::join!(m, v);
+        })
+    };
+    let pods_going = {
+        let mark = record("pod", revisions.clone());
+        let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
+        tokio::spawn(async move {
+            let _ = watcher(pods, selector)
+                .applied_objects()
+                .try_for_each(move |p| {
+                    if p.metadata.deletion_timestamp.is_some() {
+                        mark(p.name_any(), p.resource_version());
+                    }
+                    std::future::ready(Ok(()))
+                })
+                .await;
+        })
+    };
+    // The watches are running before anything is deleted.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
+    let running = pods
+        .list(&ListParams::default().labels("app.kubernetes.io/name=holdfast"))
+        .await?;
+    ensure!(
+        !running.items.is_empty(),
+        "the release has no pods before the uninstall"
+    );
+    cluster.helm(&["uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=180s"])?;
+    // The garbage collector deletes the pods after helm has deleted their Deployments.
+    for pod in &running.items {
+        wait::deleted(&pods, &pod.name_any(), pod.uid().as_deref().unwrap_or_default()).await?;
+    }
+    webhooks_gone.abort();
+    pods_going.abort();
+    let seen = revisions.lock().map(|s| s.clone()).unwrap_or_default();
+    let last_webhook = seen
+        .iter()
+        .filter(|(k, _)| k.starts_with("webhook-configuration/"))
+        .map(|(_, r)| *r)
+        .max();
+    let first_pod = seen
+        .iter()
+        .filter(|(k, _)| k.starts_with("pod/"))
+        .map(|(_, r)| *r)
+        .min();
+    match (last_webhook, first_pod) {
+        (Some(webhook), Some(pod)) => ensure!(
+            webhook < pod,
+            "a pod began to go (revision {pod}) before the last webhook configuration was deleted (revision {webhook}): {seen:?}"
+        ),
+        _ => bail!("the watches did not see both the webhook configurations and the pods go: {seen:?}"),
+    }
+    let left = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .list(&ListParams::default().labels("app.kubernetes.io/name=holdfast"))
+        .await?;
+    ensure!(
+        left.items.is_empty(),
+        "webhook configurations left after uninstall"
+    );
+
+    let namespace = env.namespace("node-after").await?;
+    let url = format!("{}/node/app:1.0.0", env.registry());
+    env.kubectl_apply(&namespace, &app_yaml("after-uninstall", &url))?;
+    let stored = apps(client, &namespace).get("after-uninstall").await?;
+    ensure!(
+        fetch_url(&stored) == url,
+        "after uninstall the App was stored as {}",
+        fetch_url(&stored)
+    );
+    Ok(())
+}
