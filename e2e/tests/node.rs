@@ -45,8 +45,10 @@ e2e_main!(serial:
     a_tagged_app_applied_with_kubectl_is_stored_pinned_and_reconciled,
     network_policies_let_only_scrapers_reach_the_admin_ports,
     rolling_updates_and_a_helm_upgrade_and_rollback_fail_no_admission,
+    a_drain_of_the_node_stops_at_the_pod_disruption_budgets,
     the_controller_killed_in_its_pod_restarts_and_loses_nothing,
     helm_uninstall_removes_the_webhooks_before_the_pods,
+    kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node,
 );
 
 const WAIT: Duration = Duration::from_secs(180);
@@ -493,6 +495,50 @@ async fn rolling_updates_and_a_helm_upgrade_and_rollback_fail_no_admission(
     Ok(())
 }
 
+/// `kubectl drain` of the one node: it evicts one pod of each Deployment, and the
+/// PodDisruptionBudgets refuse the second eviction (its replacement cannot be scheduled on the
+/// cordoned node, and no other node runs containers), so a replica of each keeps serving; once the
+/// node is uncordoned both Deployments are whole again.
+async fn a_drain_of_the_node_stops_at_the_pod_disruption_budgets(cluster: Arc<Cluster>) -> Result<()> {
+    let out = cluster
+        .command("kubectl")
+        .args([
+            "drain",
+            NODE,
+            "--pod-selector=app.kubernetes.io/name=holdfast",
+            "--ignore-daemonsets",
+            "--delete-emptydir-data",
+            "--timeout=30s",
+        ])
+        .output()?;
+    let during = release_pods(&cluster)?;
+    cluster.run("kubectl", &["uncordon", NODE])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "the drain went through: {stderr}");
+    ensure!(
+        stderr.contains("disruption budget"),
+        "the drain did not stop at a PodDisruptionBudget: {stderr}"
+    );
+    for component in ["webhook", "controller"] {
+        let serving = during
+            .iter()
+            .filter(|p| {
+                p["metadata"]["labels"]["app.kubernetes.io/component"] == component
+                    && p["metadata"]["deletionTimestamp"].is_null()
+                    && is_ready(p)
+            })
+            .count();
+        ensure!(serving >= 1, "no {component} pod was left serving by the drain");
+    }
+    for deployment in ["deployment/holdfast-webhook", "deployment/holdfast-controller"] {
+        cluster.run(
+            "kubectl",
+            &["rollout", "status", "-n", NAMESPACE, deployment, "--timeout=180s"],
+        )?;
+    }
+    Ok(())
+}
+
 /// The controller's leader SIGKILLed inside its container: the kubelet restarts the container, a
 /// new leader's term begins, and what the cluster holds is intact (the cache entries, a pinned
 /// App), while a new App is still pinned.
@@ -689,6 +735,78 @@ async fn helm_uninstall_removes_the_webhooks_before_the_pods(cluster: Arc<Cluste
     ensure!(
         fetch_url(&stored) == url,
         "after uninstall the App was stored as {}",
+        fetch_url(&stored)
+    );
+    Ok(())
+}
+
+/// After the Helm release is gone, the same image installed the kustomize way, as README says:
+/// `kubectl apply -k` of an overlay of `manifests/overlays/recommended` that only points the image
+/// at the registry by digest, places the pods on the node and names the plain-HTTP registry. Both
+/// Deployments become Ready there, and a tagged App is stored pinned.
+async fn kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node(cluster: Arc<Cluster>) -> Result<()> {
+    let pushed = std::fs::read_to_string(holdfast_e2e::dist::target_dir().join("image/pushed"))?;
+    let (repository, digest) = pushed
+        .trim()
+        .split_once('@')
+        .context("image/pushed names no digest")?;
+    let registry = cluster.env.registry().to_string();
+    // Beside the overlay it builds on: kustomize takes only relative roots.
+    let overlay = tempfile::Builder::new()
+        .prefix(".node-overlay-")
+        .tempdir_in(holdfast_e2e::dist::repo().join("manifests/overlays"))?;
+    let placement = json!([
+        {"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"kubernetes.io/hostname": NODE}},
+        {"op": "add", "path": "/spec/template/spec/tolerations",
+         "value": [{"key": cluster.var("HOLDFAST_NODE_TAINT")?, "operator": "Exists", "effect": "NoSchedule"}]},
+        {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": format!("--insecure-registry={registry}")},
+    ]);
+    let kustomization = json!({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["../recommended"],
+        "images": [{"name": "holdfast", "newName": repository, "digest": digest}],
+        "patches": [{"target": {"kind": "Deployment"}, "patch": placement.to_string()}],
+    });
+    std::fs::write(
+        overlay.path().join("kustomization.yaml"),
+        serde_yaml::to_string(&kustomization)?,
+    )?;
+    cluster.run("kubectl", &["apply", "-k", &overlay.path().to_string_lossy()])?;
+    for deployment in ["deployment/holdfast-webhook", "deployment/holdfast-controller"] {
+        cluster.run(
+            "kubectl",
+            &["rollout", "status", "-n", NAMESPACE, deployment, "--timeout=180s"],
+        )?;
+    }
+    for pod in release_pods(&cluster)? {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        if pod["metadata"]["deletionTimestamp"].is_null() {
+            ensure!(pod["spec"]["nodeName"] == NODE, "{name} is not on {NODE}");
+        }
+    }
+    let env = &cluster.env;
+    // The webhook injects its caBundle into the configurations kubectl just created.
+    let injected = |c: Option<&MutatingWebhookConfiguration>| {
+        c.and_then(|c| c.webhooks.as_ref()).is_some_and(|w| {
+            w.iter().all(|w| {
+                w.client_config
+                    .ca_bundle
+                    .as_ref()
+                    .is_some_and(|b| !b.0.is_empty())
+            })
+        })
+    };
+    let mutating = Api::<MutatingWebhookConfiguration>::all(env.client().await?);
+    wait::until(&mutating, "holdfast", injected).await?;
+    let pinned = push_config(&cluster, "node/kustomize", "1.0.0").await?;
+    let namespace = env.namespace("node-kustomize").await?;
+    let url = format!("{registry}/node/kustomize:1.0.0");
+    env.kubectl_apply(&namespace, &app_yaml("kustomized", &url))?;
+    let stored = apps(env.client().await?, &namespace).get("kustomized").await?;
+    ensure!(
+        fetch_url(&stored) == format!("{registry}/node/kustomize@{pinned}"),
+        "installed with kubectl apply -k, the webhook stored {}",
         fetch_url(&stored)
     );
     Ok(())
