@@ -46,6 +46,7 @@ e2e_main!(serial:
     network_policies_let_only_scrapers_reach_the_admin_ports,
     rolling_updates_and_a_helm_upgrade_and_rollback_fail_no_admission,
     a_drain_of_the_node_stops_at_the_pod_disruption_budgets,
+    the_serving_certificate_rotates_through_the_kubelets_secret_projection,
     the_controller_killed_in_its_pod_restarts_and_loses_nothing,
     helm_uninstall_removes_the_webhooks_before_the_pods,
     kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node,
@@ -535,6 +536,195 @@ async fn a_drain_of_the_node_stops_at_the_pod_disruption_budgets(cluster: Arc<Cl
             "kubectl",
             &["rollout", "status", "-n", NAMESPACE, deployment, "--timeout=180s"],
         )?;
+    }
+    Ok(())
+}
+
+/// The leaf certificate a webhook pod presents on its TLS port (trusting `ca_pem`), as DER.
+async fn served_leaf(address: &str, ca_pem: &str) -> Result<Vec<u8>> {
+    let config = holdfast_certs::client_config(ca_pem)?;
+    let tcp = tokio::net::TcpStream::connect(address).await?;
+    let name = rustls::pki_types::ServerName::try_from(format!("holdfast-webhook.{NAMESPACE}.svc"))?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await?;
+    let (_, session) = tls.get_ref();
+    let leaf = session
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .context("no certificate served")?;
+    Ok(leaf.to_vec())
+}
+
+fn der_of(pem: &str) -> Result<Vec<u8>> {
+    use rustls::pki_types::{CertificateDer, pem::PemObject as _};
+    Ok(CertificateDer::from_pem_slice(pem.as_bytes())?.to_vec())
+}
+
+/// The webhook's own CA plus `extra`, in every webhook of both configurations (what
+/// cert-manager's CA injector does for `certMode: cert-manager`).
+async fn add_to_ca_bundles(client: &kube::Client, extra: &str) -> Result<()> {
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let mut config = mutating.get("holdfast").await?;
+    for webhook in config.webhooks.iter_mut().flatten() {
+        let bundle = webhook
+            .client_config
+            .ca_bundle
+            .get_or_insert_with(Default::default);
+        bundle.0.extend_from_slice(extra.as_bytes());
+    }
+    mutating
+        .replace("holdfast", &PostParams::default(), &config)
+        .await?;
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    let mut config = validating.get("holdfast").await?;
+    for webhook in config.webhooks.iter_mut().flatten() {
+        let bundle = webhook
+            .client_config
+            .ca_bundle
+            .get_or_insert_with(Default::default);
+        bundle.0.extend_from_slice(extra.as_bytes());
+    }
+    validating
+        .replace("holdfast", &PostParams::default(), &config)
+        .await?;
+    Ok(())
+}
+
+/// Certificate files from a Secret the kubelet projects into the pods (how `certMode:
+/// cert-manager` serves, here with a CA of the test's and `webhook.extraArgs`/`extraVolumes`, so
+/// no cert-manager is needed): the Secret gets a new leaf, the kubelet swaps the mounted files
+/// (its atomic `..data` symlink), and each webhook pod serves the new certificate without a
+/// restart, while an App created every 100 ms is admitted and pinned throughout.
+async fn the_serving_certificate_rotates_through_the_kubelets_secret_projection(
+    cluster: Arc<Cluster>,
+) -> Result<()> {
+    let env = &cluster.env;
+    let client = env.client().await?;
+    let ca = holdfast_certs::CertificateAuthority::generate(&holdfast_certs::CaOptions::default())?;
+    let options = holdfast_certs::ServingOptions::for_service("holdfast-webhook", NAMESPACE);
+    let first = ca.issue_serving(&options)?;
+    let secret = |leaf: &holdfast_certs::ServingCert| {
+        json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+            "metadata": {"name": "holdfast-file-tls"},
+            "stringData": {"tls.crt": leaf.cert_pem, "tls.key": leaf.key_pem},
+        })
+        .to_string()
+    };
+    env.kubectl_apply(NAMESPACE, &secret(&first))?;
+    // Both CAs are trusted while the pods move from the self-managed certificate to the files.
+    add_to_ca_bundles(&client, ca.cert_pem()).await?;
+    let values = tempfile::NamedTempFile::new()?;
+    std::fs::write(
+        values.path(),
+        json!({"webhook": {
+            "extraArgs": ["--tls-cert-file=/var/run/holdfast/file-tls/tls.crt",
+                          "--tls-key-file=/var/run/holdfast/file-tls/tls.key", "--tls-poll-seconds=2"],
+            "extraVolumes": [{"name": "file-tls", "secret": {"secretName": "holdfast-file-tls"}}],
+            "extraVolumeMounts": [{"name": "file-tls", "mountPath": "/var/run/holdfast/file-tls", "readOnly": true}],
+        }})
+        .to_string(),
+    )?;
+    let chart = holdfast_e2e::dist::repo().join("charts/holdfast");
+    cluster.helm(&[
+        "upgrade",
+        RELEASE,
+        &chart.to_string_lossy(),
+        "-n",
+        NAMESPACE,
+        "--reuse-values",
+        "--values",
+        &values.path().to_string_lossy(),
+        "--wait",
+        "--timeout=180s",
+    ])?;
+    cluster.run(
+        "kubectl",
+        &[
+            "rollout",
+            "status",
+            "-n",
+            NAMESPACE,
+            "deployment/holdfast-webhook",
+            "--timeout=180s",
+        ],
+    )?;
+    let webhooks: Vec<String> = release_pods(&cluster)?
+        .iter()
+        .filter(|p| {
+            p["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"
+                && p["metadata"]["deletionTimestamp"].is_null()
+        })
+        .map(|p| format!("{}:8443", p["status"]["podIP"].as_str().unwrap_or_default()))
+        .collect();
+    ensure!(
+        webhooks.len() == 2,
+        "expected 2 webhook pods after the upgrade: {webhooks:?}"
+    );
+    for address in &webhooks {
+        ensure!(
+            served_leaf(address, ca.cert_pem()).await? == der_of(&first.cert_pem)?,
+            "{address} does not serve the file's certificate"
+        );
+    }
+
+    let digest = push_config(&cluster, "node/rotation", "1.0.0").await?;
+    let namespace = env.namespace("node-rotation").await?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stream = tokio::spawn(admit_steadily(
+        apps(client.clone(), &namespace),
+        format!("{}/node/rotation:1.0.0", env.registry()),
+        stop.clone(),
+    ));
+    let second = ca.issue_serving(&options)?;
+    env.kubectl_apply(NAMESPACE, &secret(&second))?;
+    let rotated_at = std::time::Instant::now();
+    let wanted = der_of(&second.cert_pem)?;
+    let mut rotated = Ok(());
+    for address in &webhooks {
+        loop {
+            if served_leaf(address, ca.cert_pem())
+                .await
+                .is_ok_and(|leaf| leaf == wanted)
+            {
+                break;
+            }
+            if rotated_at.elapsed() > WAIT {
+                rotated = Err(anyhow::anyhow!(
+                    "{address} still serves the old certificate after {WAIT:?}"
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    // A few more admissions on the new certificate.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::Relaxed);
+    let seen = stream.await?;
+    rotated?;
+    eprintln!(
+        "rotation through the projection took {:.0} s; admissions meanwhile: {} pinned, {} failed, {} unpinned (digest {digest})",
+        rotated_at.elapsed().as_secs_f64(),
+        seen.created,
+        seen.failed.len(),
+        seen.unpinned.len()
+    );
+    ensure!(
+        seen.failed.is_empty() && seen.unpinned.is_empty(),
+        "admissions failed during the rotation: {seen:?}"
+    );
+    for pod in release_pods(&cluster)? {
+        if pod["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"
+            && pod["metadata"]["deletionTimestamp"].is_null()
+        {
+            ensure!(
+                pod["status"]["containerStatuses"][0]["restartCount"] == 0,
+                "{} restarted during the rotation",
+                pod["metadata"]["name"]
+            );
+        }
     }
     Ok(())
 }
