@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use holdfast_registry::{cache::DigestCache, metrics::CacheCollector};
+use holdfast_cache::{DigestCache, metrics::CacheCollector};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet},

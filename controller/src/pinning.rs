@@ -320,11 +320,8 @@ mod tests {
     mod api {
         use std::time::SystemTime;
 
-        use holdfast_registry::{
-            Digest, Reference,
-            cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope},
-            testing::Unreachable,
-        };
+        use holdfast_cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope, testing::Unreachable};
+        use holdfast_registry::{Digest, Reference};
         use http::{Method, StatusCode};
         use serde_json::{Value, json};
 

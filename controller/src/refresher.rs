@@ -14,11 +14,9 @@ use std::{
 };
 
 use futures::StreamExt;
+use holdfast_cache::{CacheEntry, CacheKey, DigestCache, Origin};
 use holdfast_pins::{PinnedKind, Pinner, resolve::named_keys};
-use holdfast_registry::{
-    Digest, Reference,
-    cache::{CacheEntry, CacheKey, DigestCache, Origin},
-};
+use holdfast_registry::{Digest, Reference};
 use tokio::sync::Semaphore;
 
 use crate::{
@@ -380,11 +378,8 @@ mod tests {
     use std::{collections::BTreeSet, time::SystemTime};
 
     use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
+    use holdfast_cache::{CacheConfig, Scope, testing::FakeSource};
     use holdfast_pins::resolve::SecretSource;
-    use holdfast_registry::{
-        cache::{CacheConfig, Scope},
-        testing::FakeSource,
-    };
     use kube::ResourceExt;
     use serde_json::json;
 

@@ -6,12 +6,12 @@
 
 use std::{sync::Arc, time::Duration};
 
-use holdfast_pins::{Pinner, resolve::SecretSource};
-use holdfast_registry::{
-    Resolver, ResolverConfig,
-    cache::{CacheConfig, DigestCache},
+use holdfast_cache::{
+    CacheConfig, DigestCache,
     cluster_store::{self, ClusterSink},
 };
+use holdfast_pins::{Pinner, resolve::SecretSource};
+use holdfast_registry::{Resolver, ResolverConfig};
 use kube::Client;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

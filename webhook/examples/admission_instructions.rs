@@ -15,10 +15,8 @@ use std::{sync::Arc, time::Duration};
 
 use axum::{Router, body::Body, http::Request, routing::post};
 use bytes::Bytes;
-use holdfast_registry::{
-    Resolver, ResolverConfig,
-    cache::{CacheConfig, DigestCache},
-};
+use holdfast_cache::{CacheConfig, DigestCache};
+use holdfast_registry::{Resolver, ResolverConfig};
 use holdfast_webhook::{
     cli::LogFormat,
     cluster::StaticCluster,

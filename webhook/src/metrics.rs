@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, atomic::AtomicU64};
 
-use holdfast_registry::{cache::DigestCache, metrics::CacheCollector};
+use holdfast_cache::{DigestCache, metrics::CacheCollector};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
