@@ -121,8 +121,6 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
-        Ok(out)
+        holdfast_runtime::admin::encode(&self.registry)
     }
 }

@@ -28,10 +28,9 @@ use holdfast_cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope};
 use holdfast_certs::{CaOptions, CertificateAuthority, ServingOptions, SwappableCert, server_config};
 use holdfast_e2e::process::{TICKS_PER_SECOND, Usage};
 use holdfast_registry::{Digest, Reference, Resolver, ResolverConfig};
+use holdfast_runtime::logs::{self, LogFormat};
 use holdfast_webhook::{
-    cli::LogFormat,
     cluster::StaticCluster,
-    logs,
     rules::RuleContext,
     server::{self, Settings},
 };

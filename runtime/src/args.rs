@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use holdfast_registry::mirror::{MirrorLocation, NamingError};
 
-use crate::mirror_scope::{MirrorPins, NamespaceSelector, SelectorError};
+use holdfast_pins::mirror_scope::{MirrorPins, NamespaceSelector, SelectorError};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RegistryArgs {
