@@ -362,7 +362,7 @@ mod tests {
                 namespaces,
                 resource: ApiResource::from_gvk_with_plural(&PinnedKind::App.gvk(), "apps"),
                 kind: PinnedKind::App,
-                pinner: Arc::new(Pinner::new(cache.clone(), None)),
+                pinner: Arc::new(crate::term::pinner(cache.clone(), None, None)),
                 retries: Backoff::new(FIRST_RETRY, RETRY_CEILING),
                 recorder: Recorder::new(client, MANAGER.into()),
                 metrics: Arc::default(),

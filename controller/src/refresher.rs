@@ -535,7 +535,7 @@ mod tests {
             let watched = Arc::new(Watched::of(vec![(PinnedKind::App, apps)], listed));
             let triggered = Box::pin(watched.take_trigger(0).unwrap());
             let refresher = Refresher::new(watched, &cache, Duration::ZERO);
-            let pinner = Pinner::new(cache, Some(Arc::new(NoSecrets)));
+            let pinner = crate::term::pinner(cache, Some(Arc::new(NoSecrets)), None);
             Self {
                 registry,
                 pinner,
@@ -577,7 +577,7 @@ mod tests {
         for entry in entries {
             cache.insert(entry.clone());
         }
-        Pinner::new(cache, Some(Arc::new(NoSecrets)))
+        crate::term::pinner(cache, Some(Arc::new(NoSecrets)), None)
     }
 
     /// Issue 15, item 1: an entry naming `secret:victim/db-creds` and a registry of the writer's
