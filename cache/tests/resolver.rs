@@ -7,41 +7,13 @@
 mod support;
 
 use std::{
-    collections::BTreeSet,
-    sync::{Arc, Once},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use futures::FutureExt as _;
 use holdfast_cache::{CacheConfig, CacheKey, DigestCache, Loaded, Scope};
-use holdfast_registry::{Digest, Reference, Resolver, ResolverConfig};
-use support::{FakeRegistry, index_manifest, sha256};
-
-fn install_crypto_provider() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
-fn resolver_for(registry: &FakeRegistry, tune: impl FnOnce(&mut ResolverConfig)) -> Resolver {
-    install_crypto_provider();
-    let mut config = ResolverConfig {
-        insecure_registries: BTreeSet::from([registry.host()]),
-        request_timeout: Duration::from_secs(1),
-        ..ResolverConfig::default()
-    };
-    tune(&mut config);
-    Resolver::new(config).unwrap()
-}
-
-fn reference(registry: &FakeRegistry, path: &str) -> Reference {
-    Reference::parse(&format!("{}/{path}", registry.host())).unwrap()
-}
-
-fn expected_digest(repository: &str) -> Digest {
-    Digest::parse(&sha256(&index_manifest(repository))).unwrap()
-}
+use support::{FakeRegistry, expected_digest, reference, resolver_for};
 
 /// Admissions cut off by their deadline while a registry hangs (the webhook drops the lookup)
 /// must not strand the registry's connection budget: once it answers, the next new tag is

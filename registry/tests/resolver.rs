@@ -3,40 +3,13 @@
 
 mod support;
 
-use std::{
-    collections::BTreeSet,
-    sync::Once,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use holdfast_registry::{
-    AuthConfig, Credentials, Digest, Reference, ResolveError, Resolver, ResolverConfig,
-    resolve::MANIFEST_MEDIA_TYPES,
-};
+use holdfast_registry::{AuthConfig, Credentials, ResolveError, resolve::MANIFEST_MEDIA_TYPES};
 use http::Method;
-use support::{ALICE, FakeRegistry, IDENTITY_TOKEN, PAGED_TAGS, STATIC_TOKEN, index_manifest, sha256};
-
-fn install_crypto_provider() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
-fn resolver_for(registry: &FakeRegistry, tune: impl FnOnce(&mut ResolverConfig)) -> Resolver {
-    install_crypto_provider();
-    let mut config = ResolverConfig {
-        insecure_registries: BTreeSet::from([registry.host()]),
-        request_timeout: Duration::from_secs(1),
-        ..ResolverConfig::default()
-    };
-    tune(&mut config);
-    Resolver::new(config).unwrap()
-}
-
-fn reference(registry: &FakeRegistry, path: &str) -> Reference {
-    Reference::parse(&format!("{}/{path}", registry.host())).unwrap()
-}
+use support::{
+    ALICE, FakeRegistry, IDENTITY_TOKEN, PAGED_TAGS, STATIC_TOKEN, expected_digest, reference, resolver_for,
+};
 
 fn alice(registry: &FakeRegistry) -> Credentials {
     let json = format!(
@@ -51,10 +24,6 @@ fn alice(registry: &FakeRegistry) -> Credentials {
         [(".dockerconfigjson", json)],
     )
     .unwrap()
-}
-
-fn expected_digest(repository: &str) -> Digest {
-    Digest::parse(&sha256(&index_manifest(repository))).unwrap()
 }
 
 #[tokio::test]
