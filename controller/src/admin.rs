@@ -3,6 +3,7 @@
 //! current or stands by reading the Lease) and `/metrics` ([`crate::metrics`]).
 
 use std::{
+    borrow::Cow,
     net::SocketAddr,
     sync::{
         Arc,
@@ -11,13 +12,7 @@ use std::{
     time::Instant,
 };
 
-use axum::{
-    Router,
-    extract::State,
-    http::{StatusCode, header},
-    response::{IntoResponse, Response},
-    routing::get,
-};
+use holdfast_runtime::admin::{BindError, Probes};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -42,69 +37,37 @@ impl Health {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("binding the admin port {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-}
-
 struct AdminState {
     health: Arc<Health>,
     metrics: Arc<Metrics>,
 }
 
-pub fn router(health: Arc<Health>, metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(scrape))
-        .with_state(Arc::new(AdminState { health, metrics }))
+impl Probes for AdminState {
+    fn readiness(&self) -> Result<Cow<'static, str>, Cow<'static, str>> {
+        self.health
+            .readiness(Instant::now())
+            .map(Cow::Borrowed)
+            .map_err(Cow::Borrowed)
+    }
+
+    fn metrics(&self) -> Result<String, std::fmt::Error> {
+        self.metrics.set_leader(self.health.election.leading());
+        self.metrics.encode()
+    }
 }
 
-/// Binds `addr` and serves the admin port until `cancel`; returns the bound address.
+/// Binds `addr` and serves the admin port (`holdfast_runtime::admin`) until `cancel`; returns
+/// the bound address.
 pub async fn serve(
     addr: SocketAddr,
     health: Arc<Health>,
     metrics: Arc<Metrics>,
     cancel: CancellationToken,
-) -> Result<(SocketAddr, JoinHandle<()>), Error> {
-    let bind_error = |source| Error::Bind { addr, source };
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind_error)?;
-    let bound = listener.local_addr().map_err(bind_error)?;
-    let app = router(health, metrics);
-    let task = tokio::spawn(async move {
-        let served = axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned());
-        if let Err(error) = served.await {
-            tracing::error!(%error, "admin server failed");
-        }
-    });
-    tracing::info!(admin_addr = %bound, "serving /healthz, /readyz and /metrics");
-    Ok((bound, task))
-}
-
-async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
-    match state.health.readiness(Instant::now()) {
-        Ok(how) => (StatusCode::OK, how).into_response(),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
-    }
-}
-
-async fn scrape(State(state): State<Arc<AdminState>>) -> Response {
-    state.metrics.set_leader(state.health.election.leading());
-    match state.metrics.encode() {
-        Ok(body) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
-        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed").into_response(),
-    }
+) -> Result<(SocketAddr, JoinHandle<()>), BindError> {
+    let served =
+        holdfast_runtime::admin::serve(addr, Arc::new(AdminState { health, metrics }), cancel).await?;
+    tracing::info!(admin_addr = %served.0, "serving /healthz, /readyz and /metrics");
+    Ok(served)
 }
 
 #[cfg(test)]

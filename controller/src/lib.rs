@@ -18,7 +18,10 @@
 //!   [`run`]: the digest cache, the election ([`leader`]) and a term while this replica leads,
 //!   as the binary runs them.
 //! - [`metrics`] and [`admin`]: what the controller reports on its admin port (`/healthz`,
-//!   `/readyz`, `/metrics`).
+//!   `/readyz`, `/metrics`; the port itself is `holdfast_runtime::admin`'s, as the webhook's).
+//!
+//! Built on `holdfast-cache` (the digest cache and its `DigestCacheEntry` store), `holdfast-pins`
+//! and `holdfast-registry`; its flags and log lines are `holdfast-runtime`'s.
 
 pub mod admin;
 mod backoff;

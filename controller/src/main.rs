@@ -2,11 +2,10 @@
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result};
 use clap::Parser;
 use holdfast_controller::{admin, metrics::Metrics, mirror::MirrorSettings, run::Settings};
-use holdfast_pins::{args::RegistryArgs, logs::LogFormat};
-use tokio::signal::unix::{SignalKind, signal};
+use holdfast_runtime::{args::RegistryArgs, logs::LogFormat};
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc, not the system allocator: glibc's per-thread arenas kept what a cluster-wide list
@@ -74,12 +73,8 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    rustls::crypto::ring::default_provider()
-        .install_default()
-        .map_err(|_| anyhow!("a rustls crypto provider was already installed"))?;
-    let args = Args::parse();
-    holdfast_pins::logs::init(args.log_format);
-    let mut terminate = signal(SignalKind::terminate())?;
+    let args = holdfast_runtime::start(|args: &Args| args.log_format)?;
+    let terminated = holdfast_runtime::terminated()?;
     let cancel = CancellationToken::new();
     let client = kube::Client::try_default()
         .await
@@ -123,10 +118,8 @@ async fn main() -> Result<()> {
     };
     let stop = cancel.clone();
     tokio::spawn(async move {
-        tokio::select! {
-            _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: stopping"),
-        }
+        let signal = terminated.await;
+        tracing::info!("{signal}: stopping");
         stop.cancel();
     });
     let (metrics, health) = (Arc::new(Metrics::new()), Arc::new(admin::Health::default()));

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use holdfast_registry::{cache::DigestCache, metrics::CacheCollector};
+use holdfast_cache::{DigestCache, metrics::CacheCollector};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet},
@@ -286,9 +286,7 @@ impl Metrics {
 
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
-        Ok(out)
+        holdfast_runtime::admin::encode(&self.registry)
     }
 }
 

@@ -320,11 +320,8 @@ mod tests {
     mod api {
         use std::time::SystemTime;
 
-        use holdfast_registry::{
-            Digest, Reference,
-            cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope},
-            testing::Unreachable,
-        };
+        use holdfast_cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope, testing::Unreachable};
+        use holdfast_registry::{Digest, Reference};
         use http::{Method, StatusCode};
         use serde_json::{Value, json};
 
@@ -365,7 +362,7 @@ mod tests {
                 namespaces,
                 resource: ApiResource::from_gvk_with_plural(&PinnedKind::App.gvk(), "apps"),
                 kind: PinnedKind::App,
-                pinner: Arc::new(Pinner::new(cache.clone(), None)),
+                pinner: Arc::new(crate::term::pinner(cache.clone(), None, None)),
                 retries: Backoff::new(FIRST_RETRY, RETRY_CEILING),
                 recorder: Recorder::new(client, MANAGER.into()),
                 metrics: Arc::default(),

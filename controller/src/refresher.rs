@@ -14,11 +14,9 @@ use std::{
 };
 
 use futures::StreamExt;
+use holdfast_cache::{CacheEntry, CacheKey, DigestCache, Origin};
 use holdfast_pins::{PinnedKind, Pinner, resolve::named_keys};
-use holdfast_registry::{
-    Digest, Reference,
-    cache::{CacheEntry, CacheKey, DigestCache, Origin},
-};
+use holdfast_registry::{Digest, Reference};
 use tokio::sync::Semaphore;
 
 use crate::{
@@ -380,11 +378,8 @@ mod tests {
     use std::{collections::BTreeSet, time::SystemTime};
 
     use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
+    use holdfast_cache::{CacheConfig, Scope, testing::FakeSource};
     use holdfast_pins::resolve::SecretSource;
-    use holdfast_registry::{
-        cache::{CacheConfig, Scope},
-        testing::FakeSource,
-    };
     use kube::ResourceExt;
     use serde_json::json;
 
@@ -540,7 +535,7 @@ mod tests {
             let watched = Arc::new(Watched::of(vec![(PinnedKind::App, apps)], listed));
             let triggered = Box::pin(watched.take_trigger(0).unwrap());
             let refresher = Refresher::new(watched, &cache, Duration::ZERO);
-            let pinner = Pinner::new(cache, Some(Arc::new(NoSecrets)));
+            let pinner = crate::term::pinner(cache, Some(Arc::new(NoSecrets)), None);
             Self {
                 registry,
                 pinner,
@@ -582,7 +577,7 @@ mod tests {
         for entry in entries {
             cache.insert(entry.clone());
         }
-        Pinner::new(cache, Some(Arc::new(NoSecrets)))
+        crate::term::pinner(cache, Some(Arc::new(NoSecrets)), None)
     }
 
     /// Issue 15, item 1: an entry naming `secret:victim/db-creds` and a registry of the writer's

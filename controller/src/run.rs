@@ -6,7 +6,8 @@
 
 use std::sync::{Arc, atomic::Ordering};
 
-use holdfast_registry::{ResolverConfig, cache::CacheConfig};
+use holdfast_cache::CacheConfig;
+use holdfast_registry::ResolverConfig;
 use kube::Client;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

@@ -1,17 +1,18 @@
 //! A leader's term: everything that writes, built once when this replica starts to lead and
-//! dropped when the term ends. [`Term::start`] is its one constructor — the pinner (the one place
-//! the controller's is made), the watches of the pinned kinds, the reconcile trigger the mirror
+//! dropped when the term ends. [`Term::start`] is its one constructor — the pinner (from
+//! `pinner`, the one place the controller makes one, for the term and for the reconcilers'
+//! tests), the watches of the pinned kinds, the reconcile trigger the mirror
 //! pulls — and its loops are methods: [`Term::run`] runs them all, as the binary does; the e2e
 //! harness and the benchmarks start the same term and run the loops they test.
 
 use std::{sync::Arc, time::Duration};
 
-use holdfast_pins::{Pinner, resolve::SecretSource};
-use holdfast_registry::{
-    Resolver, ResolverConfig,
-    cache::{CacheConfig, DigestCache},
+use holdfast_cache::{
+    CacheConfig, DigestCache,
     cluster_store::{self, ClusterSink},
 };
+use holdfast_pins::{Pinner, resolve::SecretSource};
+use holdfast_registry::{Resolver, ResolverConfig};
 use kube::Client;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -64,6 +65,22 @@ pub fn follow_cache(
     Ok((cache, synced))
 }
 
+/// The controller's pinner over `cache`: reading Secrets through `secrets` when given, pinning
+/// to the mirror's copies and waiting for them when `mirror` is set. The one place the
+/// controller builds a pinner: [`Term::start`]'s, and the reconcilers' tests' (with their own
+/// stand-ins for the Secrets and the registry).
+pub(crate) fn pinner(
+    cache: Arc<DigestCache>,
+    secrets: Option<Arc<dyn SecretSource>>,
+    mirror: Option<&MirrorSettings>,
+) -> Pinner {
+    let pinner = Pinner::new(cache, secrets).with_mirror(mirror.map(MirrorSettings::pins));
+    match mirror {
+        Some(mirror) => pinner.with_copying(Arc::new(mirror.copying())),
+        None => pinner,
+    }
+}
+
 pub struct Term {
     client: Client,
     settings: TermSettings,
@@ -92,10 +109,7 @@ impl Term {
         let secrets = settings
             .read_secrets
             .then(|| Arc::new(client.clone()) as Arc<dyn SecretSource>);
-        let mut pinner = Pinner::new(cache, secrets).with_mirror(mirror.as_ref().map(MirrorSettings::pins));
-        if let Some(mirror) = &mirror {
-            pinner = pinner.with_copying(Arc::new(mirror.copying()));
-        }
+        let pinner = pinner(cache, secrets, mirror.as_ref());
         let kinds = pinning::installed_kinds(&client).await;
         let watched = Arc::new(Watched::start(&client, kinds, &leading));
         Self {

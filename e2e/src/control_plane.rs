@@ -15,9 +15,8 @@ use k8s_openapi::{
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
-    Api, Client, Config, ResourceExt,
+    Api, Client, ResourceExt,
     api::{ObjectMeta, PostParams},
-    config::{KubeConfigOptions, Kubeconfig},
     runtime::wait::{await_condition, conditions},
 };
 use serde::Deserialize as _;
@@ -25,6 +24,7 @@ use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
 use crate::{
+    access::Access,
     peers::{KappController, Korifi, Kpack, kpack},
     pki::Pki,
     process::{ServerProcess, free_port},
@@ -51,16 +51,11 @@ pub const CLUSTER_REGISTRY_ENV: &str = "HOLDFAST_E2E_CLUSTER_REGISTRY";
 /// (kept, with the logs, when `HOLDFAST_KEEP_ENV=1`).
 #[derive(Debug)]
 pub struct Env {
-    kubeconfig: PathBuf,
-    registry: String,
-    /// The registry's address inside the cluster, when it differs ([`CLUSTER_REGISTRY_ENV`]).
-    cluster_registry: Option<String>,
+    /// How the cluster is reached: [`Env`] derefs to it.
+    access: Access,
     boot_time: Duration,
-    apiserver_port: u16,
-    apiserver_ca: PathBuf,
     /// The CA a real kubelet authenticates kube-apiserver's client certificate by.
     kubelet_client_ca: PathBuf,
-    admin_token: String,
     /// In start order; stopped in reverse.
     processes: Vec<ServerProcess>,
     /// Started by the first test that asks for it; stopped before the control plane.
@@ -107,20 +102,23 @@ impl Env {
     /// A cluster started by something else (`make cluster`'s scripts, [`crate::cluster`]):
     /// nothing is started, and nothing is stopped.
     pub fn attached(kubeconfig: PathBuf, registry: String, cluster_registry: Option<String>) -> Self {
+        let mut access = Access::new(kubeconfig, registry);
+        access.cluster_registry = cluster_registry;
+        Env::of(access, None)
+    }
+
+    /// An environment reached through `access`, with nothing started yet; its processes run in
+    /// `dir` (none: an existing cluster).
+    fn of(access: Access, dir: Option<TempDir>) -> Self {
         Env {
-            kubeconfig,
-            registry,
-            cluster_registry,
+            access,
             boot_time: Duration::ZERO,
-            apiserver_port: 0,
-            apiserver_ca: PathBuf::new(),
             kubelet_client_ca: PathBuf::new(),
-            admin_token: String::new(),
             processes: Vec::new(),
             kapp_controller: tokio::sync::OnceCell::new(),
             kpack: tokio::sync::OnceCell::new(),
             korifi: tokio::sync::OnceCell::new(),
-            dir: None,
+            dir,
         }
     }
 
@@ -134,27 +132,13 @@ impl Env {
         let tools = Tools::locate()?;
         let dir = tempfile::Builder::new().prefix("holdfast-env-").tempdir()?;
         let root = dir.path().to_path_buf();
-        let mut env = Env {
-            kubeconfig: root.join("kubeconfig"),
-            registry: String::new(),
-            cluster_registry: None,
-            boot_time: Duration::ZERO,
-            apiserver_port: 0,
-            apiserver_ca: PathBuf::new(),
-            kubelet_client_ca: PathBuf::new(),
-            admin_token: String::new(),
-            processes: Vec::new(),
-            kapp_controller: tokio::sync::OnceCell::new(),
-            kpack: tokio::sync::OnceCell::new(),
-            korifi: tokio::sync::OnceCell::new(),
-            dir: Some(dir),
-        };
+        let mut env = Env::of(Access::new(root.join("kubeconfig"), String::new()), Some(dir));
 
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
         let apiserver_port = free_port()?;
         let registry_port = free_port()?;
-        env.registry = format!("127.0.0.1:{registry_port}");
+        env.access.registry = format!("127.0.0.1:{registry_port}");
 
         let pki = Pki::write(&root.join("pki"), random_token())?;
 
@@ -179,7 +163,7 @@ impl Env {
         let registry_config = root.join("registry.yml");
         std::fs::write(
             &registry_config,
-            registry_config_yaml(&root.join("registry"), &env.registry),
+            registry_config_yaml(&root.join("registry"), &env.access.registry),
         )?;
         env.spawn(
             "docker-registry",
@@ -189,10 +173,10 @@ impl Env {
 
         let cert_dir = root.join("apiserver");
         let ca_file = cert_dir.join("apiserver.crt");
-        env.apiserver_port = apiserver_port;
-        env.apiserver_ca = ca_file.clone();
+        env.access.apiserver_port = apiserver_port;
+        env.access.apiserver_ca = ca_file.clone();
         env.kubelet_client_ca = pki.kubelet_client_ca.clone();
-        env.admin_token = pki.token.clone();
+        env.access.admin_token = pki.token.clone();
         let mut apiserver_args = vec![
             format!("--etcd-servers={etcd_url}"),
             format!("--secure-port={apiserver_port}"),
@@ -228,7 +212,7 @@ impl Env {
             .await?;
         install_crds(&client, &crd_dirs()?).await?;
 
-        let kubeconfig = format!("--kubeconfig={}", env.kubeconfig.display());
+        let kubeconfig = format!("--kubeconfig={}", env.access.kubeconfig.display());
         env.spawn(
             "kube-controller-manager",
             &tools.kube_controller_manager,
@@ -335,7 +319,7 @@ impl Env {
     }
 
     async fn wait_for_registry(&mut self) -> Result<()> {
-        let registry = self.registry.clone();
+        let registry = self.access.registry.clone();
         wait_for_registry(&registry, || self.check_processes()).await
     }
 
@@ -407,7 +391,7 @@ impl Env {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        std::fs::write(&self.kubeconfig, kubeconfig_yaml(port, ca_file, token))?;
+        std::fs::write(&self.access.kubeconfig, kubeconfig_yaml(port, ca_file, token))?;
         self.client().await
     }
 
@@ -457,18 +441,6 @@ impl Env {
         }
     }
 
-    /// A fresh client: kube clients keep connections on the runtime that made them.
-    pub async fn client(&self) -> Result<Client> {
-        Ok(Client::try_from(self.config().await?)?)
-    }
-
-    /// The kubeconfig's client configuration, to build a client that differs (another address,
-    /// a `User-Agent` of its own, timeouts).
-    pub async fn config(&self) -> Result<Config> {
-        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)?;
-        Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
-    }
-
     /// Every event of the API server's audit log so far ([`crate::audit`]); only on the local
     /// control plane.
     pub fn audit_log(&self) -> Result<Vec<crate::audit::Event>> {
@@ -478,20 +450,6 @@ impl Env {
         let path = self.dir()?.join(AUDIT_LOG);
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
         crate::audit::parse(&text)
-    }
-
-    pub fn kubeconfig(&self) -> &Path {
-        &self.kubeconfig
-    }
-
-    /// `host:port` of the plain-HTTP registry.
-    pub fn registry(&self) -> &str {
-        &self.registry
-    }
-
-    /// `host:port` of that registry as holdfast, in the cluster, reaches it: what objects name.
-    pub fn cluster_registry(&self) -> &str {
-        self.cluster_registry.as_deref().unwrap_or(&self.registry)
     }
 
     pub fn boot_time(&self) -> Duration {
@@ -607,81 +565,15 @@ impl Env {
         }
     }
 
-    pub fn apiserver_port(&self) -> u16 {
-        self.apiserver_port
-    }
-
-    /// The API server's self-signed serving certificate (its CA for clients).
-    pub fn apiserver_ca(&self) -> &Path {
-        &self.apiserver_ca
-    }
-
     /// The CA of kube-apiserver's kubelet client certificate, for a real kubelet's
     /// `authentication.x509.clientCAFile` (`scripts/node.sh`).
     pub fn kubelet_client_ca(&self) -> &Path {
         &self.kubelet_client_ca
     }
 
-    /// The bearer token of the `system:masters` user the kubeconfig holds.
-    pub fn admin_token(&self) -> &str {
-        &self.admin_token
-    }
-
     /// PIDs of the servers, in start order (for `make up`'s state file).
     pub fn pids(&self) -> Vec<(&'static str, u32)> {
         self.processes.iter().map(|p| (p.name(), p.pid())).collect()
-    }
-
-    /// `kubectl` pointed at this control plane, to drive it as a user would.
-    pub fn kubectl(&self) -> std::process::Command {
-        let mut cmd = std::process::Command::new("kubectl");
-        cmd.env("KUBECONFIG", &self.kubeconfig);
-        cmd
-    }
-
-    /// `kubectl apply -n <namespace> -f -` with `yaml` on stdin, as a user would.
-    pub fn kubectl_apply(&self, namespace: &str, yaml: &str) -> Result<()> {
-        self.kubectl_apply_with(&["-n", namespace], yaml)
-    }
-
-    /// `kubectl apply <args> -f -` with `yaml` on stdin (e.g. `--server-side`, or no namespace
-    /// for documents that name their own).
-    pub fn kubectl_apply_with(&self, args: &[&str], yaml: &str) -> Result<()> {
-        use std::io::Write as _;
-        let mut child = self
-            .kubectl()
-            .arg("apply")
-            .args(args)
-            .args(["-f", "-"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()?;
-        child
-            .stdin
-            .take()
-            .context("kubectl stdin")?
-            .write_all(yaml.as_bytes())?;
-        let out = child.wait_with_output()?;
-        if !out.status.success() {
-            bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
-        }
-        Ok(())
-    }
-
-    /// `kubectl get <resource> <name> -n <namespace> -o json`.
-    pub fn kubectl_get(&self, resource: &str, name: &str, namespace: &str) -> Result<serde_json::Value> {
-        let out = self
-            .kubectl()
-            .args(["get", resource, name, "-n", namespace, "-o", "json"])
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "kubectl get {resource} {name} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(serde_json::from_slice(&out.stdout)?)
     }
 
     /// Creates a uniquely named, labelled namespace whose default service account is ready
@@ -713,6 +605,17 @@ impl Env {
             .await
             .with_context(|| format!("default service account in {name} never created"))??;
         Ok(name)
+    }
+}
+
+/// An environment is first of all a way to reach its cluster: `env.client()`, `env.kubectl()`,
+/// `env.registry()` are its [`Access`]'s, and the peers (which [`Env`] starts and owns) are
+/// started with only that.
+impl std::ops::Deref for Env {
+    type Target = Access;
+
+    fn deref(&self) -> &Access {
+        &self.access
     }
 }
 

@@ -6,13 +6,14 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Result;
+use holdfast_cache::CacheConfig;
 use holdfast_controller::{
     mirror::MirrorSettings,
     refresher::Refresher,
     term::{Term, follow_cache},
 };
 use holdfast_pins::Pinner;
-use holdfast_registry::{ResolverConfig, cache::CacheConfig};
+use holdfast_registry::ResolverConfig;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client,

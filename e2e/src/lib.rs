@@ -2,6 +2,7 @@
 //! kube-controller-manager, kube-scheduler, kwok nodes) and a real OCI registry on loopback, the
 //! real peers on demand, test images pushed to it, and the runner the e2e suites share.
 
+pub mod access;
 pub mod accounts;
 pub mod audit;
 pub mod cluster;

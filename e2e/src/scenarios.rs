@@ -8,11 +8,8 @@ use std::{fmt::Debug, time::Duration};
 
 use anyhow::{Context, Result, ensure};
 use futures::{StreamExt, TryStreamExt};
-use holdfast_registry::{
-    Reference,
-    cache::{CacheKey, Scope},
-    cluster_store,
-};
+use holdfast_cache::{CacheKey, Scope, cluster_store};
+use holdfast_registry::Reference;
 use k8s_openapi::api::{
     core::v1::{Namespace, Secret},
     events::v1::Event,

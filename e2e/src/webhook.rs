@@ -4,15 +4,13 @@
 use std::{collections::BTreeMap, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result};
+use holdfast_cache::{CacheConfig, DigestCache};
 use holdfast_certs::{
     CaOptions, ServingOptions,
     kube_store::{KubeCertStore, StoreConfig},
 };
 use holdfast_pins::MirrorPins;
-use holdfast_registry::{
-    Resolver, ResolverConfig,
-    cache::{CacheConfig, DigestCache},
-};
+use holdfast_registry::{Resolver, ResolverConfig};
 use holdfast_webhook::{
     cluster::Cluster,
     handler::{DEFAULT_DEADLINE, Limits},

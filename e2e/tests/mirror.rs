@@ -17,6 +17,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, bail, ensure};
 use futures::TryStreamExt;
+use holdfast_cache::{CacheKey, Mirrored, Scope, cluster_store};
 use holdfast_controller::mirror::MirrorSettings;
 use holdfast_e2e::{
     Env,
@@ -33,8 +34,6 @@ use holdfast_e2e::{
 use holdfast_pins::{MirrorPins, ORIGINAL_REFS_ANNOTATION, PinnedKind};
 use holdfast_registry::{
     Digest, Reference,
-    cache::{CacheKey, Mirrored, Scope},
-    cluster_store,
     mirror::{MirrorLocation, host_component},
 };
 use kube::api::{DynamicObject, ListParams, PostParams};

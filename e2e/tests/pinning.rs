@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, ensure};
 use futures::TryStreamExt;
+use holdfast_cache::{CacheConfig, Scope};
 use holdfast_e2e::{
     Env,
     controller::LocalController,
@@ -16,7 +17,6 @@ use holdfast_e2e::{
     wait,
     webhook::{LocalWebhook, Registration},
 };
-use holdfast_registry::cache::{CacheConfig, Scope};
 use k8s_openapi::api::{core::v1::Secret, events::v1::Event};
 use kube::{
     Api,

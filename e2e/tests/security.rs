@@ -20,6 +20,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
+use holdfast_cache::{CacheConfig, CacheEntry, CacheKey, Scope, cluster_store};
 use holdfast_e2e::{
     Env,
     accounts::{CONTROLLER, FENCE, Forbidden, NAMESPACE, install_rbac, manifests, service_account_client},
@@ -30,11 +31,7 @@ use holdfast_e2e::{
     webhook::{LocalWebhook, Registration, rule},
 };
 use holdfast_pins::{PinPolicy, PinnedKind, Resolution};
-use holdfast_registry::{
-    Digest, Reference,
-    cache::{CacheConfig, CacheEntry, CacheKey, Scope},
-    cluster_store,
-};
+use holdfast_registry::{Digest, Reference};
 use k8s_openapi::api::{
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
     core::v1::{ConfigMap, Namespace, Pod, Secret},
@@ -182,7 +179,7 @@ async fn forged_reviews_with_fresh_tags_persist_nothing(env: Arc<Env>) -> Result
 
 /// The most a `DigestCacheEntry` object takes as the API server returns it (JSON), metadata and
 /// managed fields included: its spec fields are at most `MAX_ENTRY_BYTES`.
-const MAX_ENTRY_OBJECT_BYTES: usize = holdfast_registry::cache::MAX_ENTRY_BYTES + 4096;
+const MAX_ENTRY_OBJECT_BYTES: usize = holdfast_cache::MAX_ENTRY_BYTES + 4096;
 
 /// Issue 35: a tenant churning its Apps through ever new tag selections (each a new cache key)
 /// grows holdfast's namespace by at most `--cache-max-entries` objects of at most

@@ -8,10 +8,7 @@ use std::{collections::BTreeMap, sync::Arc, sync::OnceLock};
 
 use bytes::Bytes;
 use futures::{FutureExt, future::BoxFuture};
-use holdfast_registry::{
-    cache::{CacheConfig, DigestCache},
-    testing::FakeSource,
-};
+use holdfast_cache::{CacheConfig, DigestCache, testing::FakeSource};
 use holdfast_webhook::{
     cluster::{ClusterView, Peer, Presence},
     review,

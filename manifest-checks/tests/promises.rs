@@ -91,7 +91,7 @@ fn the_crds_directory_holds_only_crds_and_the_cache_crd_matches_the_code() -> Re
             }
         }
     }
-    let resource = holdfast_registry::cluster_store::resource();
+    let resource = holdfast_cache::cluster_store::resource();
     let crd = found
         .iter()
         .find(|c| text(c, "spec.names.kind") == resource.kind)

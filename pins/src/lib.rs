@@ -100,8 +100,6 @@
 //! re-deriving an App) gets the same digest if the resolver (or, for `freeze`, the record)
 //! gives the same digest, and then the annotation is left byte-for-byte as it was.
 
-pub mod args;
-pub mod logs;
 pub mod mirror_scope;
 mod original_refs;
 pub mod other_sources;

@@ -30,11 +30,8 @@ use std::{
     sync::RwLock,
 };
 
-use holdfast_registry::{
-    Digest, Reference,
-    cache::{Mirrored, Scope},
-    mirror::MirrorLocation,
-};
+use holdfast_cache::{Mirrored, Scope};
+use holdfast_registry::{Digest, Reference, mirror::MirrorLocation};
 use kube::core::{Expression, Selector, SelectorExt};
 
 use crate::Resolution;

@@ -5,10 +5,8 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use futures::{FutureExt, future::BoxFuture};
-use holdfast_registry::{
-    Credentials, Reference, VersionSelection,
-    cache::{CacheError, CacheKey, DigestCache, Loaded, Origin, Scope},
-};
+use holdfast_cache::{CacheError, CacheKey, DigestCache, Loaded, Origin, Scope};
+use holdfast_registry::{Credentials, Reference, VersionSelection};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 use serde_json::Value;

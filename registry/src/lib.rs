@@ -1,7 +1,7 @@
-//! OCI references, tag to digest resolution, registry credentials, the digest cache and its
-//! cluster store, and the mirror copier.
+//! OCI references, tag to digest resolution, registry credentials, and the mirror copier.
 //!
-//! Knows nothing of Kubernetes admission: the webhook and the controller build on it.
+//! Knows nothing of Kubernetes: the digest cache (`holdfast-cache`), the webhook and the
+//! controller build on it.
 //!
 //! - [`reference`](mod@reference): parse image references exactly as vendir/imgpkg (go-containerregistry) do,
 //!   and produce the pinned `repo@sha256:…` form.
@@ -9,28 +9,20 @@
 //! - [`credentials`]: registry credentials from a `secretRef` Secret, as vendir reads them.
 //! - [`resolve`]: the registry client: tag → digest, tag lists, auth, rate limits, budgets.
 //! - [`tag_list`]: a tag list page read keeping only the tags that parse as versions, bounded.
-//! - [`cache`]: the digest cache (single-flight lookups as tasks of their own, stale-if-error,
-//!   bounded entries); [`cluster_store`]: its `DigestCacheEntry` objects.
 //! - [`mirror`]: copies pinned content (and imgpkg bundles, relocated) into a cache registry.
-//! - `testing` (feature `testing`): the registry stand-ins the other crates' tests use.
 
 mod auth;
-pub mod cache;
-pub mod cluster_store;
 pub mod credentials;
 pub mod digest;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod host_gate;
-pub mod metrics;
 pub mod mirror;
 pub mod reference;
 pub mod resolve;
 mod retry_after;
 pub mod semver_select;
 pub mod tag_list;
-#[cfg(any(test, feature = "testing"))]
-pub mod testing;
 mod text;
 
 pub use credentials::{AuthConfig, Credentials, CredentialsError};

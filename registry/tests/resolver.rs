@@ -3,40 +3,13 @@
 
 mod support;
 
-use std::{
-    collections::BTreeSet,
-    sync::Once,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
-use holdfast_registry::{
-    AuthConfig, Credentials, Digest, Reference, ResolveError, Resolver, ResolverConfig,
-    resolve::MANIFEST_MEDIA_TYPES,
-};
+use holdfast_registry::{AuthConfig, Credentials, ResolveError, resolve::MANIFEST_MEDIA_TYPES};
 use http::Method;
-use support::{ALICE, FakeRegistry, IDENTITY_TOKEN, PAGED_TAGS, STATIC_TOKEN, index_manifest, sha256};
-
-fn install_crypto_provider() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
-fn resolver_for(registry: &FakeRegistry, tune: impl FnOnce(&mut ResolverConfig)) -> Resolver {
-    install_crypto_provider();
-    let mut config = ResolverConfig {
-        insecure_registries: BTreeSet::from([registry.host()]),
-        request_timeout: Duration::from_secs(1),
-        ..ResolverConfig::default()
-    };
-    tune(&mut config);
-    Resolver::new(config).unwrap()
-}
-
-fn reference(registry: &FakeRegistry, path: &str) -> Reference {
-    Reference::parse(&format!("{}/{path}", registry.host())).unwrap()
-}
+use support::{
+    ALICE, FakeRegistry, IDENTITY_TOKEN, PAGED_TAGS, STATIC_TOKEN, expected_digest, reference, resolver_for,
+};
 
 fn alice(registry: &FakeRegistry) -> Credentials {
     let json = format!(
@@ -51,10 +24,6 @@ fn alice(registry: &FakeRegistry) -> Credentials {
         [(".dockerconfigjson", json)],
     )
     .unwrap()
-}
-
-fn expected_digest(repository: &str) -> Digest {
-    Digest::parse(&sha256(&index_manifest(repository))).unwrap()
 }
 
 #[tokio::test]
@@ -727,51 +696,4 @@ async fn https_unless_configured_insecure() {
     // The fake speaks plain HTTP, so the TLS handshake fails.
     assert!(matches!(err, ResolveError::Transport { .. }), "{err:?}");
     assert!(registry.requests().is_empty(), "no plain-HTTP request was made");
-}
-
-/// Admissions cut off by their deadline while a registry hangs (the webhook drops the lookup)
-/// must not strand the registry's connection budget: once it answers, the next new tag is
-/// resolved at once, and every single-flight slot is gone.
-#[tokio::test]
-async fn lookups_cut_off_while_a_registry_hangs_release_its_budget() {
-    use std::sync::Arc;
-
-    use futures::FutureExt as _;
-    use holdfast_registry::cache::{CacheConfig, CacheKey, DigestCache, Loaded, Scope};
-
-    let registry = FakeRegistry::start().await;
-    let resolver = resolver_for(&registry, |c| {
-        c.max_concurrent_per_host = 2;
-        c.request_timeout = Duration::from_secs(5);
-    });
-    let cache = DigestCache::new(Arc::new(resolver), CacheConfig::default(), None);
-    let lookup = |path: &str| {
-        let target = reference(&registry, path);
-        cache.lookup(CacheKey::tag(&target, Scope::Anonymous), target, None, || {
-            futures::future::ready(Ok(Loaded::anonymous())).boxed()
-        })
-    };
-    // Two hanging tags take both of the host's slots; their callers give up.
-    for tag in ["gated/app:v1", "gated/app:v2"] {
-        let cut = tokio::time::timeout(Duration::from_millis(100), lookup(tag)).await;
-        assert!(cut.is_err(), "{tag} answered while the registry hangs");
-    }
-    assert_eq!(cache.flights_in_flight(), 2);
-    registry.release();
-    let started = Instant::now();
-    let answer = lookup("plain/app:v1").await.unwrap();
-    assert_eq!(answer.digest, expected_digest("plain/app"));
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "waited {:?} for a slot",
-        started.elapsed()
-    );
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while cache.flights_in_flight() > 0 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the cut-off flights landed");
-    assert_eq!(registry.count("/v2/gated/app/manifests/v1"), 1, "asked once");
 }

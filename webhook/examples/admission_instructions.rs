@@ -15,15 +15,12 @@ use std::{sync::Arc, time::Duration};
 
 use axum::{Router, body::Body, http::Request, routing::post};
 use bytes::Bytes;
-use holdfast_registry::{
-    Resolver, ResolverConfig,
-    cache::{CacheConfig, DigestCache},
-};
+use holdfast_cache::{CacheConfig, DigestCache};
+use holdfast_registry::{Resolver, ResolverConfig};
+use holdfast_runtime::logs::{self, LogFormat};
 use holdfast_webhook::{
-    cli::LogFormat,
     cluster::StaticCluster,
     handler::{self, AdmissionState},
-    logs,
     metrics::Metrics,
     rules::RuleContext,
 };

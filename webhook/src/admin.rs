@@ -1,18 +1,17 @@
-//! The admin port: plain HTTP, separate from the TLS admission port, for probes and scrapes.
+//! The admin port: plain HTTP, separate from the TLS admission port, for probes and scrapes
+//! (served by `holdfast_runtime::admin`); here what its readiness waits for and what a scrape
+//! reads.
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    borrow::Cow,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
-use axum::{
-    Router,
-    extract::State,
-    http::{StatusCode, header},
-    response::{IntoResponse, Response},
-    routing::get,
-};
 use holdfast_certs::SwappableCert;
+use holdfast_runtime::admin::Probes;
 
 use crate::metrics::Metrics;
 
@@ -47,33 +46,17 @@ pub struct AdminState {
     pub certificate: Arc<SwappableCert>,
 }
 
-pub fn router(state: Arc<AdminState>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(state)
-}
-
-async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
-    match state.readiness.blockers() {
-        blockers if blockers.is_empty() => (StatusCode::OK, "ok").into_response(),
-        blockers => (StatusCode::SERVICE_UNAVAILABLE, blockers.join(", ")).into_response(),
+impl Probes for AdminState {
+    fn readiness(&self) -> Result<Cow<'static, str>, Cow<'static, str>> {
+        match self.readiness.blockers() {
+            blockers if blockers.is_empty() => Ok("ok".into()),
+            blockers => Err(blockers.join(", ").into()),
+        }
     }
-}
 
-async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
-    let expiry = state.certificate.not_after() - time::OffsetDateTime::now_utc();
-    state.metrics.set_certificate_expiry(expiry.as_seconds_f64());
-    match state.metrics.encode() {
-        Ok(body) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
-        Err(_) => (StatusCode::INTERNAL_SERVER_ERROR, "metrics encoding failed").into_response(),
+    fn metrics(&self) -> Result<String, std::fmt::Error> {
+        let expiry = self.certificate.not_after() - time::OffsetDateTime::now_utc();
+        self.metrics.set_certificate_expiry(expiry.as_seconds_f64());
+        self.metrics.encode()
     }
 }

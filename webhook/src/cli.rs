@@ -3,7 +3,7 @@
 use std::{net::IpAddr, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::Parser;
-pub use holdfast_pins::logs::LogFormat;
+use holdfast_runtime::logs::LogFormat;
 
 #[derive(Debug, Clone, Parser)]
 #[command(name = "holdfast-webhook", version, about = "holdfast's admission webhook")]
@@ -51,7 +51,7 @@ pub struct Args {
     pub tls: TlsArgs,
 
     #[command(flatten)]
-    pub registry: holdfast_pins::args::RegistryArgs,
+    pub registry: holdfast_runtime::args::RegistryArgs,
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -6,11 +6,8 @@
 
 use std::sync::Arc;
 
-use holdfast_registry::{
-    Resolver,
-    cache::{CacheConfig, DigestCache},
-    cluster_store,
-};
+use holdfast_cache::{CacheConfig, DigestCache, cluster_store};
+use holdfast_registry::Resolver;
 use kube::Client;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

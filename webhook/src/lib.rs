@@ -5,7 +5,10 @@
 //! - [`review`]: the wire format; [`handler`]: the HTTP layer (deadline, body and in-flight
 //!   budgets, metrics, logs).
 //! - [`digest_cache`]: the controller's cache entries, read-only.
-//! - [`server`]: the TLS and admin ports; [`admin`]: probes and metrics; [`logs`]: the log lines.
+//! - [`server`]: the TLS and admin ports; [`admin`]: what the admin port's probes read (served
+//!   by `holdfast_runtime::admin`); [`metrics`]: the admission metrics.
+//!
+//! The log lines and the registry flags are `holdfast_runtime`'s, shared with the controller.
 
 pub mod admin;
 pub mod cli;
@@ -18,6 +21,3 @@ pub mod review;
 pub mod rules;
 pub mod server;
 pub mod uninstall;
-
-/// The log lines (shared with the controller).
-pub use holdfast_pins::logs;

@@ -2,8 +2,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use anyhow::{Context, Result, anyhow};
-use clap::Parser;
+use anyhow::{Context, Result};
 use holdfast_certs::{
     CaOptions, FileWatcher, ServingOptions, SwappableCert,
     kube_store::{KubeCertStore, StoreConfig},
@@ -13,11 +12,10 @@ use holdfast_registry::Resolver;
 use holdfast_webhook::{
     cli::Args,
     cluster::Cluster,
-    digest_cache, logs,
+    digest_cache,
     rules::{RuleContext, policy::Policy},
     server::{self, Settings},
 };
-use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc, not the system allocator: glibc's per-thread arenas kept what a cluster-wide list
@@ -27,14 +25,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    rustls::crypto::ring::default_provider()
-        .install_default()
-        .map_err(|_| anyhow!("a rustls crypto provider was already installed"))?;
-    let args = Args::parse();
-    logs::init(args.log_format);
+    let args = holdfast_runtime::start(|args: &Args| args.log_format)?;
     // Pins to the mirror's copies the controller recorded (the controller does the copying).
     let mirror = args.registry.mirror()?;
-    let mut terminate = signal(SignalKind::terminate())?;
+    let terminated = holdfast_runtime::terminated()?;
     let cancel = CancellationToken::new();
     let client = kube::Client::try_default()
         .await
@@ -89,10 +83,8 @@ async fn main() -> Result<()> {
     };
     let running = server::start(settings, context, synced, certificate).await?;
 
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: draining"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
-    }
+    let signal = terminated.await;
+    tracing::info!("{signal}: draining");
     running
         .shutdown(
             Duration::from_secs(args.shutdown_delay_seconds),

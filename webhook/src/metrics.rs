@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, atomic::AtomicU64};
 
-use holdfast_registry::{cache::DigestCache, metrics::CacheCollector};
+use holdfast_cache::{DigestCache, metrics::CacheCollector};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -121,8 +121,6 @@ impl Metrics {
     }
 
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
-        Ok(out)
+        holdfast_runtime::admin::encode(&self.registry)
     }
 }

@@ -9,7 +9,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    admin::{self, AdminState, Readiness},
+    admin::{AdminState, Readiness},
     handler::{self, AdmissionState},
     metrics::Metrics,
     rules::RuleContext,
@@ -27,11 +27,8 @@ pub struct Settings {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    #[error("binding the admin port {addr}: {source}")]
-    BindAdmin {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    BindAdmin(#[from] holdfast_runtime::admin::BindError),
     #[error("binding the admission port {0}")]
     BindTls(SocketAddr),
     #[error("TLS configuration: {0}")]
@@ -63,31 +60,14 @@ pub async fn start(
     let cancel = CancellationToken::new();
     let mut tasks = Vec::new();
 
-    let admin_listener = tokio::net::TcpListener::bind(settings.admin_addr)
-        .await
-        .map_err(|source| ServeError::BindAdmin {
-            addr: settings.admin_addr,
-            source,
-        })?;
-    let admin_addr = admin_listener
-        .local_addr()
-        .map_err(|source| ServeError::BindAdmin {
-            addr: settings.admin_addr,
-            source,
-        })?;
-    let admin_app = admin::router(Arc::new(AdminState {
+    let probes = Arc::new(AdminState {
         readiness: readiness.clone(),
         metrics: metrics.clone(),
         certificate: certificate.clone(),
-    }));
-    let admin_cancel = cancel.clone();
-    tasks.push(tokio::spawn(async move {
-        let served =
-            axum::serve(admin_listener, admin_app).with_graceful_shutdown(admin_cancel.cancelled_owned());
-        if let Err(error) = served.await {
-            tracing::error!(%error, "admin server failed");
-        }
-    }));
+    });
+    let (admin_addr, admin) =
+        holdfast_runtime::admin::serve(settings.admin_addr, probes, cancel.clone()).await?;
+    tasks.push(admin);
 
     let app = handler::router(
         Arc::new(AdmissionState {

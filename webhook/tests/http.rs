@@ -20,8 +20,8 @@ use tower::ServiceExt;
 
 mod support;
 
+use holdfast_cache::testing::FakeSource;
 use holdfast_registry::Digest;
-use holdfast_registry::testing::FakeSource;
 
 const APP_CONFIG: &str = "registry.example/team/app-config:1.0.0";
 const UID: &str = "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4";

@@ -35,7 +35,7 @@ async fn start() -> Fixture {
 }
 
 /// A server whose pinning resolves through `registry`; ready once `release_sync` fires.
-async fn start_with(registry: holdfast_registry::testing::FakeSource) -> Fixture {
+async fn start_with(registry: holdfast_cache::testing::FakeSource) -> Fixture {
     let ca = CertificateAuthority::generate(&CaOptions::default()).unwrap();
     let leaf = ca
         .issue_serving(
@@ -178,11 +178,9 @@ async fn readiness_waits_for_caches_and_metrics_report_expiry() {
 #[tokio::test]
 async fn shutdown_lets_an_admission_in_flight_finish_and_then_refuses_connections() {
     const TAG: &str = "registry.example/team/app-config:1.0.0";
-    let registry = holdfast_registry::testing::FakeSource::with([(
-        TAG,
-        holdfast_registry::Digest::sha256_of(b"config"),
-    )])
-    .with_latency(Duration::from_millis(500));
+    let registry =
+        holdfast_cache::testing::FakeSource::with([(TAG, holdfast_registry::Digest::sha256_of(b"config"))])
+            .with_latency(Duration::from_millis(500));
     let asked = registry.started();
     let mut fx = start_with(registry).await;
     if let Some(release) = fx.release_sync.take() {

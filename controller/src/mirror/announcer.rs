@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use holdfast_registry::{cache::CacheKey, cluster_store};
+use holdfast_cache::{CacheKey, cluster_store};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
     Api, Client,

@@ -50,15 +50,12 @@ use std::{
     time::Duration,
 };
 
+use holdfast_cache::{CacheEntry, CacheKey, Mirrored, Scope};
 use holdfast_pins::{
     MirrorPins, NamespaceSelector,
     mirror_scope::{Copying, selects},
 };
-use holdfast_registry::{
-    Reference, ResolverConfig,
-    cache::{CacheEntry, CacheKey, Mirrored, Scope},
-    mirror::MirrorLocation,
-};
+use holdfast_registry::{Reference, ResolverConfig, mirror::MirrorLocation};
 
 pub use self::{
     run::Mirror,
@@ -184,7 +181,8 @@ pub fn copier_resolver_config(
 
 #[cfg(test)]
 mod tests {
-    use holdfast_registry::{Digest, cache::CacheKey};
+    use holdfast_cache::CacheKey;
+    use holdfast_registry::Digest;
 
     use std::time::SystemTime;
 

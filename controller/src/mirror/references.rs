@@ -21,8 +21,9 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use holdfast_cache::Scope;
 use holdfast_pins::{MirrorPins, PinnedKind, fetch_sites};
-use holdfast_registry::{Reference, cache::Scope};
+use holdfast_registry::Reference;
 use kube::{Api, Client, api::ListParams};
 use serde_json::Value;
 use tokio::sync::watch;

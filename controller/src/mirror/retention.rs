@@ -31,9 +31,9 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use holdfast_cache::{CacheKey, DigestCache, MirrorDeletion};
 use holdfast_registry::{
     Digest, Reference,
-    cache::{CacheKey, DigestCache, MirrorDeletion},
     mirror::{Copier, CopyError, DeleteError, Deletion, MirrorLocation},
 };
 
@@ -266,7 +266,7 @@ pub async fn delete(
 
 #[cfg(test)]
 mod tests {
-    use holdfast_registry::cache::Scope;
+    use holdfast_cache::Scope;
 
     use super::*;
 
@@ -372,7 +372,7 @@ mod tests {
         let resolver = holdfast_registry::Resolver::new(Default::default()).unwrap();
         let cache = DigestCache::new(std::sync::Arc::new(resolver), Default::default(), None);
         let (key, _) = record("1.0", "");
-        let copied = |digest: &str, at| holdfast_registry::cache::Mirrored {
+        let copied = |digest: &str, at| holdfast_cache::Mirrored {
             location: copy(digest),
             at,
         };

@@ -7,6 +7,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use holdfast_cache::{DigestCache, Mirrored, Scope};
 use holdfast_pins::{
     Pinner,
     mirror_scope::Copying,
@@ -14,7 +15,6 @@ use holdfast_pins::{
 };
 use holdfast_registry::{
     Credentials, Resolver, ResolverConfig,
-    cache::{DigestCache, Mirrored, Scope},
     mirror::{Copier, CopierConfig, CopyError, CopyReport, MirrorLocation},
 };
 use kube::{Client, runtime::events::EventType};
@@ -443,7 +443,7 @@ async fn current_copier(
     resolver: &Resolver,
     config: &CopierConfig,
     held: &mut Option<(Credentials, Arc<Copier>)>,
-) -> Result<Arc<Copier>, holdfast_registry::cache::CacheError> {
+) -> Result<Arc<Copier>, holdfast_cache::CacheError> {
     let credentials = match &settings.secret {
         Some(name) => {
             load_credentials(

@@ -10,10 +10,8 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use holdfast_registry::{
-    cache::CacheKey,
-    mirror::{CopyError, CopyReport, MirrorLocation},
-};
+use holdfast_cache::CacheKey;
+use holdfast_registry::mirror::{CopyError, CopyReport, MirrorLocation};
 use tokio::time::Instant;
 
 use super::{
@@ -280,9 +278,9 @@ impl MirrorState {
 
 #[cfg(test)]
 mod tests {
+    use holdfast_cache::Scope;
     use holdfast_registry::{
         Digest, Reference,
-        cache::Scope,
         mirror::{CopyReport, DeleteError},
     };
 

@@ -24,16 +24,13 @@ use std::{
 use anyhow::{Context, Result};
 use axum::{Router, routing::post};
 use axum_server::tls_rustls::RustlsConfig;
+use holdfast_cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope};
 use holdfast_certs::{CaOptions, CertificateAuthority, ServingOptions, SwappableCert, server_config};
 use holdfast_e2e::process::{TICKS_PER_SECOND, Usage};
-use holdfast_registry::{
-    Digest, Reference, Resolver, ResolverConfig,
-    cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope},
-};
+use holdfast_registry::{Digest, Reference, Resolver, ResolverConfig};
+use holdfast_runtime::logs::{self, LogFormat};
 use holdfast_webhook::{
-    cli::LogFormat,
     cluster::StaticCluster,
-    logs,
     rules::RuleContext,
     server::{self, Settings},
 };

@@ -23,6 +23,7 @@ use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::{Api, api::DynamicObject};
 
 use crate::{
+    access::Access,
     control_plane::Env,
     process::{ServerProcess, free_port},
     tools::peer_bin,
@@ -41,7 +42,7 @@ pub struct KappController {
 }
 
 impl KappController {
-    pub(crate) async fn start(env: &Env, dir: &Path) -> Result<Self> {
+    pub(crate) async fn start(env: &Access, dir: &Path) -> Result<Self> {
         let binary = peer_bin("kapp-controller", "kapp-controller")?;
         let path = tool_path(&[
             peer_bin("vendir", "vendir")?,
@@ -130,7 +131,7 @@ impl KappController {
     /// APIService before it serves, so the first fetches fail) and retries with a backoff that
     /// grows to a minute; an update of the APIService has it fetched again at once, so a stale
     /// group gets an annotation bumped every 2 s.
-    async fn wait_discovered(&mut self, env: &Env) -> Result<()> {
+    async fn wait_discovered(&mut self, env: &Access) -> Result<()> {
         let client = env.client().await?;
         let services: Api<APIService> = Api::all(client.clone());
         let deadline = std::time::Instant::now() + crate::wait::DEFAULT_TIMEOUT * 2;
@@ -182,7 +183,7 @@ impl KappController {
     }
 
     /// The aggregated API is usable once kube-apiserver's availability check of it passes.
-    async fn wait_available(&mut self, env: &Env) -> Result<()> {
+    async fn wait_available(&mut self, env: &Access) -> Result<()> {
         let api: Api<APIService> = Api::all(env.client().await?);
         let deadline = std::time::Instant::now() + crate::wait::DEFAULT_TIMEOUT * 2;
         let available = |s: Option<&APIService>| {
@@ -234,7 +235,7 @@ impl KappController {
 /// bound to the `admin` ClusterRole in `namespace`: what a kapp-controller user creates.
 pub const DEPLOYER: &str = "deployer";
 
-pub fn add_deployer(env: &Env, namespace: &str) -> Result<()> {
+pub fn add_deployer(env: &Access, namespace: &str) -> Result<()> {
     env.kubectl_apply(
         namespace,
         &format!("apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {DEPLOYER}}}\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: {DEPLOYER}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: admin}}\nsubjects: [{{kind: ServiceAccount, name: {DEPLOYER}}}]\n"),

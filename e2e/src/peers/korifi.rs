@@ -56,7 +56,7 @@ use kube::{
 use serde_json::{Value, json};
 
 use crate::{
-    control_plane::Env,
+    access::Access,
     netns::{Netns, Spawn},
     peers::{Kpack, condition, manifests, once_admitted, serving_cert::ServingCert, until_while_running},
     process::ServerProcess,
@@ -111,7 +111,7 @@ impl Korifi {
     /// The kpack release Korifi v0.18.0 runs on (see [`crate::peers::kpack::V0_17_1`]).
     pub const KPACK: crate::peers::kpack::Release = crate::peers::kpack::V0_17_1;
 
-    pub(crate) async fn start(env: &Env, kpack: &Kpack, dir: &Path) -> Result<Self> {
+    pub(crate) async fn start(env: &Access, kpack: &Kpack, dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let registry_port: u16 = env
             .registry()
@@ -169,7 +169,7 @@ impl Korifi {
     }
 
     /// The BuilderInfo is Ready once the kpack-image-builder has read kpack's ClusterBuilder.
-    async fn wait_for_builder_info(&mut self, env: &Env) -> Result<()> {
+    async fn wait_for_builder_info(&mut self, env: &Access) -> Result<()> {
         let api: Api<DynamicObject> =
             Api::namespaced_with(env.client().await?, ROOT_NAMESPACE, &resource("BuilderInfo"));
         let wait =
@@ -213,7 +213,7 @@ impl Korifi {
 }
 
 /// The namespaces, roles, root-namespace objects, webhook configurations and loopback Service.
-fn install(env: &Env, webhook_port: u16, cert: &ServingCert) -> Result<()> {
+fn install(env: &Access, webhook_port: u16, cert: &ServingCert) -> Result<()> {
     let mut docs = vec![
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ROOT_NAMESPACE}}),

@@ -64,7 +64,7 @@ use serde_json::json;
 pub use build_steps::BuildSteps;
 
 use crate::{
-    control_plane::Env,
+    access::Access,
     netns::{Netns, Spawn},
     peers::{LocalPathProvisioner, condition, manifests, once_admitted, until_while_running},
     process::{ServerProcess, free_port},
@@ -137,7 +137,7 @@ pub struct Kpack {
 }
 
 impl Kpack {
-    pub(crate) async fn start(env: &Env, dir: &Path, release: Release) -> Result<Self> {
+    pub(crate) async fn start(env: &Access, dir: &Path, release: Release) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
         let storage = LocalPathProvisioner::start(env, &dir.join("storage"))?;
         let mut netns = Netns::new("kpack-webhook", &[env.apiserver_port()]).await?;
@@ -245,7 +245,7 @@ impl Kpack {
     }
 
     /// knative has reconciled the webhook configuration once its rules and `caBundle` are in.
-    async fn wait_for_webhook(&mut self, env: &Env) -> Result<()> {
+    async fn wait_for_webhook(&mut self, env: &Access) -> Result<()> {
         let api: Api<MutatingWebhookConfiguration> = Api::all(env.client().await?);
         let reconciled = |c: Option<&MutatingWebhookConfiguration>| {
             c.and_then(|c| c.webhooks.as_ref())
@@ -267,7 +267,7 @@ impl Kpack {
 
     /// The ClusterBuilder is Ready once kpack has read the lifecycle, stack and store images and
     /// pushed the builder image: the controller works end to end.
-    async fn wait_for_builder(&mut self, env: &Env) -> Result<()> {
+    async fn wait_for_builder(&mut self, env: &Access) -> Result<()> {
         let api: Api<DynamicObject> = Api::all_with(env.client().await?, &resource("ClusterBuilder"));
         let wait = kube::runtime::wait::await_condition(
             api.clone(),
@@ -335,7 +335,7 @@ impl Kpack {
 
 /// The namespace and ServiceAccount of the release, its `config-logging`, its webhook
 /// configurations routed to `port`, the loopback Service, and the CRDs' conversion webhooks.
-async fn install(env: &Env, port: u16) -> Result<()> {
+async fn install(env: &Access, port: u16) -> Result<()> {
     let mut docs = vec![
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
         json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": CONTROLLER_SA, "namespace": NAMESPACE}}),

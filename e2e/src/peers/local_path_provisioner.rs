@@ -18,7 +18,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use crate::{control_plane::Env, peers::manifests, process::ServerProcess, tools::peer_bin};
+use crate::{access::Access, peers::manifests, process::ServerProcess, tools::peer_bin};
 
 pub const NAMESPACE: &str = "local-path-storage";
 pub const STORAGE_CLASS: &str = "local-path";
@@ -31,7 +31,7 @@ pub struct LocalPathProvisioner {
 }
 
 impl LocalPathProvisioner {
-    pub(crate) fn start(env: &Env, dir: &Path) -> Result<Self> {
+    pub(crate) fn start(env: &Access, dir: &Path) -> Result<Self> {
         let docs = manifests::documents("local-path-provisioner", MANIFEST, &[])?;
         let mut docs = manifests::of_kinds(
             docs,

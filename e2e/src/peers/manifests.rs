@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use serde::Deserialize as _;
 use serde_json::Value;
 
-use crate::{control_plane::Env, tools::peer_dir};
+use crate::{access::Access, tools::peer_dir};
 
 /// The documents of `file`, after replacing each `(placeholder, value)` in its text. Comments
 /// (ytt's `#@` lines) and empty documents are dropped by the YAML parser.
@@ -64,7 +64,7 @@ pub fn loopback_service(namespace: &str, name: &str) -> Value {
 
 /// `kubectl apply -f -` of the documents, each in the namespace it names (as applying a
 /// release's manifests does).
-pub fn apply(env: &Env, docs: &[Value]) -> Result<()> {
+pub fn apply(env: &Access, docs: &[Value]) -> Result<()> {
     env.kubectl_apply_with(&[], &stream(docs)?)
 }
 

@@ -3,6 +3,8 @@
 //! [`Env::kapp_controller`](crate::Env::kapp_controller), [`Env::kpack`](crate::Env::kpack)
 //! (with the real local-path-provisioner), [`Env::korifi`](crate::Env::korifi) (on kpack
 //! v0.17.1: an environment runs one kpack, so Korifi's tests boot environments of their own).
+//! The environment owns them and starts each with only its [`Access`](crate::access::Access)
+//! (how its cluster and registry are reached), so no peer module depends on the control plane's.
 //!
 //! Routes shared by all of them (facts in each module's docs):
 //! - a `service:` reference (webhook, APIService, CRD conversion) reaches a peer through a Service

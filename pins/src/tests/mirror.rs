@@ -100,7 +100,8 @@ fn a_mirror_that_is_not_a_bare_repository_is_never_written() {
 
 #[test]
 fn only_a_record_of_this_mirror_and_digest_is_used() {
-    use holdfast_registry::{Reference, cache::Mirrored, mirror::MirrorLocation};
+    use holdfast_cache::Mirrored;
+    use holdfast_registry::{Reference, mirror::MirrorLocation};
     use std::time::SystemTime;
 
     let mirror = MirrorLocation::new("cache.corp.com:5000", "mirror").unwrap();
@@ -370,19 +371,19 @@ fn the_reconcile_of_an_edited_private_mirror_pin_resolves_with_the_users_secret(
     let mut stored = pinned.clone();
     stored["spec"]["fetch"][0]["image"]["url"] = json!("registry.corp.com/team/app-config:v1.3.0");
     let reference = holdfast_registry::Reference::parse("registry.corp.com/team/app-config:v1.3.0").unwrap();
-    let scope = |name: &str| holdfast_registry::cache::Scope::Secret {
+    let scope = |name: &str| holdfast_cache::Scope::Secret {
         namespace: namespace.into(),
         name: name.into(),
     };
-    let cache = holdfast_registry::cache::DigestCache::new(
-        std::sync::Arc::new(holdfast_registry::testing::Unreachable),
+    let cache = holdfast_cache::DigestCache::new(
+        std::sync::Arc::new(holdfast_cache::testing::Unreachable),
         Default::default(),
         None,
     );
     // Only the user's Secret's entry is held; the pull Secret's would need the registry,
     // which this pinner (no Secret reads) cannot ask with it.
-    cache.insert(holdfast_registry::cache::CacheEntry::resolved(
-        holdfast_registry::cache::CacheKey::tag(&reference, scope("team-creds")),
+    cache.insert(holdfast_cache::CacheEntry::resolved(
+        holdfast_cache::CacheKey::tag(&reference, scope("team-creds")),
         digest(2),
         std::time::SystemTime::now(),
     ));
@@ -408,8 +409,8 @@ fn the_reconcile_of_an_edited_private_mirror_pin_resolves_with_the_users_secret(
     assert_eq!(apply(&stored, &outcome.ops), out);
 }
 
-fn secret_scope(namespace: &str, name: &str) -> holdfast_registry::cache::Scope {
-    holdfast_registry::cache::Scope::Secret {
+fn secret_scope(namespace: &str, name: &str) -> holdfast_cache::Scope {
+    holdfast_cache::Scope::Secret {
         namespace: namespace.into(),
         name: name.into(),
     }
@@ -430,9 +431,9 @@ fn objects_name_the_keys_of_their_own_secret_and_namespace_only() {
     assert_eq!(keys.len(), 2);
     assert_eq!(
         keys[0],
-        holdfast_registry::cache::CacheKey::tag(&config, secret_scope("team", "creds"))
+        holdfast_cache::CacheKey::tag(&config, secret_scope("team", "creds"))
     );
-    assert_eq!(keys[1].scope, holdfast_registry::cache::Scope::Anonymous);
+    assert_eq!(keys[1].scope, holdfast_cache::Scope::Anonymous);
     assert!(keys[1].selection.is_some());
 
     // Pinned (follow): the original tag is what it names, still with its own Secret.

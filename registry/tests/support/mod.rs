@@ -31,9 +31,10 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test fixture
 
 use std::{
+    collections::BTreeSet,
     net::SocketAddr,
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, Once,
         atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::{Duration, SystemTime},
@@ -47,6 +48,7 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use base64::{Engine as _, engine::general_purpose::STANDARD};
+use holdfast_registry::{Digest, Reference, Resolver, ResolverConfig};
 use sha2::{Digest as _, Sha256};
 
 pub const ALICE: (&str, &str) = ("alice", "secret");
@@ -164,6 +166,36 @@ pub fn index_manifest(repository: &str) -> Vec<u8> {
 
 pub fn sha256(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// The digest the fake serves for `repository`'s tag `v1` (its [`index_manifest`]).
+pub fn expected_digest(repository: &str) -> Digest {
+    Digest::parse(&sha256(&index_manifest(repository))).unwrap()
+}
+
+fn install_crypto_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+/// A resolver that reaches `registry` over plain HTTP with a 1 s request timeout, as `tune`
+/// changes it (ring installed as the process's provider first).
+pub fn resolver_for(registry: &FakeRegistry, tune: impl FnOnce(&mut ResolverConfig)) -> Resolver {
+    install_crypto_provider();
+    let mut config = ResolverConfig {
+        insecure_registries: BTreeSet::from([registry.host()]),
+        request_timeout: Duration::from_secs(1),
+        ..ResolverConfig::default()
+    };
+    tune(&mut config);
+    Resolver::new(config).unwrap()
+}
+
+/// `path` (`repository[:tag]`) in `registry`.
+pub fn reference(registry: &FakeRegistry, path: &str) -> Reference {
+    Reference::parse(&format!("{}/{path}", registry.host())).unwrap()
 }
 
 struct InFlight<'a>(&'a Registry);

@@ -9,9 +9,9 @@ pub mod terminating_guard;
 
 use std::sync::Arc;
 
+use holdfast_cache::DigestCache;
 use holdfast_peers::kpack;
 use holdfast_pins::{PinnedKind, Pinner, mirror_scope::MirrorPins};
-use holdfast_registry::cache::DigestCache;
 use serde::de::DeserializeOwned;
 
 use crate::{cluster::ClusterView, decision::Verdict, review::Request};

@@ -2,10 +2,7 @@
 
 use std::sync::Arc;
 
-use holdfast_registry::{
-    cache::{CacheConfig, DigestCache},
-    testing::FakeSource,
-};
+use holdfast_cache::{CacheConfig, DigestCache, testing::FakeSource};
 use holdfast_webhook::{cluster::ClusterView, rules::RuleContext};
 
 pub fn context(cluster: impl ClusterView + 'static, registry: FakeSource) -> RuleContext {

@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::{CacheKey, DigestCache};
-use crate::Digest;
+use holdfast_registry::Digest;
 
 /// Where an entry's content was copied in the mirror, and when.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,5 +1,5 @@
 //! The `DigestCacheEntry` custom resource, typed: the objects [`super`] writes and reads, and
-//! the CRD in `manifests/crds/` ([`manifest`], checked by `registry/tests/crd.rs`).
+//! the CRD in `manifests/crds/` ([`manifest`], checked by `cache/tests/crd.rs`).
 //!
 //! Its doc comments are the schema's descriptions (one line per paragraph, see
 //! `as_written_by_hand`). Optional fields are left out when unset, never `null`: that is how
@@ -17,14 +17,13 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer, de::Error as _, se
 use serde_json::Value;
 use time::{OffsetDateTime, format_description::well_known::Rfc3339};
 
-use crate::{
-    Digest,
-    cache::{CacheEntry, CacheKey, MirrorDeletion, MirrorFields, Mirrored, Scope, Superseded},
-};
+use holdfast_registry::Digest;
+
+use crate::{CacheEntry, CacheKey, MirrorDeletion, MirrorFields, Mirrored, Scope, Superseded};
 
 /// The command that prints [`manifest`] into the file it belongs in (run from the workspace).
 pub const REGENERATE: &str =
-    "cargo run -q -p holdfast-registry --example crd > manifests/crds/digestcacheentries.holdfast.dev.yaml";
+    "cargo run -q -p holdfast-cache --example crd > manifests/crds/digestcacheentries.holdfast.dev.yaml";
 
 /// The comment block the manifest opens with, before the command that generates it.
 const HEADER: &str = "\
@@ -33,7 +32,7 @@ const HEADER: &str = "\
 # Written by holdfast only; `kubectl get digestcacheentries -n holdfast-system` shows the cache,
 # and (Mirror, Mirrored) where the controller copied an entry's content when a mirror is configured.
 #
-# Generated from registry/src/cluster_store/crd.rs; do not edit, regenerate with
+# Generated from cache/src/cluster_store/crd.rs; do not edit, regenerate with
 ";
 
 /// The CRD as `manifests/crds/digestcacheentries.holdfast.dev.yaml` holds it.

@@ -12,7 +12,7 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
 
-use crate::cache::DigestCache;
+use crate::DigestCache;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LookupLabels {

@@ -482,7 +482,7 @@ mod tests {
         assert!(time.ends_with('Z') && time.contains('T'), "{out}");
         assert_eq!(
             rest,
-            " INFO holdfast_pins::logs::tests: admission uid=0c9a8d74 namespace=\"\" name=\"has space\" \
+            " INFO holdfast_runtime::logs::tests: admission uid=0c9a8d74 namespace=\"\" name=\"has space\" \
              quote=\"say \\\"hi\\\"\\n\" count=3 delta=-2 dry_run=false shown=display debugged=Some(1)\n"
         );
     }
@@ -492,7 +492,7 @@ mod tests {
         let out = lines(LogFormat::Json, admission_line);
         let line: serde_json::Value = serde_json::from_str(&out).unwrap();
         assert_eq!(line["level"], "INFO");
-        assert_eq!(line["target"], "holdfast_pins::logs::tests");
+        assert_eq!(line["target"], "holdfast_runtime::logs::tests");
         assert!(line["timestamp"].as_str().unwrap().ends_with('Z'));
         assert_eq!(
             line["fields"],
@@ -560,7 +560,7 @@ mod tests {
         let plain = lines(LogFormat::Plain, emit);
         assert!(
             plain.contains(
-                " ERROR resolve{registry=r.example}:fetch: holdfast_pins::logs::tests: refused status=429\n"
+                " ERROR resolve{registry=r.example}:fetch: holdfast_runtime::logs::tests: refused status=429\n"
             ),
             "{plain}"
         );

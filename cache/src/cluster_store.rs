@@ -30,7 +30,7 @@ pub mod crd;
 
 pub use crd::{DigestCacheEntry, DigestCacheEntrySpec, MirrorApply, MirrorRecord};
 
-use crate::cache::{
+use crate::{
     CacheEntry, CacheKey, DigestCache, EntrySink, MirrorDeletion, MirrorFields, Mirrored, Superseded,
 };
 
@@ -255,7 +255,9 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::{Digest, cache::Scope};
+    use holdfast_registry::Digest;
+
+    use crate::Scope;
 
     /// What the API server gets for `object`.
     fn json_of(object: impl serde::Serialize) -> Value {

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use holdfast_registry::mirror::{MirrorLocation, NamingError};
 
-use crate::mirror_scope::{MirrorPins, NamespaceSelector, SelectorError};
+use holdfast_pins::mirror_scope::{MirrorPins, NamespaceSelector, SelectorError};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RegistryArgs {
@@ -78,8 +78,8 @@ impl RegistryArgs {
         }))
     }
 
-    pub fn cache_config(&self) -> holdfast_registry::cache::CacheConfig {
-        holdfast_registry::cache::CacheConfig {
+    pub fn cache_config(&self) -> holdfast_cache::CacheConfig {
+        holdfast_cache::CacheConfig {
             max_age: Duration::from_secs(self.cache_max_age_seconds),
             max_staleness: Duration::from_secs(self.cache_max_staleness_seconds),
             negative_ttl: Duration::from_secs(self.cache_negative_ttl_seconds),

@@ -12,13 +12,24 @@
 //! (from a watch of those objects), so replicas and restarts share one cache.
 //!
 //! The controller also records, per entry, where the entry's content was copied into the
-//! mirror ([`Mirrored`], see `crate::mirror`): kept beside the entries (a [`CacheEntry`] is
+//! mirror ([`Mirrored`], see `holdfast_registry::mirror`): kept beside the entries (a [`CacheEntry`] is
 //! the registry's answer, the mirror record is the controller's), persisted through
 //! [`EntrySink::persist_mirror`] and loaded with [`DigestCache::load_mirror`], and handed
 //! out with every [`Answer`]. A record names the digest it holds (`…@sha256:…`), so a tag that
 //! moved is never answered with the old digest's mirror location. When the new digest's copy is
 //! recorded, the old copy is kept as [`Superseded`] (persisted too, so a new leader knows it)
 //! until retention deletes it from the mirror.
+//!
+//! Built on `holdfast-registry`'s public API only (references, digests, credentials, the
+//! [`Resolver`] it asks). The crate holds:
+//! - the cache itself (this module: [`DigestCache`], its keys, entries, answers and mirror
+//!   records; [`Source`], what it asks);
+//! - [`cluster_store`]: its `DigestCacheEntry` objects (the CRD's type in
+//!   [`cluster_store::crd`]), written by the leader and followed by every replica;
+//! - [`metrics`]: its figures as a Prometheus collector, for the webhook's and the
+//!   controller's `/metrics`;
+//! - `testing` (feature `testing`): the stand-ins for the registry behind the cache that the
+//!   other crates' tests use.
 
 use std::{
     collections::HashMap,
@@ -36,12 +47,16 @@ use futures::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{
+use holdfast_registry::{
     Credentials, Digest, Reference, ResolveError, Resolver, SelectError, VersionSelection, select_tag,
     truncated,
 };
 
+pub mod cluster_store;
+pub mod metrics;
 mod mirror_records;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use mirror_records::Copies;
 pub use mirror_records::{MirrorDeletion, MirrorFields, Mirrored, Superseded};

@@ -1,7 +1,7 @@
 //! The committed DigestCacheEntry CRD is the one generated from the type
-//! (`holdfast_registry::cluster_store::crd`), byte for byte.
+//! (`holdfast_cache::cluster_store::crd`), byte for byte.
 
-use holdfast_registry::cluster_store::crd::{REGENERATE, manifest};
+use holdfast_cache::cluster_store::crd::{REGENERATE, manifest};
 
 #[test]
 fn the_committed_crd_is_the_generated_one() {

@@ -14,7 +14,9 @@ use std::{
 use futures::{FutureExt, future::BoxFuture};
 use tokio::sync::{Notify, Semaphore};
 
-use crate::{Credentials, Digest, Reference, ResolveError, cache::Source};
+use holdfast_registry::{Credentials, Digest, Reference, ResolveError};
+
+use crate::Source;
 
 /// A registry whose tags hold what the test set (by normalised reference; or, [`deriving`],
 /// the digest of each reference's own name), with the tag list the test set. Unknown tags, and
