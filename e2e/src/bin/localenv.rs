@@ -55,6 +55,7 @@ async fn up(state: &Path) -> Result<()> {
         installed::Options {
             scope: None,
             controller: Some(vec!["--refresh-seconds=30".into()]),
+            webhook: Vec::new(),
         },
     )
     .await?;
