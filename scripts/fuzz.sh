@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TARGETS=(admission_review reference www_authenticate manifest bundle semver dockerconfigjson registry_responses)
+TARGETS=(admission_review reference www_authenticate manifest bundle semver dockerconfigjson tag_list_json link_header retry_after token_json)
 LIMITS=(-rss_limit_mb=1024 -timeout=10 -print_final_stats=1)
 export RUSTC_BOOTSTRAP=1
 

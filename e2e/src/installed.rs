@@ -29,6 +29,8 @@ pub struct Options {
     pub scope: Option<LabelSelectorRequirement>,
     /// `holdfast-controller`'s extra arguments; none: no controller.
     pub controller: Option<Vec<String>>,
+    /// `holdfast-webhook`'s extra arguments.
+    pub webhook: Vec<String>,
 }
 
 /// Where the running processes answer.
@@ -49,9 +51,14 @@ pub const CONTROLLER: &str = "holdfast-controller";
 
 fn binary(name: &str) -> Result<PathBuf> {
     let path = std::env::current_exe()?.with_file_name(name);
+    // A test binary runs from the profile's `deps/`; the binaries are one level up.
+    let beside_deps = path.parent().and_then(|deps| deps.parent()).map(|p| p.join(name));
+    if let Some(up) = beside_deps.filter(|up| !path.exists() && up.exists()) {
+        return Ok(up);
+    }
     anyhow::ensure!(
         path.exists(),
-        "{} is missing: build it with the same profile (cargo build --bins)",
+        "{} is missing: build it with the same profile (cargo build -p holdfast-webhook -p holdfast-controller --bins)",
         path.display()
     );
     Ok(path)
@@ -88,6 +95,8 @@ pub async fn start(env: &mut Env, options: Options) -> Result<Installed> {
         // The local registry speaks plain HTTP.
         format!("--insecure-registry={}", env.registry()),
     ];
+    let mut webhook_args = webhook_args;
+    webhook_args.extend(options.webhook);
     let (controller_admin, controller_args) = match options.controller {
         Some(extra) => {
             let admin = format!("127.0.0.1:{}", free_port()?);

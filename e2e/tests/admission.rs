@@ -249,9 +249,19 @@ async fn the_shipped_configurations_decide_what_reaches_holdfast(env: Arc<Env>) 
     webhook.stop().await
 }
 
-fn cfapp_and_image(name: &str) -> String {
+/// A CFApp and the BuildWorkload Korifi's build reconciler makes for it (labelled with the app's
+/// GUID): what stamp-owners follows from an Image to its app.
+fn cfapp_and_workload(name: &str) -> String {
     format!(
-        "apiVersion: korifi.cloudfoundry.org/v1alpha1\nkind: CFApp\nmetadata: {{name: {name}}}\nspec:\n  displayName: {name}\n  desiredState: STOPPED\n  lifecycle: {{type: buildpack, data: {{buildpacks: [], stack: cflinuxfs3}}}}\n---\napiVersion: kpack.io/v1alpha2\nkind: Image\nmetadata: {{name: {name}}}\nspec: {{tag: registry.example/{name}-droplets}}\n"
+        "apiVersion: korifi.cloudfoundry.org/v1alpha1\nkind: CFApp\nmetadata: {{name: {name}}}\nspec:\n  displayName: {name}\n  desiredState: STOPPED\n  lifecycle: {{type: buildpack, data: {{buildpacks: [], stack: cflinuxfs3}}}}\n---\napiVersion: korifi.cloudfoundry.org/v1alpha1\nkind: BuildWorkload\nmetadata: {{name: {name}-build, labels: {{korifi.cloudfoundry.org/app-guid: {name}}}}}\nspec: {{buildRef: {{name: {name}-build}}, builderName: kpack-image-builder, source: {{registry: {{image: registry.example/{name}-source}}}}}}\n"
+    )
+}
+
+/// The app's kpack Image as Korifi's kpack-image-builder creates it: named after the app,
+/// owned by the BuildWorkload (of uid `workload_uid`).
+fn image_of(name: &str, workload_uid: &str) -> String {
+    format!(
+        "apiVersion: kpack.io/v1alpha2\nkind: Image\nmetadata:\n  name: {name}\n  ownerReferences: [{{apiVersion: korifi.cloudfoundry.org/v1alpha1, kind: BuildWorkload, name: {name}-build, uid: {workload_uid}}}]\nspec: {{tag: registry.example/{name}-droplets}}\n"
     )
 }
 
@@ -270,23 +280,26 @@ fn images_registration(ca_overlap: Duration) -> Registration {
 async fn kubectl_apply_comes_back_patched_over_tls(env: Arc<Env>) -> Result<()> {
     let webhook = LocalWebhook::start(env.clone(), images_registration(Duration::from_secs(1))).await?;
     let ns = webhook.namespace("tls").await?;
-    env.kubectl_apply(&ns, &cfapp_and_image("app-1"))?;
+    env.kubectl_apply(&ns, &cfapp_and_workload("app-1"))?;
+    let workload = env.kubectl_get("buildworkloads.korifi.cloudfoundry.org", "app-1-build", &ns)?;
+    let workload_uid = workload["metadata"]["uid"].as_str().context("no uid")?.to_owned();
+    env.kubectl_apply(&ns, &image_of("app-1", &workload_uid))?;
     let image = env.kubectl_get("images.kpack.io", "app-1", &ns)?;
     let owners = &image["metadata"]["ownerReferences"];
     ensure!(
-        owners[0]["kind"] == "CFApp" && owners[0]["name"] == "app-1",
+        owners[1]["kind"] == "CFApp" && owners[1]["name"] == "app-1",
         "not stamped: {owners}"
     );
 
     // Applying the same manifest again changes nothing: same patch, generation unchanged.
-    env.kubectl_apply(&ns, &cfapp_and_image("app-1"))?;
+    env.kubectl_apply(&ns, &image_of("app-1", &workload_uid))?;
     let again = env.kubectl_get("images.kpack.io", "app-1", &ns)?;
     ensure!(
         again["metadata"]["generation"] == image["metadata"]["generation"],
         "re-apply changed the Image"
     );
     ensure!(
-        again["metadata"]["ownerReferences"].as_array().map(Vec::len) == Some(1),
+        again["metadata"]["ownerReferences"].as_array().map(Vec::len) == Some(2),
         "owner stamped twice"
     );
     webhook.stop().await
@@ -325,15 +338,29 @@ async fn rotation_under_load_fails_no_admission(env: Arc<Env>) -> Result<()> {
             let (mut admitted, mut failures) = (0usize, Vec::new());
             while !stop.is_cancelled() {
                 let name = format!("app-{admitted}");
-                for object in parse_documents(&cfapp_and_image(&name))? {
+                let mut workload_uid = String::new();
+                for object in parse_documents(&cfapp_and_workload(&name))? {
                     let api = api_for(&client, &object, Some(&ns)).await?;
                     match api.create(&PostParams::default(), &object).await {
-                        Ok(created) if object.types.as_ref().is_some_and(|t| t.kind == "Image") => {
-                            if created.owner_references().is_empty() {
+                        Ok(created) => {
+                            if let Some(uid) = created
+                                .uid()
+                                .filter(|_| object.types.as_ref().is_some_and(|t| t.kind == "BuildWorkload"))
+                            {
+                                workload_uid = uid;
+                            }
+                        }
+                        Err(e) => failures.push(format!("{name}: {e}")),
+                    }
+                }
+                for object in parse_documents(&image_of(&name, &workload_uid))? {
+                    let api = api_for(&client, &object, Some(&ns)).await?;
+                    match api.create(&PostParams::default(), &object).await {
+                        Ok(created) => {
+                            if !created.owner_references().iter().any(|r| r.kind == "CFApp") {
                                 failures.push(format!("{name}: admitted without owner"));
                             }
                         }
-                        Ok(_) => {}
                         Err(e) => failures.push(format!("{name}: {e}")),
                     }
                 }

@@ -58,6 +58,11 @@ fn owned_image(app: &DynamicObject) -> Result<String> {
     ))
 }
 
+/// `image_yaml` with the test's finalizer, so its deletion waits for the test.
+fn held(image_yaml: &str) -> String {
+    image_yaml.replacen("metadata:\n", &format!("metadata:\n  finalizers: [{HOLD}]\n"), 1)
+}
+
 fn image(name: &str) -> String {
     format!(
         "apiVersion: kpack.io/v1alpha2\nkind: Image\nmetadata: {{name: {name}, finalizers: [{HOLD}]}}\nspec: {{tag: registry.example/{name}-droplets}}\n"
@@ -109,8 +114,10 @@ async fn the_guard_refuses_builds_and_pods_for_terminating_owners(env: Arc<Env>)
     let webhook = LocalWebhook::start(env.clone(), Registration::shipped()).await?;
     let ns = webhook.namespace("guard").await?;
 
+    // The Image as it is once stamped: its CFApp named by uid (the guard matches owners by uid,
+    // never by name alone; stamping itself needs Korifi's BuildWorkload chain, `--test admission`).
     let app = create(&env, &ns, &cfapp("app-a")).await?;
-    let img = create(&env, &ns, &image("app-a")).await?;
+    let img = create(&env, &ns, &held(&owned_image(&app)?)).await?;
     let live_build = create(&env, &ns, &build("app-a-build-1", &img)?).await?;
     let live_pod = create(&env, &ns, &pod("app-a-build-1-build-pod", &live_build)?).await?;
 

@@ -14,11 +14,11 @@ use holdfast_webhook::{
     review,
     rules::{Family, Rule, RuleContext, policy::Policy},
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use libfuzzer_sys::fuzz_target;
 
 /// Answers from the names asked: even-length names are being deleted, names with a digit are
-/// gone, the rest live; every Image has an owning app.
+/// gone, the rest live.
 struct DerivedCluster;
 
 fn state(name: &str) -> Presence {
@@ -32,17 +32,6 @@ fn state(name: &str) -> Presence {
 }
 
 impl ClusterView for DerivedCluster {
-    fn image_owner<'a>(&'a self, _: &'a str, image: &'a str) -> BoxFuture<'a, Option<OwnerReference>> {
-        let owner = OwnerReference {
-            api_version: "korifi.cloudfoundry.org/v1alpha1".into(),
-            kind: "CFApp".into(),
-            name: image.into(),
-            uid: format!("uid-{image}"),
-            ..Default::default()
-        };
-        futures::future::ready((state(image) != Presence::Gone).then_some(owner)).boxed()
-    }
-
     fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String> {
         BTreeMap::from([(
             "holdfast.dev/require-digests".to_owned(),
@@ -57,14 +46,23 @@ impl ClusterView for DerivedCluster {
         }
     }
 
-    fn metadata(&self, _: Peer, _: &str, name: &str) -> Option<ObjectMeta> {
-        Some(ObjectMeta {
+    /// Every object has the uid `uid-NAME`; a BuildWorkload is labelled with the app of the name
+    /// before its first `-`, so the chains of stamp-owners and the guard are walked.
+    fn metadata(&self, peer: Peer, _: &str, name: &str) -> Option<ObjectMeta> {
+        (state(name) != Presence::Gone).then(|| ObjectMeta {
             name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            labels: (peer == Peer::BuildWorkload).then(|| {
+                BTreeMap::from([(
+                    "korifi.cloudfoundry.org/app-guid".to_owned(),
+                    name.split('-').next().unwrap_or_default().to_owned(),
+                )])
+            }),
             ..Default::default()
         })
     }
 
-    fn presence_now<'a>(&'a self, _: Peer, _: &'a str, name: &'a str) -> BoxFuture<'a, Presence> {
+    fn presence_now<'a>(&'a self, _: Peer, _: &'a str, name: &'a str, _: Option<&'a str>) -> BoxFuture<'a, Presence> {
         futures::future::ready(state(name)).boxed()
     }
 }

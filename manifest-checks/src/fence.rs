@@ -58,6 +58,14 @@ pub fn fence_variable<'a>(policy: &'a Value, name: &str) -> &'a str {
         .unwrap_or_default()
 }
 
+/// The fence's one match condition: the ServiceAccount `account` of whatever namespace holdfast
+/// is installed in. No namespace is named, so a kustomize `namespace:` override (which rewrites
+/// no string inside CEL) keeps the fence on the controller; the namespace of the controller's own
+/// digest cache entries is the account's (`request.userInfo.username.split(':')[2]`).
+pub fn account_condition(account: &str) -> String {
+    format!("request.userInfo.username.matches('^system:serviceaccount:[^:]+:{account}$')")
+}
+
 /// The rows of the policy's `deletable` variable: one per line, as the file lays them out.
 pub fn fence_rows(policy: &Value) -> Vec<String> {
     fence_variable(policy, "deletable")
@@ -83,16 +91,14 @@ pub fn check_fence(objects: &[Value]) -> Vec<String> {
     if text(policy, "spec.failurePolicy") != "Fail" {
         problems.push(format!("{}: failurePolicy is not Fail", id(policy)));
     }
-    let account = format!(
-        "system:serviceaccount:{}:{}",
-        text(controller, "metadata.namespace"),
-        text(controller, "spec.template.spec.serviceAccountName")
-    );
+    let account = text(controller, "spec.template.spec.serviceAccountName");
     let conditions = items(policy, "spec.matchConditions");
-    if conditions.len() != 1
-        || text(conditions[0], "expression") != format!("request.userInfo.username == '{account}'")
-    {
-        problems.push(format!("{}: does not match {account} alone", id(policy)));
+    if conditions.len() != 1 || text(conditions[0], "expression") != account_condition(account) {
+        problems.push(format!(
+            "{}: does not match the ServiceAccount {account} alone (in any namespace: {})",
+            id(policy),
+            account_condition(account)
+        ));
     }
     let rules: BTreeSet<(Vec<String>, Vec<String>, Vec<String>)> =
         items(policy, "spec.matchConstraints.resourceRules")

@@ -12,7 +12,8 @@
 //!   with the manifests.
 //! - [`finalizer`] and [`fence`]: the controller's delete RBAC and its fence (a
 //!   ValidatingAdmissionPolicy) held to the fast finalizer's table (`DELETABLE`) for the
-//!   controller's flags; [`upstream`]: the fetch fields of kapp-controller's upstream CRDs
+//!   controller's flags; [`relocation`]: a rendering for another namespace (a kustomize
+//!   `namespace:` override) still fenced and self-excluded there; [`upstream`]: the fetch fields of kapp-controller's upstream CRDs
 //!   (collected by `make deps`) that the fence must hold.
 //!
 //! - [`chart`]: the Helm chart (charts/holdfast) rendered for a set of values against the
@@ -29,6 +30,7 @@ pub mod checks;
 pub mod fence;
 pub mod finalizer;
 pub mod load;
+pub mod relocation;
 pub mod report;
 pub mod tables;
 pub mod upstream;

@@ -378,6 +378,34 @@ mod tests {
         }
     }
 
+    /// SECURITY.md, "Resource bounds": a tenant naming many repositories (Basic schemes never
+    /// expire) cannot grow the cache past its bound; expired tokens are swept before anything
+    /// live is forgotten.
+    #[tokio::test(start_paused = true)]
+    async fn the_auth_cache_never_holds_more_than_its_bound() {
+        let cache = AuthCache::default();
+        let held = |cache: &AuthCache| cache.entries.lock().unwrap_or_else(PoisonError::into_inner).len();
+        for i in 0..5 * SWEEP_THRESHOLD {
+            cache.insert_basic(key(&format!("repo-{i}")));
+            assert!(held(&cache) <= SWEEP_THRESHOLD, "{} entries held", held(&cache));
+        }
+        // Full of expired tokens and one live Basic entry: the sweep drops the expired ones only.
+        let cache = AuthCache::default();
+        cache.insert_basic(key("live"));
+        for i in 1..SWEEP_THRESHOLD {
+            cache.insert_bearer(
+                key(&format!("short-{i}")),
+                Token("t".into()),
+                Duration::from_secs(10),
+            );
+        }
+        assert_eq!(held(&cache), SWEEP_THRESHOLD);
+        tokio::time::advance(Duration::from_secs(60)).await;
+        cache.insert_basic(key("new"));
+        assert_eq!(held(&cache), 2);
+        assert_eq!(cache.get(&key("live")), Some(CachedAuth::Basic));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn cache_expires_before_the_token_does() {
         let cache = AuthCache::default();

@@ -515,8 +515,18 @@ impl Resolver {
                 return Err(target.status_error(page.status, "tag list", &page.body));
             }
             bytes += page.body.len();
-            read_version_tags(&page.body, &mut tags, config.max_version_tags)
-                .map_err(|e| target.protocol(e.to_string()))?;
+            // Parsing a page of up to 4 MiB is CPU work of up to a second in a debug build, and up
+            // to `max_concurrent_tag_lists` pages are parsed at once: on the blocking pool, not a
+            // runtime worker, so a registry answering maximal pages cannot starve the process's
+            // other tasks (the controller's lease renewal missed its deadline and the process
+            // exited in e2e `--test hostile_registry` while the parse ran on the workers).
+            let (body, max_version_tags) = (page.body.clone(), config.max_version_tags);
+            tags = tokio::task::spawn_blocking(move || {
+                read_version_tags(&body, &mut tags, max_version_tags).map(|()| tags)
+            })
+            .await
+            .map_err(|e| target.transport(format!("the tag list parser stopped: {e}")))?
+            .map_err(|e| target.protocol(e.to_string()))?;
             let Some(next) = next_link(&page.headers, &url) else {
                 break;
             };
@@ -1051,7 +1061,12 @@ async fn read_body(
     if !truncate && response.content_length().is_some_and(|len| len > limit as u64) {
         return Ok(Err(limit));
     }
-    let mut body = BytesMut::new();
+    // Sized once from the announced length (within the limit): grown by doubling, a 4 MiB tag
+    // list page held up to twice its size while the buffer moved.
+    let announced = response
+        .content_length()
+        .map_or(0, |len| usize::try_from(len).unwrap_or(limit).min(limit));
+    let mut body = BytesMut::with_capacity(announced);
     while let Some(chunk) = response.chunk().await? {
         let room = limit - body.len();
         if chunk.len() > room {

@@ -592,6 +592,31 @@ async fn tag_list_follows_link_pagination() {
     );
 }
 
+/// SECURITY.md, "Fuzzing": a `Link` to a next page of another origin (another scheme, another
+/// host, a scheme-relative URL) fails the listing; nothing is requested there.
+#[tokio::test]
+async fn a_tag_list_page_linking_to_another_origin_fails_the_listing() {
+    let registry = FakeRegistry::start().await;
+    let resolver = resolver_for(&registry, |_| {});
+    for (i, link) in support::OFFSITE_LINKS.iter().enumerate() {
+        let tags = resolver
+            .list_tags(
+                &reference(&registry, &format!("offsite-{i}/app")),
+                &Credentials::anonymous(),
+            )
+            .await;
+        assert!(
+            matches!(&tags, Err(ResolveError::Protocol { detail, .. }) if detail.contains("points to another host")),
+            "{link}: {tags:?}"
+        );
+    }
+    assert_eq!(
+        registry.requests().len(),
+        support::OFFSITE_LINKS.len(),
+        "nothing requested elsewhere"
+    );
+}
+
 #[tokio::test]
 async fn tag_list_without_page_size_is_one_request() {
     let registry = FakeRegistry::start().await;

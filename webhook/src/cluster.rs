@@ -1,17 +1,18 @@
 //! The read-only view of the cluster the rules consult: in-memory stores fed by metadata-only
 //! watches, so a lookup on the admission path is a map read. Two lookups may also ask the API
-//! server, each only for an object the watch has not shown: an app the cache has not seen yet
-//! ([`ClusterView::image_owner`]), and whether the controller of a new Build or build pod that
-//! the cache does not know was just created or is gone ([`ClusterView::presence_now`]).
+//! server, each only for an object the watch has not shown: the BuildWorkload and the app of an
+//! Image created a moment after them ([`ClusterView::metadata_now`]), and whether the controller
+//! of a new Build or build pod that the cache does not know was just created or is gone
+//! ([`ClusterView::presence_now`]).
 
 use std::collections::BTreeMap;
 
 use futures::{FutureExt, StreamExt, future::BoxFuture};
 use holdfast_peers::{korifi, kpack};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta},
+    api::{ApiResource, DynamicObject, GroupVersionKind},
     runtime::{WatchStreamExt, reflector, reflector::ObjectRef},
 };
 use tokio::sync::watch;
@@ -19,10 +20,6 @@ use tokio_util::sync::CancellationToken;
 
 /// What the rules may ask of the cluster.
 pub trait ClusterView: Send + Sync {
-    /// The app that owns a kpack Image of this name and namespace, if there is one.
-    fn image_owner<'a>(&'a self, namespace: &'a str, image: &'a str)
-    -> BoxFuture<'a, Option<OwnerReference>>;
-
     /// A namespace's labels; empty when the namespace is not known (yet).
     fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String>;
 
@@ -38,6 +35,18 @@ pub trait ClusterView: Send + Sync {
     /// The metadata of a peer object (labels, ownerReferences), if known.
     fn metadata(&self, peer: Peer, namespace: &str, name: &str) -> Option<ObjectMeta>;
 
+    /// [`metadata`](Self::metadata), asked of the API server (one metadata `get`, bounded) only
+    /// when the cache does not know the object: Korifi creates an app's BuildWorkload a moment
+    /// before its Image, and `kubectl apply` of several objects in one file creates them at once.
+    fn metadata_now<'a>(
+        &'a self,
+        peer: Peer,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Option<ObjectMeta>> {
+        futures::future::ready(self.metadata(peer, namespace, name)).boxed()
+    }
+
     /// [`terminating`](Self::terminating), asked of the API server only when the cache does not
     /// know the object. For the controller of a new Build or build pod: kpack creates those for
     /// an owner *its* watch showed, so an owner missing from holdfast's watch was either created
@@ -45,7 +54,22 @@ pub trait ClusterView: Send + Sync {
     /// which. An owner the cache knows is answered from memory: a read for every Build and
     /// build pod would cost the API server a round trip per admission (bench-apiserver) to
     /// narrow a window as wide as holdfast's watch lag (milliseconds).
-    fn presence_now<'a>(&'a self, peer: Peer, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Presence>;
+    ///
+    /// With `uid` (an ownerReference's), only that object counts: one of the same name and
+    /// another uid is not it (the cache's is asked of the API server again; the API server's
+    /// means the one named is [`Presence::Gone`]).
+    fn presence_now<'a>(
+        &'a self,
+        peer: Peer,
+        namespace: &'a str,
+        name: &'a str,
+        uid: Option<&'a str>,
+    ) -> BoxFuture<'a, Presence>;
+}
+
+/// Whether `meta` is the object `uid` names (any object, without a uid to compare).
+pub fn is_uid(meta: &ObjectMeta, uid: Option<&str>) -> bool {
+    uid.is_none_or(|uid| meta.uid.as_deref() == Some(uid))
 }
 
 /// Whether an object exists, and is being deleted, as far as holdfast can tell.
@@ -156,19 +180,19 @@ impl Cluster {
         let _ = self.synced.clone().wait_for(|synced| *synced).await;
     }
 
-    /// The cache misses an app created a moment ago (watch lag; `kubectl apply` of an app and its
-    /// Image in one file): ask the API server before concluding there is none.
-    async fn live_app(
-        &self,
-        resource: &ApiResource,
-        namespace: &str,
-        name: &str,
-    ) -> Option<PartialObjectMeta<DynamicObject>> {
+    /// A metadata `get` of an object the cache does not show, bounded by
+    /// [`LIVE_LOOKUP_TIMEOUT`]; `None` on error or timeout (the request is admitted as if it
+    /// did not exist).
+    async fn live_metadata(&self, resource: &ApiResource, namespace: &str, name: &str) -> Option<ObjectMeta> {
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, resource);
-        match api.get_metadata_opt(name).await {
-            Ok(found) => found,
-            Err(error) => {
-                tracing::warn!(%error, namespace, name, kind = %resource.kind, "live owner lookup failed; admitting without an owner");
+        match tokio::time::timeout(LIVE_LOOKUP_TIMEOUT, api.get_metadata_opt(name)).await {
+            Ok(Ok(found)) => found.map(|f| f.metadata),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, namespace, name, kind = %resource.kind, "live lookup failed; admitting as if absent");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(namespace, name, kind = %resource.kind, "live lookup timed out; admitting as if absent");
                 None
             }
         }
@@ -176,29 +200,6 @@ impl Cluster {
 }
 
 impl ClusterView for Cluster {
-    fn image_owner<'a>(
-        &'a self,
-        namespace: &'a str,
-        image: &'a str,
-    ) -> BoxFuture<'a, Option<OwnerReference>> {
-        async move {
-            let (resource, store) = self.peers.get(&Peer::CfApp)?;
-            let cached = store.get(&ObjectRef::new_with(image, resource.clone()).within(namespace));
-            let metadata = match cached {
-                Some(app) => app.metadata.clone(),
-                None => self.live_app(resource, namespace, image).await?.metadata,
-            };
-            Some(OwnerReference {
-                api_version: resource.api_version.clone(),
-                kind: resource.kind.clone(),
-                name: metadata.name?,
-                uid: metadata.uid?,
-                ..Default::default()
-            })
-        }
-        .boxed()
-    }
-
     fn terminating(&self, peer: Peer, namespace: &str, name: &str) -> Option<bool> {
         Some(self.metadata(peer, namespace, name)?.deletion_timestamp.is_some())
     }
@@ -209,9 +210,32 @@ impl ClusterView for Cluster {
         Some(found.metadata.clone())
     }
 
-    fn presence_now<'a>(&'a self, peer: Peer, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Presence> {
+    fn metadata_now<'a>(
+        &'a self,
+        peer: Peer,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Option<ObjectMeta>> {
         async move {
-            let cached = Presence::cached(self.terminating(peer, namespace, name));
+            if let Some(cached) = self.metadata(peer, namespace, name) {
+                return Some(cached);
+            }
+            let (resource, _) = self.peers.get(&peer)?;
+            self.live_metadata(resource, namespace, name).await
+        }
+        .boxed()
+    }
+
+    fn presence_now<'a>(
+        &'a self,
+        peer: Peer,
+        namespace: &'a str,
+        name: &'a str,
+        uid: Option<&'a str>,
+    ) -> BoxFuture<'a, Presence> {
+        async move {
+            let known = self.metadata(peer, namespace, name).filter(|m| is_uid(m, uid));
+            let cached = Presence::cached(known.map(|m| m.deletion_timestamp.is_some()));
             if cached != Presence::Unknown {
                 return cached;
             }
@@ -220,6 +244,8 @@ impl ClusterView for Cluster {
             };
             let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, resource);
             match tokio::time::timeout(LIVE_LOOKUP_TIMEOUT, api.get_metadata_opt(name)).await {
+                // Another object of the same name: the one the reference names is gone.
+                Ok(Ok(Some(found))) if !is_uid(&found.metadata, uid) => Presence::Gone,
                 Ok(Ok(Some(found))) if found.metadata.deletion_timestamp.is_some() => Presence::Terminating,
                 Ok(Ok(Some(_))) => Presence::Live,
                 Ok(Ok(None)) => Presence::Gone,
@@ -265,7 +291,6 @@ fn watch_metadata(client: Client, resource: ApiResource, cancel: CancellationTok
 /// A fixed view for tests of the rules.
 #[derive(Debug, Default, Clone)]
 pub struct StaticCluster {
-    pub owners: Vec<(String, String, OwnerReference)>,
     /// `(namespace, label key, value)`.
     pub namespace_labels: Vec<(String, String, String)>,
     /// Peer objects being deleted: `(peer, namespace, name)`.
@@ -280,18 +305,6 @@ pub struct StaticCluster {
 }
 
 impl ClusterView for StaticCluster {
-    fn image_owner<'a>(
-        &'a self,
-        namespace: &'a str,
-        image: &'a str,
-    ) -> BoxFuture<'a, Option<OwnerReference>> {
-        let found = self
-            .owners
-            .iter()
-            .find(|(ns, name, _)| ns == namespace && name == image);
-        futures::future::ready(found.map(|(_, _, r)| r.clone())).boxed()
-    }
-
     fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String> {
         self.namespace_labels
             .iter()
@@ -312,13 +325,24 @@ impl ClusterView for StaticCluster {
         }
     }
 
-    fn presence_now<'a>(&'a self, peer: Peer, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Presence> {
+    fn presence_now<'a>(
+        &'a self,
+        peer: Peer,
+        namespace: &'a str,
+        name: &'a str,
+        uid: Option<&'a str>,
+    ) -> BoxFuture<'a, Presence> {
         let listed = |list: &[(Peer, String, String)]| {
             list.iter()
                 .any(|(p, ns, n)| *p == peer && ns == namespace && n == name)
         };
+        // Memory holds another object of that name: as the real view, memory does not answer
+        // for the one the reference names.
+        let other = self
+            .metadata(peer, namespace, name)
+            .is_some_and(|m| !is_uid(&m, uid));
         // As the real view: memory first; the "API server" only for what memory lacks.
-        let presence = match self.terminating(peer, namespace, name) {
+        let presence = match self.terminating(peer, namespace, name).filter(|_| !other) {
             Some(true) => Presence::Terminating,
             Some(false) => Presence::Live,
             None if listed(&self.terminating_live) => Presence::Terminating,

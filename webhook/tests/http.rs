@@ -8,13 +8,13 @@ use std::{sync::Arc, time::Duration};
 
 use axum::body::Body;
 use holdfast_webhook::{
-    cluster::StaticCluster,
+    cluster::{Peer, StaticCluster},
     handler::{AdmissionState, Limits, router},
     metrics::Metrics,
 };
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -31,15 +31,27 @@ fn state() -> (Arc<AdmissionState>, Arc<Metrics>) {
 }
 
 fn state_with_deadline(deadline: Duration) -> (Arc<AdmissionState>, Arc<Metrics>) {
-    let owner = OwnerReference {
-        api_version: "korifi.cloudfoundry.org/v1alpha1".into(),
-        kind: "CFApp".into(),
-        name: "app-guid".into(),
-        uid: "cfapp-uid".into(),
-        ..Default::default()
+    // The Korifi app `app-guid`: its CFApp and the BuildWorkload its Image names.
+    let meta = |name: &str, uid: &str, labels: Value| -> ObjectMeta {
+        serde_json::from_value(json!({"name": name, "uid": uid, "labels": labels})).unwrap()
     };
     let cluster = StaticCluster {
-        owners: vec![("space".into(), "app-guid".into(), owner)],
+        objects: vec![
+            (
+                Peer::CfApp,
+                "space".into(),
+                meta("app-guid", "cfapp-uid", json!({})),
+            ),
+            (
+                Peer::BuildWorkload,
+                "space".into(),
+                meta(
+                    "bw",
+                    "bw-uid",
+                    json!({"korifi.cloudfoundry.org/app-guid": "app-guid"}),
+                ),
+            ),
+        ],
         ..Default::default()
     };
     let registry = FakeSource::with([(APP_CONFIG, Digest::sha256_of(b"config v1"))]);
@@ -54,6 +66,11 @@ fn state_with_deadline(deadline: Duration) -> (Arc<AdmissionState>, Arc<Metrics>
 }
 
 fn review(group: &str, resource: &str, kind: &str, name: &str) -> Value {
+    let mut metadata = json!({"name": name, "namespace": "space"});
+    if kind == "Image" {
+        // As Korifi creates it: owned by the BuildWorkload that built it.
+        metadata["ownerReferences"] = json!([{"apiVersion": "korifi.cloudfoundry.org/v1alpha1", "kind": "BuildWorkload", "name": "bw", "uid": "bw-uid"}]);
+    }
     json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -63,7 +80,7 @@ fn review(group: &str, resource: &str, kind: &str, name: &str) -> Value {
             "resource": {"group": group, "version": "v1alpha2", "resource": resource},
             "name": name, "namespace": "space", "operation": "CREATE",
             "userInfo": {"username": "system:serviceaccount:cf:korifi-controllers"},
-            "object": {"apiVersion": format!("{group}/v1alpha2"), "kind": kind, "metadata": {"name": name, "namespace": "space"}},
+            "object": {"apiVersion": format!("{group}/v1alpha2"), "kind": kind, "metadata": metadata},
             "oldObject": null, "dryRun": false
         }
     })
@@ -127,8 +144,8 @@ async fn stamps_the_owner_and_round_trips_the_uid() {
     assert_eq!(rsp["uid"], UID);
     assert_eq!(rsp["allowed"], true);
     assert_eq!(rsp["patchType"], "JSONPatch");
-    assert_eq!(patch_of(rsp)[0]["path"], "/metadata/ownerReferences");
-    assert_eq!(patch_of(rsp)[0]["value"][0]["uid"], "cfapp-uid");
+    assert_eq!(patch_of(rsp)[0]["path"], "/metadata/ownerReferences/-");
+    assert_eq!(patch_of(rsp)[0]["value"]["uid"], "cfapp-uid");
     let text = metrics.encode().unwrap();
     assert!(
         text.contains(r#"holdfast_webhook_admission_requests_total{outcome="patched"} 1"#),

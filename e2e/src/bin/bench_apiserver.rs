@@ -155,6 +155,7 @@ fn main() -> Result<()> {
         installed::Options {
             scope: Some(scope_requirement(&scope)),
             controller: None,
+            webhook: Vec::new(),
         },
     ))?;
     let env = Arc::new(env);

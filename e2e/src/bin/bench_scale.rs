@@ -155,6 +155,7 @@ async fn main() -> Result<()> {
             scope: None,
             // Rounds often enough to see one per level; the registry budget is the shipped one.
             controller: Some(vec![format!("--refresh-seconds={}", REFRESH_INTERVAL.as_secs())]),
+            webhook: Vec::new(),
         },
     )
     .await?;

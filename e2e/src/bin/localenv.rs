@@ -68,6 +68,7 @@ async fn up(state: &Path, holdfast: bool) -> Result<()> {
                 installed::Options {
                     scope: None,
                     controller: Some(vec!["--refresh-seconds=30".into()]),
+                    webhook: Vec::new(),
                 },
             )
             .await?,

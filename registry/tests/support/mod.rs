@@ -26,6 +26,8 @@
 //! - `maximal/app`: pages of 4 MB (a million one-letter tags, one shared buffer), each linking
 //!   to the next, forever;
 //! - `versions/app`: 20 version tags `1.0.0` … `1.0.19`;
+//! - `offsite-I/app`: one page of versions whose `Link` names a next page of another origin,
+//!   `OFFSITE_LINKS[I]`;
 //! - `gated/app`: holds every manifest request until [`FakeRegistry::release`] (a registry that
 //!   hangs, then answers).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test fixture
@@ -155,6 +157,14 @@ impl FakeRegistry {
 }
 
 /// The multi-arch index served for tag `v1`; its digest is what must be pinned.
+/// Next pages of another origin than the registry's (the first found by the `link_header` fuzz
+/// target: a scheme of its own and no host).
+pub const OFFSITE_LINKS: [&str; 3] = [
+    "htxst:",
+    "https://elsewhere.example/v2/offsite/app/tags/list",
+    "//elsewhere.example/x",
+];
+
 pub fn index_manifest(repository: &str) -> Vec<u8> {
     format!(
         r#"{{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:{a}","size":512,"platform":{{"architecture":"amd64","os":"linux"}}}},{{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:{b}","size":512,"platform":{{"architecture":"arm64","os":"linux"}}}}],"annotations":{{"repo":"{repository}"}}}}"#,
@@ -432,6 +442,15 @@ fn tags(repository: &str, query: Option<&str>) -> Response {
             response.headers_mut().insert(
                 header::LINK,
                 HeaderValue::from_static(r#"</v2/maximal/app/tags/list?page=next>; rel="next""#),
+            );
+            return response;
+        }
+        "offsite-0/app" | "offsite-1/app" | "offsite-2/app" => {
+            let i = usize::from(repository.as_bytes()[8] - b'0');
+            let mut response = json(format!(r#"{{"name":"{repository}","tags":["1.0.0"]}}"#));
+            response.headers_mut().insert(
+                header::LINK,
+                HeaderValue::from_str(&format!("<{}>; rel=\"next\"", OFFSITE_LINKS[i])).unwrap(),
             );
             return response;
         }

@@ -4,6 +4,16 @@
 //! Korifi names the Image after the app GUID, in the app's namespace, and gives it only plain
 //! ownerReferences to BuildWorkloads (Korifi's build workload reconciler); the CFApp owns none of it directly.
 //!
+//! The app is found by a chain a tenant cannot hand out by naming (Korifi v0.18,
+//! `kpack-image-builder/controllers/buildworkload_controller.go` `reconcileKpackImage`, and
+//! `controllers/workloads/build/buildpack/controller.go` `createBuildWorkload`): the Image's
+//! ownerReference to a BuildWorkload names its uid, and the BuildWorkload of that name must have
+//! that uid; Korifi's build reconciler labels it `korifi.cloudfoundry.org/app-guid` with the
+//! CFApp's name, which must be the Image's name; the CFApp of that name is the owner, by its uid.
+//! BuildWorkloads are written by Korifi's controllers only (Korifi's CF roles grant no one else
+//! `create` on them). An Image merely named like a CFApp, or pointing at a BuildWorkload of
+//! another uid or another app, gets no owner.
+//!
 //! `blockOwnerDeletion` is left unset on purpose: Korifi deletes CFApps in the foreground, and a
 //! blocking reference would make the app wait for its Image's whole build history to go. Unset,
 //! the app goes at once and the collector removes the Image in the background. It also spares
@@ -14,8 +24,10 @@ use json_patch::{AddOperation, PatchOperation, jsonptr::PointerBuf};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::core::admission::Operation;
 
+use holdfast_peers::korifi;
+
 use crate::{
-    cluster::ClusterView,
+    cluster::{ClusterView, Peer},
     decision::{Decision, Verdict},
     review::{Object, Request},
 };
@@ -34,8 +46,53 @@ pub async fn evaluate(request: &Request<'_>, cluster: &dyn ClusterView) -> Verdi
     // The object of a CREATE may have no namespace yet: the request's is authoritative.
     let namespace = request.namespace.as_deref().unwrap_or_default();
     let name = image.metadata.name.as_deref().unwrap_or(&request.name);
-    let owner = cluster.image_owner(namespace, name).await;
+    let owner = app_of(&image.metadata, namespace, name, cluster).await;
     stamp(&image.metadata, owner.as_ref()).into()
+}
+
+/// The CFApp the Image `name` was built for, through its BuildWorkloads (module docs); `None`
+/// when no link of the chain holds.
+pub async fn app_of(
+    image: &ObjectMeta,
+    namespace: &str,
+    name: &str,
+    cluster: &dyn ClusterView,
+) -> Option<OwnerReference> {
+    let workloads = image
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| r.kind == korifi::BUILD_WORKLOAD && group_of(&r.api_version) == korifi::GROUP);
+    for reference in workloads {
+        let Some(workload) = cluster
+            .metadata_now(Peer::BuildWorkload, namespace, &reference.name)
+            .await
+        else {
+            continue;
+        };
+        let same = workload.uid.as_deref() == Some(reference.uid.as_str());
+        let app = workload
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(korifi::APP_GUID_LABEL));
+        if !same || app.map(String::as_str) != Some(name) {
+            continue;
+        }
+        let app = cluster.metadata_now(Peer::CfApp, namespace, name).await?;
+        return Some(OwnerReference {
+            api_version: format!("{}/{}", korifi::GROUP, korifi::VERSION),
+            kind: korifi::CF_APP.into(),
+            name: app.name?,
+            uid: app.uid?,
+            ..Default::default()
+        });
+    }
+    None
+}
+
+/// The group of an `apiVersion` (`''` for the core group).
+fn group_of(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(group, _)| group)
 }
 
 /// Adds `owner` to the Image's ownerReferences unless a reference to the same uid is there.
@@ -120,6 +177,90 @@ mod tests {
         assert_eq!(refs.len(), 2);
         assert_eq!(refs[0]["uid"], "b1");
         assert_eq!(refs[1]["uid"], "u1");
+    }
+
+    /// The cluster of one Korifi app: the CFApp `app-guid` (uid `app-uid`) and its BuildWorkload
+    /// `bw` (uid `bw-uid`), labelled with the app's GUID as Korifi's build reconciler does.
+    fn korifi(app_label: &str) -> crate::cluster::StaticCluster {
+        let meta = |name: &str, uid: &str, labels: serde_json::Value| -> ObjectMeta {
+            serde_json::from_value(json!({"name": name, "uid": uid, "labels": labels})).unwrap()
+        };
+        crate::cluster::StaticCluster {
+            objects: vec![
+                (
+                    Peer::CfApp,
+                    "space".into(),
+                    meta("app-guid", "app-uid", json!({})),
+                ),
+                (
+                    Peer::BuildWorkload,
+                    "space".into(),
+                    meta(
+                        "bw",
+                        "bw-uid",
+                        json!({"korifi.cloudfoundry.org/app-guid": app_label}),
+                    ),
+                ),
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn workload_ref(uid: &str) -> serde_json::Value {
+        json!([{"apiVersion": "korifi.cloudfoundry.org/v1alpha1", "kind": "BuildWorkload", "name": "bw", "uid": uid}])
+    }
+
+    #[tokio::test]
+    async fn the_app_is_found_through_the_image_s_build_workload_by_uid() {
+        let owner = app_of(
+            &image(workload_ref("bw-uid")),
+            "space",
+            "app-guid",
+            &korifi("app-guid"),
+        )
+        .await;
+        assert_eq!(owner, Some(app_ref("app-uid")));
+    }
+
+    /// Issue 35: ownership was handed out by name. A same-named object of another uid, or a
+    /// chain that does not lead to the app, is not trusted.
+    #[tokio::test]
+    async fn an_image_only_named_like_an_app_or_linked_to_another_uid_gets_no_owner() {
+        let cluster = korifi("app-guid");
+        // Named like the CFApp, no BuildWorkload reference (what stamping by name trusted).
+        assert_eq!(
+            app_of(&image(json!(null)), "space", "app-guid", &cluster).await,
+            None
+        );
+        // A BuildWorkload of that name, but not the uid the Image names (re-created, or forged).
+        assert_eq!(
+            app_of(&image(workload_ref("other-uid")), "space", "app-guid", &cluster).await,
+            None
+        );
+        // The BuildWorkload is another app's.
+        let cluster = korifi("another-app");
+        assert_eq!(
+            app_of(&image(workload_ref("bw-uid")), "space", "app-guid", &cluster).await,
+            None
+        );
+        // The right chain in another namespace.
+        assert_eq!(
+            app_of(
+                &image(workload_ref("bw-uid")),
+                "elsewhere",
+                "app-guid",
+                &korifi("app-guid")
+            )
+            .await,
+            None
+        );
+        // A reference of the right name and uid but another group.
+        let foreign =
+            json!([{"apiVersion": "example.com/v1", "kind": "BuildWorkload", "name": "bw", "uid": "bw-uid"}]);
+        assert_eq!(
+            app_of(&image(foreign), "space", "app-guid", &korifi("app-guid")).await,
+            None
+        );
     }
 
     #[tokio::test]

@@ -4,8 +4,12 @@
 //!
 //! Denied:
 //! - CREATE of a kpack `Build` whose Image (its controller, or label `image.kpack.io/image`), the
-//!   app that Image belongs to (Korifi: the CFApp of the Image's name), or the BuildWorkload it
-//!   serves (label `korifi.cloudfoundry.org/build-workload-name`) is terminating;
+//!   app that Image belongs to, or the BuildWorkload it serves (label
+//!   `korifi.cloudfoundry.org/build-workload-name`) is terminating. Owners are matched by uid,
+//!   never by name alone: the Image by the Build's controller reference; the app and the
+//!   BuildWorkload by the ownerReferences of that Image (the CFApp stamp-owners added, the
+//!   BuildWorkload Korifi added, of the labelled name). A terminating object that only shares a
+//!   name with one of them (another uid, or an Image that names no such owner) denies nothing;
 //! - CREATE of a Pod labelled `kpack.io/build` whose Build is terminating;
 //! - CREATE of a Build whose controlling Image, or of a build pod whose controlling Build, no
 //!   longer exists (kpack acted on its stale cache; the object would be an orphan the garbage
@@ -23,12 +27,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::admission::Operation;
 
 use holdfast_peers::{
-    korifi::BUILD_WORKLOAD_LABEL,
+    korifi::{self, BUILD_WORKLOAD_LABEL},
     kpack::{self, BUILD_POD_LABEL, IMAGE_LABEL},
 };
 
 use crate::{
-    cluster::{ClusterView, Peer, Presence},
+    cluster::{ClusterView, Peer, Presence, is_uid},
     decision::{Decision, Verdict},
     review::{Object, Request},
 };
@@ -46,8 +50,11 @@ pub async fn evaluate(request: &Request<'_>, cluster: &dyn ClusterView) -> Verdi
             };
             // The Image that controls the Build must still exist (kpack made the Build for it)
             // and not be going.
-            if let Some(image) = controller_named(&build, "Image") {
-                match cluster.presence_now(Peer::KpackImage, namespace, image).await {
+            if let Some((image, uid)) = controller_named(&build, "Image") {
+                match cluster
+                    .presence_now(Peer::KpackImage, namespace, image, Some(uid))
+                    .await
+                {
                     Presence::Gone => return gone("kpack Build", &build, Peer::KpackImage, namespace, image),
                     Presence::Terminating => {
                         return deny("kpack Build", &build, Peer::KpackImage, namespace, image);
@@ -55,7 +62,7 @@ pub async fn evaluate(request: &Request<'_>, cluster: &dyn ClusterView) -> Verdi
                     Presence::Live | Presence::Unknown => {}
                 }
             }
-            terminating_owner(cluster, namespace, build_owners(&build))
+            terminating_owner(cluster, namespace, build_owners(cluster, namespace, &build))
                 .map_or_else(Verdict::allow, |(peer, owner)| {
                     deny("kpack Build", &build, peer, namespace, &owner)
                 })
@@ -68,10 +75,17 @@ pub async fn evaluate(request: &Request<'_>, cluster: &dyn ClusterView) -> Verdi
             let Some(build) = label(&pod, BUILD_POD_LABEL) else {
                 return Verdict::allow();
             };
-            match cluster.presence_now(Peer::KpackBuild, namespace, build).await {
+            // The Build's uid when the pod's controller reference names it.
+            let uid = controller_named(&pod, "Build")
+                .filter(|(name, _)| *name == build)
+                .map(|(_, uid)| uid);
+            match cluster
+                .presence_now(Peer::KpackBuild, namespace, build, uid)
+                .await
+            {
                 Presence::Terminating => return deny("build pod", &pod, Peer::KpackBuild, namespace, build),
                 // kpack acted on a Build its cache still had; the pod would be an orphan.
-                Presence::Gone if controller_named(&pod, "Build") == Some(build) => {
+                Presence::Gone if uid.is_some() => {
                     return gone("build pod", &pod, Peer::KpackBuild, namespace, build);
                 }
                 _ => {}
@@ -80,7 +94,8 @@ pub async fn evaluate(request: &Request<'_>, cluster: &dyn ClusterView) -> Verdi
             // created just before the deletion started, its pod just after.
             let owners = cluster
                 .metadata(Peer::KpackBuild, namespace, build)
-                .map(|meta| build_owners(&meta))
+                .filter(|meta| is_uid(meta, uid))
+                .map(|meta| build_owners(cluster, namespace, &meta))
                 .unwrap_or_default();
             terminating_owner(cluster, namespace, owners).map_or_else(Verdict::allow, |(peer, owner)| {
                 deny("build pod", &pod, peer, namespace, &owner)
@@ -112,41 +127,89 @@ fn image_update(request: &Request<'_>, image: &Object<serde_json::Value>, namesp
     }
 }
 
-/// The first of `owners` that holdfast's watches show being deleted. These are owners kpack
-/// does not act on (an app, a BuildWorkload, a Build's Image seen from its pod): their deletion
-/// runs alongside, so a read from the API server would only narrow a window of holdfast's
-/// watch lag, at a round trip per admission.
+/// The first of `owners` that holdfast's watches show being deleted: the object of that name
+/// and, when a reference gave one, that uid. These are owners kpack does not act on (an app, a
+/// BuildWorkload, a Build's Image seen from its pod): their deletion runs alongside, so a read
+/// from the API server would only narrow a window of holdfast's watch lag, at a round trip per
+/// admission.
 fn terminating_owner(
     cluster: &dyn ClusterView,
     namespace: &str,
-    owners: Vec<(Peer, String)>,
+    owners: Vec<Owner>,
 ) -> Option<(Peer, String)> {
     owners
         .into_iter()
-        .find(|(peer, name)| cluster.terminating(*peer, namespace, name) == Some(true))
+        .find(|o| {
+            cluster
+                .metadata(o.peer, namespace, &o.name)
+                .filter(|meta| is_uid(meta, o.uid.as_deref()))
+                .map_or_else(
+                    // Not in memory (only the static view knows deletions without metadata):
+                    // by name, only when no uid was given.
+                    || o.uid.is_none() && cluster.terminating(o.peer, namespace, &o.name) == Some(true),
+                    |meta| meta.deletion_timestamp.is_some(),
+                )
+        })
+        .map(|o| (o.peer, o.name))
 }
 
-/// The name of the object's controller of `kind`.
-fn controller_named<'a>(meta: &'a ObjectMeta, kind: &str) -> Option<&'a str> {
+/// An owner to check: its kind, name and, from a reference, uid.
+struct Owner {
+    peer: Peer,
+    name: String,
+    uid: Option<String>,
+}
+
+/// The name and uid of the object's controller of `kind`.
+fn controller_named<'a>(meta: &'a ObjectMeta, kind: &str) -> Option<(&'a str, &'a str)> {
     meta.owner_references
         .iter()
         .flatten()
         .find(|r| r.controller == Some(true) && r.kind == kind)
-        .map(|r| r.name.as_str())
+        .map(|r| (r.name.as_str(), r.uid.as_str()))
 }
 
-/// The objects a Build is made for, in the order they are checked (its Image first).
-fn build_owners(build: &ObjectMeta) -> Vec<(Peer, String)> {
-    let controller_image = controller_named(build, "Image").map(str::to_owned);
+/// The objects a Build is made for, in the order they are checked: its Image (by the controller
+/// reference's uid, else the label's name), then what that Image's ownerReferences name by uid —
+/// its CFApps, and the BuildWorkload the Build's label names.
+fn build_owners(cluster: &dyn ClusterView, namespace: &str, build: &ObjectMeta) -> Vec<Owner> {
     let labels = build.labels.as_ref();
-    let image = controller_image.or_else(|| labels.and_then(|l| l.get(IMAGE_LABEL)).cloned());
-    let mut owners = Vec::new();
-    if let Some(image) = image {
-        owners.push((Peer::KpackImage, image.clone()));
-        owners.push((Peer::CfApp, image));
-    }
-    if let Some(workload) = labels.and_then(|l| l.get(BUILD_WORKLOAD_LABEL)) {
-        owners.push((Peer::BuildWorkload, workload.clone()));
+    let image = controller_named(build, "Image")
+        .map(|(name, uid)| (name.to_owned(), Some(uid.to_owned())))
+        .or_else(|| {
+            labels
+                .and_then(|l| l.get(IMAGE_LABEL))
+                .map(|name| (name.clone(), None))
+        });
+    let Some((image, image_uid)) = image else {
+        return Vec::new();
+    };
+    let mut owners = vec![Owner {
+        peer: Peer::KpackImage,
+        name: image.clone(),
+        uid: image_uid.clone(),
+    }];
+    let Some(image) = cluster
+        .metadata(Peer::KpackImage, namespace, &image)
+        .filter(|meta| is_uid(meta, image_uid.as_deref()))
+    else {
+        return owners;
+    };
+    let workload = labels.and_then(|l| l.get(BUILD_WORKLOAD_LABEL));
+    for reference in image.owner_references.iter().flatten() {
+        if !reference.api_version.starts_with(&format!("{}/", korifi::GROUP)) {
+            continue;
+        }
+        let peer = match reference.kind.as_str() {
+            korifi::CF_APP => Peer::CfApp,
+            korifi::BUILD_WORKLOAD if workload == Some(&reference.name) => Peer::BuildWorkload,
+            _ => continue,
+        };
+        owners.push(Owner {
+            peer,
+            name: reference.name.clone(),
+            uid: Some(reference.uid.clone()),
+        });
     }
     owners
 }
@@ -231,6 +294,46 @@ mod tests {
         }
     }
 
+    fn meta(value: serde_json::Value) -> ObjectMeta {
+        serde_json::from_value(value).unwrap()
+    }
+
+    /// The Korifi chain of [`build`]: its Image `app` (uid `i`), which names the CFApp `app`
+    /// (uid `a`, stamp-owners' reference) and the BuildWorkload `bw-2` (uid `w`, Korifi's), each
+    /// with the uid given here; `terminating` of them is being deleted.
+    fn chain(app_uid: &str, workload_uid: &str, terminating: Option<Peer>) -> StaticCluster {
+        let deleting = |peer| {
+            if terminating == Some(peer) {
+                json!("2026-12-03T00:00:00Z")
+            } else {
+                json!(null)
+            }
+        };
+        let image = meta(
+            json!({"name": "app", "uid": "i", "deletionTimestamp": deleting(Peer::KpackImage), "ownerReferences": [
+            {"apiVersion": "korifi.cloudfoundry.org/v1alpha1", "kind": "BuildWorkload", "name": "bw-2", "uid": "w"},
+            {"apiVersion": "korifi.cloudfoundry.org/v1alpha1", "kind": "CFApp", "name": "app", "uid": "a"}]}),
+        );
+        StaticCluster {
+            objects: vec![
+                (Peer::KpackImage, "space".into(), image),
+                (
+                    Peer::CfApp,
+                    "space".into(),
+                    meta(json!({"name": "app", "uid": app_uid, "deletionTimestamp": deleting(Peer::CfApp)})),
+                ),
+                (
+                    Peer::BuildWorkload,
+                    "space".into(),
+                    meta(
+                        json!({"name": "bw-2", "uid": workload_uid, "deletionTimestamp": deleting(Peer::BuildWorkload)}),
+                    ),
+                ),
+            ],
+            ..Default::default()
+        }
+    }
+
     #[tokio::test]
     async fn a_build_for_a_terminating_image_app_or_workload_is_denied() {
         for (peer, name, kind) in [
@@ -240,7 +343,7 @@ mod tests {
         ] {
             let verdict = evaluate(
                 &request("kpack.io", "builds", "CREATE", build(), json!(null)),
-                &cluster(&[(peer, name)]),
+                &chain("a", "w", Some(peer)),
             )
             .await;
             let Decision::Deny(message) = verdict.decision else {
@@ -253,8 +356,47 @@ mod tests {
         }
     }
 
+    /// Issue 35: the guard matched the app by the Image's name and the BuildWorkload by the
+    /// Build's label. A terminating object that only shares a name with an owner (another uid,
+    /// or one the Image does not name) denies nothing.
+    #[tokio::test]
+    async fn a_terminating_object_that_only_shares_an_owner_s_name_denies_nothing() {
+        let create = || request("kpack.io", "builds", "CREATE", build(), json!(null));
+        // A CFApp `app` and a BuildWorkload `bw-2` being deleted, of other uids than the Image's
+        // references name.
+        for peer in [Peer::CfApp, Peer::BuildWorkload] {
+            let cluster = chain("another-app", "another-workload", Some(peer));
+            assert_eq!(evaluate(&create(), &cluster).await, Verdict::allow(), "{peer:?}");
+        }
+        // A CFApp named like an Image that names no CFApp (stamping by name trusted it).
+        let mut cluster = chain("a", "w", Some(Peer::CfApp));
+        cluster.objects[0].2.owner_references = None;
+        assert_eq!(evaluate(&create(), &cluster).await, Verdict::allow());
+        // An Image `app` being deleted that is not the Build's (another uid): the Build's own
+        // Image is not in memory; the API server says it is gone, or memory cannot tell.
+        let mut cluster = chain("a", "w", Some(Peer::KpackImage));
+        cluster.objects[0].2.uid = Some("another-image".into());
+        assert_eq!(evaluate(&create(), &cluster).await, Verdict::allow());
+        cluster
+            .gone
+            .push((Peer::KpackImage, "space".into(), "app".into()));
+        let verdict = evaluate(&create(), &cluster).await;
+        assert!(
+            matches!(verdict.decision, Decision::Deny(ref m) if m.contains("kpack Image space/app no longer exists")),
+            "{verdict:?}"
+        );
+    }
+
     #[tokio::test]
     async fn a_build_for_live_owners_is_allowed() {
+        assert_eq!(
+            evaluate(
+                &request("kpack.io", "builds", "CREATE", build(), json!(null)),
+                &chain("a", "w", None)
+            )
+            .await,
+            Verdict::allow()
+        );
         let verdict = evaluate(
             &request("kpack.io", "builds", "CREATE", build(), json!(null)),
             &cluster(&[(Peer::CfApp, "other")]),
@@ -315,6 +457,7 @@ mod tests {
     async fn an_owner_the_watch_shows_live_is_answered_from_memory() {
         let meta = ObjectMeta {
             name: Some("app".into()),
+            uid: Some("i".into()),
             ..Default::default()
         };
         let mut cluster = StaticCluster {
