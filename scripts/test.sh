@@ -50,6 +50,9 @@ trap 'kill -- "-$deps" ${tools:+"-$tools"} 2>/dev/null || true' EXIT
 make --no-print-directory lint CARGO="$CARGO"
 make --no-print-directory fuzz-smoke
 "$CARGO" test --workspace --no-run
+# The binaries the suites run as processes (installed.rs, hostile_registry.rs, localenv): `cargo
+# test` builds a package's binaries only for that package's own integration tests.
+"$CARGO" build --workspace --bins
 
 mapfile -t suites < <("$CARGO" metadata --no-deps --format-version 1 --locked |
   jq -r '.packages[].targets[] | select(.kind == ["test"]) | .name' | sort -u)

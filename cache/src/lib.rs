@@ -227,6 +227,8 @@ pub struct Answer {
     pub digest: Digest,
     pub tag: Option<String>,
     pub origin: Origin,
+    /// When the registry gave this digest (for a Secret scope: with that Secret's credentials).
+    pub resolved_at: SystemTime,
     /// Where `digest`'s content is in the mirror, when the controller copied it.
     pub mirrored: Option<Mirrored>,
 }
@@ -245,6 +247,12 @@ pub enum CacheError {
     /// The Secret of a scope does not exist (any more): its entries must not answer.
     #[error("credentials: Secret {namespace}/{name} not found")]
     SecretGone { namespace: String, name: String },
+    /// A Secret's entry the webhook may not serve: not resolved since its namespace was created
+    /// (a namespace of that name that is gone), or the namespace is not known yet.
+    #[error(
+        "the cached digest was resolved with a Secret of namespace {namespace} before this namespace existed (or it is not known yet); the controller resolves it anew"
+    )]
+    NotSinceNamespace { namespace: String },
     #[error("cache key {reference:?} does not parse: {detail}")]
     InvalidKey { reference: String, detail: String },
     #[error("{reference}: the selected tag {tag:?} is not a valid reference: {detail}")]
@@ -528,6 +536,7 @@ impl DigestCache {
                 digest: entry.digest.clone(),
                 tag: entry.tag.clone(),
                 origin: Origin::Cache,
+                resolved_at: entry.resolved_at,
                 mirrored: self.mirror_of(&entry.key, &entry.digest),
             });
         }
@@ -553,6 +562,7 @@ impl DigestCache {
                     digest,
                     tag,
                     origin: Origin::Registry,
+                    resolved_at: checked_at,
                     mirrored,
                 })
             }
@@ -578,6 +588,7 @@ impl DigestCache {
                                 error: error.to_string(),
                                 age: age(entry.resolved_at, checked_at),
                             },
+                            resolved_at: entry.resolved_at,
                             mirrored: self.mirror_of(&entry.key, &entry.digest),
                         };
                         self.store(CacheEntry {

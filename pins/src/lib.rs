@@ -118,7 +118,7 @@ pub use mirror_scope::{Copying, MirrorPins, NamespaceSelector};
 pub use original_refs::{ORIGINAL_REFS_ANNOTATION, OriginalRef, OriginalRefs, OriginalRefsError};
 pub use patch::{PinOutcome, Resolution, pin_patch};
 pub use policy::{PIN_KEY, PinPolicy, UnknownPinPolicy};
-pub use resolve::Pinner;
+pub use resolve::{Pinner, SecretScoped};
 pub use sites::{FetchSite, PinnedKind, SiteKind, fetch_entries, fetch_sites};
 
 /// The rule's name in metrics and logs.

@@ -132,8 +132,9 @@ impl Pinner {
         stored: &Value,
     ) -> Result<PinUpdate, json_patch::PatchError> {
         let mut desired = crate::repin::unpinned(stored);
+        // The controller reads the Secret of every lookup it makes: its uid proves the entry.
         let outcome = self
-            .pin_sites(kind, namespace, labels, &desired, None, true)
+            .pin_sites(kind, namespace, labels, SecretScoped::Any, &desired, None, true)
             .await;
         json_patch::patch(&mut desired, &outcome.ops)?;
         let ops = crate::repin::update(stored, &desired);
@@ -160,24 +161,29 @@ impl Pinner {
 
     /// The patch that pins `object` (in `namespace`, labelled `labels`; `old` is the stored
     /// object on an update), with a warning for every reference it could not pin.
+    /// `secret_scoped`: which entries resolved with a Secret may answer.
     pub async fn pin(
         &self,
         kind: PinnedKind,
         namespace: &str,
         labels: &BTreeMap<String, String>,
+        secret_scoped: SecretScoped,
         object: &Value,
         old: Option<&Value>,
     ) -> PinOutcome {
-        self.pin_sites(kind, namespace, labels, object, old, false).await
+        self.pin_sites(kind, namespace, labels, secret_scoped, object, old, false)
+            .await
     }
 
     /// [`Pinner::pin`]; `repinning` (the controller's reconcile): `follow` pins to a mirror copy
     /// wait there for their moved tag's new copy.
+    #[allow(clippy::too_many_arguments)]
     async fn pin_sites(
         &self,
         kind: PinnedKind,
         namespace: &str,
         labels: &BTreeMap<String, String>,
+        secret_scoped: SecretScoped,
         object: &Value,
         old: Option<&Value>,
         repinning: bool,
@@ -193,7 +199,7 @@ impl Pinner {
                 Step::Reuse(resolution) => resolutions.push((index, resolution.clone())),
                 Step::Resolve { need, fallback } => {
                     let scope = site_scope(site, namespace);
-                    match self.resolve(need, scope, mirror).await {
+                    match self.resolve(need, scope, secret_scoped, mirror).await {
                         Ok(Resolved {
                             resolution,
                             origin,
@@ -256,6 +262,7 @@ impl Pinner {
         &self,
         need: &Need,
         scope: Scope,
+        secret_scoped: SecretScoped,
         mirror: Option<&MirrorPins>,
     ) -> Result<Resolved, CacheError> {
         // `ObjectPlan` turns pinned references into `Step::Keep`; they need no lookup.
@@ -272,6 +279,13 @@ impl Pinner {
                 move || load_credentials(secrets, scope)
             })
             .await?;
+        if let Scope::Secret { namespace, .. } = &scope
+            && !secret_scoped.admits(answer.resolved_at)
+        {
+            return Err(CacheError::NotSinceNamespace {
+                namespace: namespace.clone(),
+            });
+        }
         let (mirror, pull_secret) = mirror
             .and_then(|m| m.pin_target(&scope, &target, &answer.digest, answer.mirrored.as_ref()))
             .map_or((None, None), |(repository, pull)| (Some(repository), pull));
@@ -286,6 +300,31 @@ impl Pinner {
             key,
             source: target,
         })
+    }
+}
+
+/// Which cache entries resolved with a Secret may pin an object. The controller reads the Secret
+/// for each lookup, and an entry of another Secret (deleted, or re-created under its name) never
+/// answers it ([`Any`](Self::Any)). The webhook reads no Secrets: it takes only entries resolved
+/// since the object's namespace was created, so a namespace deleted and re-created under its
+/// name (by another tenant, perhaps) is never pinned from the earlier one's private entries, nor
+/// to their mirror copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretScoped {
+    Any,
+    /// Resolved at or after the namespace's creation (its `creationTimestamp`, whole seconds).
+    ResolvedSince(std::time::SystemTime),
+    /// The namespace is not known (yet): none.
+    None,
+}
+
+impl SecretScoped {
+    fn admits(self, resolved_at: std::time::SystemTime) -> bool {
+        match self {
+            SecretScoped::Any => true,
+            SecretScoped::ResolvedSince(created) => resolved_at >= created,
+            SecretScoped::None => false,
+        }
     }
 }
 

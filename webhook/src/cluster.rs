@@ -5,7 +5,7 @@
 //! of a new Build or build pod that the cache does not know was just created or is gone
 //! ([`ClusterView::presence_now`]).
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::SystemTime};
 
 use futures::{FutureExt, StreamExt, future::BoxFuture};
 use holdfast_peers::{korifi, kpack};
@@ -22,6 +22,9 @@ use tokio_util::sync::CancellationToken;
 pub trait ClusterView: Send + Sync {
     /// A namespace's labels; empty when the namespace is not known (yet).
     fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String>;
+
+    /// When a namespace was created (its `creationTimestamp`); `None` when it is not known (yet).
+    fn namespace_created(&self, namespace: &str) -> Option<SystemTime>;
 
     /// The value of a namespace's label.
     fn namespace_label(&self, namespace: &str, key: &str) -> Option<String> {
@@ -269,6 +272,13 @@ impl ClusterView for Cluster {
             .and_then(|found| found.metadata.labels.clone())
             .unwrap_or_default()
     }
+
+    fn namespace_created(&self, namespace: &str) -> Option<SystemTime> {
+        let (resource, store) = &self.namespaces;
+        let found = store.get(&ObjectRef::new_with(namespace, resource.clone()))?;
+        let created = found.metadata.creation_timestamp.as_ref()?;
+        Some(SystemTime::from(created.0))
+    }
 }
 
 fn watch_metadata(client: Client, resource: ApiResource, cancel: CancellationToken) -> MetaStore {
@@ -302,6 +312,8 @@ pub struct StaticCluster {
     pub gone: Vec<(Peer, String, String)>,
     /// Peer objects' metadata: `(peer, namespace, metadata with its name)`.
     pub objects: Vec<(Peer, String, ObjectMeta)>,
+    /// Namespaces' creation times; a namespace not listed was created at the epoch.
+    pub namespace_created: Vec<(String, SystemTime)>,
 }
 
 impl ClusterView for StaticCluster {
@@ -311,6 +323,11 @@ impl ClusterView for StaticCluster {
             .filter(|(ns, _, _)| ns == namespace)
             .map(|(_, k, v)| (k.clone(), v.clone()))
             .collect()
+    }
+
+    fn namespace_created(&self, namespace: &str) -> Option<SystemTime> {
+        let listed = self.namespace_created.iter().find(|(ns, _)| ns == namespace);
+        Some(listed.map_or(SystemTime::UNIX_EPOCH, |(_, at)| *at))
     }
 
     fn terminating(&self, peer: Peer, namespace: &str, name: &str) -> Option<bool> {

@@ -402,6 +402,7 @@ fn the_reconcile_of_an_edited_private_mirror_pin_resolves_with_the_users_secret(
         PinnedKind::App,
         namespace,
         &BTreeMap::new(),
+        crate::SecretScoped::ResolvedSince(std::time::UNIX_EPOCH),
         &stored,
         Some(&pinned),
     ));
@@ -451,4 +452,89 @@ fn block_on<F: std::future::Future>(work: F) -> F::Output {
         .build()
         .expect("a runtime")
         .block_on(work)
+}
+
+/// The webhook's pin takes a Secret's entry only if it was resolved since the namespace was
+/// created: a namespace deleted and re-created under its name is not pinned from the earlier
+/// namespace's private entries (nor to their mirror copies), and one the webhook does not know
+/// yet takes none; anonymous entries answer whatever the namespace.
+#[test]
+fn a_secrets_entry_older_than_its_namespace_does_not_pin() {
+    use std::time::{Duration, SystemTime};
+
+    use crate::SecretScoped;
+    let namespace = "team";
+    let resolved_at = SystemTime::now() - Duration::from_secs(600);
+    let private = |url: &str| {
+        with_metadata(
+            app(json!([{"image": {"url": url, "secretRef": {"name": "team-creds"}}}])),
+            "namespace",
+            json!(namespace),
+        )
+    };
+    let public = with_metadata(
+        app(json!([{"image": {"url": "registry.corp.com/team/public:v1"}}])),
+        "namespace",
+        json!(namespace),
+    );
+    let cache = holdfast_cache::DigestCache::new(
+        std::sync::Arc::new(holdfast_cache::testing::Unreachable),
+        Default::default(),
+        None,
+    );
+    let reference = |r: &str| holdfast_registry::Reference::parse(r).unwrap();
+    cache.insert(holdfast_cache::CacheEntry::resolved(
+        holdfast_cache::CacheKey::tag(
+            &reference("registry.corp.com/team/app-config:v1.2.0"),
+            holdfast_cache::Scope::Secret {
+                namespace: namespace.into(),
+                name: "team-creds".into(),
+            },
+        ),
+        digest(2),
+        resolved_at,
+    ));
+    cache.insert(holdfast_cache::CacheEntry::resolved(
+        holdfast_cache::CacheKey::tag(
+            &reference("registry.corp.com/team/public:v1"),
+            holdfast_cache::Scope::Anonymous,
+        ),
+        digest(3),
+        resolved_at,
+    ));
+    let pinner = Pinner::new(std::sync::Arc::new(cache), None);
+    let pin = |object: &Value, scoped| {
+        block_on(pinner.pin(PinnedKind::App, namespace, &BTreeMap::new(), scoped, object, None))
+    };
+    let object = private("registry.corp.com/team/app-config:v1.2.0");
+
+    let same_namespace = pin(
+        &object,
+        SecretScoped::ResolvedSince(resolved_at - Duration::from_secs(60)),
+    );
+    assert_eq!(same_namespace.unresolved, 0, "{:?}", same_namespace.warnings);
+    assert!(
+        apply(&object, &same_namespace.ops)["spec"]["fetch"][0]["image"]["url"]
+            .as_str()
+            .unwrap()
+            .ends_with(&sha(2))
+    );
+    for scoped in [
+        SecretScoped::ResolvedSince(resolved_at + Duration::from_secs(60)),
+        SecretScoped::None,
+    ] {
+        let outcome = pin(&object, scoped);
+        assert_eq!(outcome.unresolved, 1, "{scoped:?}");
+        assert!(outcome.ops.is_empty(), "{scoped:?}: {:?}", outcome.ops);
+        assert!(
+            outcome
+                .warnings
+                .iter()
+                .any(|w| w.contains("before this namespace existed")),
+            "{:?}",
+            outcome.warnings
+        );
+        let anonymous = pin(&public, scoped);
+        assert_eq!(anonymous.unresolved, 0, "{scoped:?}: {:?}", anonymous.warnings);
+    }
 }

@@ -1,7 +1,7 @@
 //! Pin fetch refs, as an admission rule: the request's object through `holdfast_pins` (which
 //! finds the references, resolves them through the digest cache and builds the patch).
 
-use holdfast_pins::{PinOutcome, PinnedKind, Pinner};
+use holdfast_pins::{PinOutcome, PinnedKind, Pinner, SecretScoped};
 use kube::core::admission::Operation;
 
 use crate::{
@@ -33,8 +33,13 @@ pub async fn evaluate(
     let old: Option<serde_json::Value> = request.old_object().ok().flatten();
     let namespace = request.namespace.as_deref().unwrap_or_default();
     let labels = cluster.namespace_labels(namespace);
+    // Entries resolved with a Secret only from this namespace's lifetime (the webhook cannot
+    // read the Secret to check its uid, as the controller does).
+    let secret_scoped = cluster
+        .namespace_created(namespace)
+        .map_or(SecretScoped::None, SecretScoped::ResolvedSince);
     pinner
-        .pin(kind, namespace, &labels, &object, old.as_ref())
+        .pin(kind, namespace, &labels, secret_scoped, &object, old.as_ref())
         .await
         .into()
 }
