@@ -466,3 +466,16 @@ impl LocalWebhook {
         Ok(())
     }
 }
+
+/// Whether every webhook of a configuration has a caBundle (the webhook injected its CA): until
+/// then the API server cannot call it.
+pub fn ca_bundle_injected(config: Option<&MutatingWebhookConfiguration>) -> bool {
+    config.and_then(|c| c.webhooks.as_ref()).is_some_and(|webhooks| {
+        webhooks.iter().all(|w| {
+            w.client_config
+                .ca_bundle
+                .as_ref()
+                .is_some_and(|b| !b.0.is_empty())
+        })
+    })
+}

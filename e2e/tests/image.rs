@@ -14,7 +14,7 @@ use holdfast_e2e::{
     objects::{api_for, create_all},
     process::{ServerProcess, free_port, until_http_ok},
     wait,
-    webhook::{SCOPE_LABEL, shipped_configurations},
+    webhook::{SCOPE_LABEL, ca_bundle_injected, shipped_configurations},
 };
 use holdfast_manifest_checks::{chart::Settings, load::kubectl};
 use k8s_openapi::{
@@ -321,21 +321,7 @@ async fn the_webhook_binary_from_the_image_pins_an_app(env: Arc<Env>) -> Result<
     .await?;
     // The API server calls it once the caBundle it published is in the configuration.
     let configurations: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    wait::until(
-        &configurations,
-        &name,
-        |c: Option<&MutatingWebhookConfiguration>| {
-            c.and_then(|c| c.webhooks.as_ref()).is_some_and(|w| {
-                w.iter().all(|w| {
-                    w.client_config
-                        .ca_bundle
-                        .as_ref()
-                        .is_some_and(|b| !b.0.is_empty())
-                })
-            })
-        },
-    )
-    .await?;
+    wait::until(&configurations, &name, ca_bundle_injected).await?;
 
     let ns = env
         .namespace_with_labels("image-pinned", &[(SCOPE_LABEL, &name)])

@@ -25,9 +25,12 @@ use holdfast_e2e::{
     e2e_main, images,
     peers::kapp_controller,
     wait,
+    webhook::ca_bundle_injected,
 };
 use k8s_openapi::api::{
-    admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
+    admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+    },
     coordination::v1::Lease,
     core::v1::Pod,
 };
@@ -63,6 +66,26 @@ fn kubectl_json(cluster: &Cluster, args: &[&str]) -> Result<Value> {
 fn apps(client: kube::Client, namespace: &str) -> Api<DynamicObject> {
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("kappctrl.k14s.io", "v1alpha1", "App"));
     Api::namespaced_with(client, namespace, &resource)
+}
+
+/// `kubectl rollout status` of one of the release's Deployments (at most 3 minutes).
+fn rollout_status(cluster: &Cluster, deployment: &str) -> Result<()> {
+    cluster.run(
+        "kubectl",
+        &["rollout", "status", "-n", NAMESPACE, deployment, "--timeout=180s"],
+    )?;
+    Ok(())
+}
+
+/// `helm upgrade` of the release to charts/holdfast with its values and `extra`, waited for.
+fn helm_upgrade(cluster: &Cluster, extra: &[&str]) -> Result<()> {
+    let chart = holdfast_e2e::dist::repo().join("charts/holdfast");
+    let chart = chart.to_string_lossy();
+    let mut args = vec!["upgrade", RELEASE, &chart, "-n", NAMESPACE, "--reuse-values"];
+    args.extend(extra);
+    args.extend(["--wait", "--timeout=180s"]);
+    cluster.helm(&args)?;
+    Ok(())
 }
 
 /// The release's pods, by name.
@@ -443,25 +466,16 @@ async fn rolling_updates_and_a_helm_upgrade_and_rollback_fail_no_admission(
             std::thread::sleep(Duration::from_secs(3));
             let deployment = "deployment/holdfast-webhook";
             cluster.run("kubectl", &["rollout", "restart", "-n", NAMESPACE, deployment])?;
-            cluster.run(
-                "kubectl",
-                &["rollout", "status", "-n", NAMESPACE, deployment, "--timeout=180s"],
+            rollout_status(&cluster, deployment)?;
+            helm_upgrade(
+                &cluster,
+                &[
+                    "--set",
+                    "webhook.podAnnotations.holdfast\\.dev/rolled=upgrade",
+                    "--set",
+                    "controller.podAnnotations.holdfast\\.dev/rolled=upgrade",
+                ],
             )?;
-            let chart = holdfast_e2e::dist::repo().join("charts/holdfast");
-            cluster.helm(&[
-                "upgrade",
-                RELEASE,
-                &chart.to_string_lossy(),
-                "-n",
-                NAMESPACE,
-                "--reuse-values",
-                "--set",
-                "webhook.podAnnotations.holdfast\\.dev/rolled=upgrade",
-                "--set",
-                "controller.podAnnotations.holdfast\\.dev/rolled=upgrade",
-                "--wait",
-                "--timeout=180s",
-            ])?;
             cluster.helm(&["rollback", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=180s"])?;
             std::thread::sleep(Duration::from_secs(3));
             Ok(())
@@ -532,10 +546,7 @@ async fn a_drain_of_the_node_stops_at_the_pod_disruption_budgets(cluster: Arc<Cl
         ensure!(serving >= 1, "no {component} pod was left serving by the drain");
     }
     for deployment in ["deployment/holdfast-webhook", "deployment/holdfast-controller"] {
-        cluster.run(
-            "kubectl",
-            &["rollout", "status", "-n", NAMESPACE, deployment, "--timeout=180s"],
-        )?;
+        rollout_status(&cluster, deployment)?;
     }
     Ok(())
 }
@@ -564,30 +575,46 @@ fn der_of(pem: &str) -> Result<Vec<u8>> {
 /// The webhook's own CA plus `extra`, in every webhook of both configurations (what
 /// cert-manager's CA injector does for `certMode: cert-manager`).
 async fn add_to_ca_bundles(client: &kube::Client, extra: &str) -> Result<()> {
-    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
-    let mut config = mutating.get("holdfast").await?;
-    for webhook in config.webhooks.iter_mut().flatten() {
-        let bundle = webhook
-            .client_config
-            .ca_bundle
-            .get_or_insert_with(Default::default);
+    extend_bundles(
+        Api::<MutatingWebhookConfiguration>::all(client.clone()),
+        extra,
+        |c| {
+            c.webhooks
+                .iter_mut()
+                .flatten()
+                .map(|w| &mut w.client_config)
+                .collect()
+        },
+    )
+    .await?;
+    extend_bundles(
+        Api::<ValidatingWebhookConfiguration>::all(client.clone()),
+        extra,
+        |c| {
+            c.webhooks
+                .iter_mut()
+                .flatten()
+                .map(|w| &mut w.client_config)
+                .collect()
+        },
+    )
+    .await
+}
+
+async fn extend_bundles<K>(
+    api: Api<K>,
+    extra: &str,
+    client_configs: fn(&mut K) -> Vec<&mut WebhookClientConfig>,
+) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let mut config = api.get("holdfast").await?;
+    for client_config in client_configs(&mut config) {
+        let bundle = client_config.ca_bundle.get_or_insert_with(Default::default);
         bundle.0.extend_from_slice(extra.as_bytes());
     }
-    mutating
-        .replace("holdfast", &PostParams::default(), &config)
-        .await?;
-    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone());
-    let mut config = validating.get("holdfast").await?;
-    for webhook in config.webhooks.iter_mut().flatten() {
-        let bundle = webhook
-            .client_config
-            .ca_bundle
-            .get_or_insert_with(Default::default);
-        bundle.0.extend_from_slice(extra.as_bytes());
-    }
-    validating
-        .replace("holdfast", &PostParams::default(), &config)
-        .await?;
+    api.replace("holdfast", &PostParams::default(), &config).await?;
     Ok(())
 }
 
@@ -626,30 +653,8 @@ async fn the_serving_certificate_rotates_through_the_kubelets_secret_projection(
         }})
         .to_string(),
     )?;
-    let chart = holdfast_e2e::dist::repo().join("charts/holdfast");
-    cluster.helm(&[
-        "upgrade",
-        RELEASE,
-        &chart.to_string_lossy(),
-        "-n",
-        NAMESPACE,
-        "--reuse-values",
-        "--values",
-        &values.path().to_string_lossy(),
-        "--wait",
-        "--timeout=180s",
-    ])?;
-    cluster.run(
-        "kubectl",
-        &[
-            "rollout",
-            "status",
-            "-n",
-            NAMESPACE,
-            "deployment/holdfast-webhook",
-            "--timeout=180s",
-        ],
-    )?;
+    helm_upgrade(&cluster, &["--values", &values.path().to_string_lossy()])?;
+    rollout_status(&cluster, "deployment/holdfast-webhook")?;
     let webhooks: Vec<String> = release_pods(&cluster)?
         .iter()
         .filter(|p| {
@@ -964,10 +969,7 @@ async fn kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node(cluster: Ar
     )?;
     cluster.run("kubectl", &["apply", "-k", &overlay.path().to_string_lossy()])?;
     for deployment in ["deployment/holdfast-webhook", "deployment/holdfast-controller"] {
-        cluster.run(
-            "kubectl",
-            &["rollout", "status", "-n", NAMESPACE, deployment, "--timeout=180s"],
-        )?;
+        rollout_status(&cluster, deployment)?;
     }
     for pod in release_pods(&cluster)? {
         let name = pod["metadata"]["name"].as_str().unwrap_or_default();
@@ -977,18 +979,8 @@ async fn kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node(cluster: Ar
     }
     let env = &cluster.env;
     // The webhook injects its caBundle into the configurations kubectl just created.
-    let injected = |c: Option<&MutatingWebhookConfiguration>| {
-        c.and_then(|c| c.webhooks.as_ref()).is_some_and(|w| {
-            w.iter().all(|w| {
-                w.client_config
-                    .ca_bundle
-                    .as_ref()
-                    .is_some_and(|b| !b.0.is_empty())
-            })
-        })
-    };
     let mutating = Api::<MutatingWebhookConfiguration>::all(env.client().await?);
-    wait::until(&mutating, "holdfast", injected).await?;
+    wait::until(&mutating, "holdfast", ca_bundle_injected).await?;
     let pinned = push_config(&cluster, "node/kustomize", "1.0.0").await?;
     let namespace = env.namespace("node-kustomize").await?;
     let url = format!("{registry}/node/kustomize:1.0.0");
