@@ -207,6 +207,22 @@ pub fn kpack_image(name: &str) -> String {
     )
 }
 
+/// A kpack Image owned (not controlled) by `owner`, as stamp-owners and Korifi make them.
+pub fn image_owned_by(name: &str, owner: &DynamicObject) -> Result<String> {
+    let types = owner.types.as_ref().context("owner without a kind")?;
+    Ok(kpack_image(name).replacen(
+        &format!("metadata: {{name: {name}}}"),
+        &format!(
+            "metadata:\n  name: {name}\n  ownerReferences: [{{apiVersion: {}, kind: {}, name: {}, uid: {}}}]",
+            types.api_version,
+            types.kind,
+            owner.name_any(),
+            owner.uid().context("no uid")?
+        ),
+        1,
+    ))
+}
+
 /// A kpack Build of `image`, owned by it as kpack makes them, held by the tests' finalizer.
 pub fn kpack_build(name: &str, image: &DynamicObject) -> Result<String> {
     Ok(format!(
@@ -307,7 +323,8 @@ pub async fn until_refused(client: &Client, namespace: &str, yaml: &str, limit: 
 }
 
 /// Fast deletion (Korifi and kpack), by both components:
-/// - a kpack Image named like a CFApp is admitted with an ownerReference to it (the webhook);
+/// - a kpack Image owned by the CFApp's BuildWorkload is admitted with an ownerReference to the
+///   CFApp (the webhook);
 /// - the CFApp starts deleting: the controller deletes its Image at once (nothing else would
 ///   while the CFApp's finalizer holds it), and the garbage collector then deletes the Image's
 ///   Build;
@@ -387,7 +404,9 @@ pub async fn fast_deletion(client: &Client, namespace: &str) -> Result<()> {
         )?,
     )
     .await?;
-    let image = create(client, namespace, &kpack_image("app")).await?;
+    // Korifi's kpack-image-builder makes the Image owned by the app's BuildWorkload; stamp-owners
+    // follows that chain (by uid) to the CFApp.
+    let image = create(client, namespace, &image_owned_by("app", &workload)?).await?;
     let owners = image.owner_references();
     ensure!(
         owners

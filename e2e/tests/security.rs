@@ -336,22 +336,6 @@ async fn grant_configmap_deletes(env: &Env, client: &Client, namespace: &str) ->
     Ok(())
 }
 
-/// A kpack Image owned (not controlled) by `owner`, as stamp-owners and Korifi make them.
-fn image_owned_by(name: &str, owner: &DynamicObject) -> Result<String> {
-    let types = owner.types.as_ref().context("owner without a kind")?;
-    Ok(scenarios::kpack_image(name).replacen(
-        &format!("metadata: {{name: {name}}}"),
-        &format!(
-            "metadata:\n  name: {name}\n  ownerReferences: [{{apiVersion: {}, kind: {}, name: {}, uid: {}}}]",
-            types.api_version,
-            types.kind,
-            owner.name_any(),
-            owner.uid().context("no uid")?
-        ),
-        1,
-    ))
-}
-
 async fn the_fence_lets_the_controllers_token_delete_only_what_the_fast_finalizer_deletes(
     env: Arc<Env>,
 ) -> Result<()> {
@@ -366,7 +350,7 @@ async fn the_fence_lets_the_controllers_token_delete_only_what_the_fast_finalize
         .create(&PostParams::default(), &configmap)
         .await?;
     let app = scenarios::create(&admin, &namespace, &scenarios::cfapp("app")).await?;
-    let korifis = scenarios::create(&admin, &namespace, &image_owned_by("app", &app)?).await?;
+    let korifis = scenarios::create(&admin, &namespace, &scenarios::image_owned_by("app", &app)?).await?;
     let loose = scenarios::create(&admin, &namespace, &scenarios::kpack_image("loose")).await?;
     let build = scenarios::create(
         &admin,
