@@ -62,8 +62,10 @@ bundle="$OUT/bundle-dir"
 mkdir -p "$bundle/config" "$bundle/.imgpkg"
 cp -rL "$ROOT/charts/holdfast" "$bundle/config/chart"
 # The package installs into holdfast-system, which it creates (the chart's namespace.create; the
-# helmTemplate step below names the namespace), as kustomize's base does.
-printf 'namespace:\n  create: true\nimage:\n  repository: %s\n  digest: %s\n' "$IMAGE_REPO" "$IMAGE_DIGEST" >"$bundle/config/image-values.yaml"
+# helmTemplate step below names the namespace), as kustomize's base does. Without the chart's
+# uninstall hook: `helm template` renders hooks as plain objects, so kapp would run its Job at
+# install and delete the webhook configurations (the key is also left out of the valuesSchema).
+printf 'namespace:\n  create: true\nuninstall:\n  removeWebhooksFirst: false\nimage:\n  repository: %s\n  digest: %s\n' "$IMAGE_REPO" "$IMAGE_DIGEST" >"$bundle/config/image-values.yaml"
 # kbld finds every image the chart renders and writes the ImagesLock (by digest).
 "$HELM" template holdfast "$bundle/config/chart" --namespace holdfast-system --include-crds --values "$bundle/config/image-values.yaml" 2>/dev/null |
   "$KBLD" -f - ${PLAIN:+--registry-insecure} --imgpkg-lock-output "$bundle/.imgpkg/images.yml" >/dev/null
@@ -135,8 +137,9 @@ spec:
     openAPIv3:
 EOF
   # The chart's values schema, as YAML under openAPIv3 (JSON is YAML; keywords JSON Schema has and
-  # OpenAPI lacks are dropped); the package creates its namespace (config/image-values.yaml).
-  jq 'del(."$schema", .title) | .properties.namespace.properties.create.default = true' \
+  # OpenAPI lacks are dropped); the package creates its namespace (config/image-values.yaml) and
+  # has no uninstall hook (Helm's only).
+  jq 'del(."$schema", .title, .properties.uninstall) | .properties.namespace.properties.create.default = true' \
     "$ROOT/charts/holdfast/values.schema.json" | sed 's/^/      /'
 } >"$repo/packages/$REF_NAME/$VERSION.yml"
 "$KBLD" -f "$repo/packages" ${PLAIN:+--registry-insecure} --imgpkg-lock-output "$repo/.imgpkg/images.yml" >/dev/null
