@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything the local control plane and the real peers need, idempotently:
 #   - Debian packages: the OCI registry (Distribution), skopeo, openssl, shellcheck, iproute2,
-#     and for the image (scripts/image.sh) musl-tools, jq; the rustup target
+#     promtool (Debian's prometheus: the alerts' checks), and for the image (scripts/image.sh) musl-tools, jq; the rustup target
 #     x86_64-unknown-linux-musl (static binaries);
 #   - Go programs built from their Go modules, one module per program under e2e/peers/<name>/
 #     (a go.mod that requires the program, its go.sum pinning every hash): Kubernetes
@@ -77,8 +77,10 @@ PEERS_DIR="$CACHE_DIR/peers"
 # host-local, loopback, portmap); nft for kube-proxy's nftables mode and the node's forwarding
 # guard; conntrack, which kube-proxy runs to flush UDP flows; ipset for kube-router's network
 # policy controller; socat, the forwarders that give the node's address to what listens on loopback.
+# prometheus: its promtool checks and unit-tests components/monitoring's alerts
+# (manifest-checks --test monitoring); the server it also installs is not started (RUNLEVEL=1).
 PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2 musl-tools jq
-  runc containernetworking-plugins nftables conntrack ipset socat)
+  runc containernetworking-plugins nftables conntrack ipset socat prometheus)
 # The static binaries in the image.
 RUST_TARGET=x86_64-unknown-linux-musl
 # The Go toolchain of this machine kind (Kubernetes 1.37's go.mod says go 1.26.0).
@@ -110,9 +112,12 @@ install_packages() {
   # shellcheck disable=SC2086 # one word per package
   as_root env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
     apt-get install -y -qq --no-install-recommends $missing >/dev/null
-  if command -v service >/dev/null && service docker-registry status >/dev/null 2>&1; then
-    as_root service docker-registry stop >/dev/null 2>&1 || true
-  fi
+  local service
+  for service in docker-registry prometheus; do
+    if command -v service >/dev/null && service "$service" status >/dev/null 2>&1; then
+      as_root service "$service" stop >/dev/null 2>&1 || true
+    fi
+  done
 }
 
 check_go() {

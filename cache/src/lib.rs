@@ -32,7 +32,7 @@
 //!   other crates' tests use.
 
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap},
     fmt,
     sync::{
         Arc, Mutex, RwLock,
@@ -337,6 +337,16 @@ impl Source for Resolver {
     }
 }
 
+/// The entries serving stale ([`DigestCache::staleness`]).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Staleness {
+    /// Entries whose last check failed, by registry host (bounded by
+    /// [`CacheConfig::max_entries`]).
+    pub by_registry: BTreeMap<String, u64>,
+    /// The age of the oldest digest among them; zero when there is none.
+    pub oldest: Duration,
+}
+
 /// Counters for metrics.
 #[derive(Debug, Default)]
 pub struct CacheStats {
@@ -469,6 +479,25 @@ impl DigestCache {
     /// past it.
     pub fn max_entries(&self) -> usize {
         self.config.max_entries
+    }
+
+    /// [`CacheConfig::max_staleness`]: how old a digest may get while it is served stale.
+    pub fn max_staleness(&self) -> Duration {
+        self.config.max_staleness
+    }
+
+    /// The entries whose last registry check failed (they answer with an older digest until
+    /// [`CacheConfig::max_staleness`]), by registry host, and the age of the oldest such digest:
+    /// what an operator needs to see an outage coming to its limit (for metrics: no copies).
+    pub fn staleness(&self, now: SystemTime) -> Staleness {
+        let entries = self.entries.read().unwrap_or_else(|e| e.into_inner());
+        let mut staleness = Staleness::default();
+        for entry in entries.values().filter(|e| e.error.is_some()) {
+            let host = entry.key.reference.split('/').next().unwrap_or_default();
+            *staleness.by_registry.entry(host.to_string()).or_default() += 1;
+            staleness.oldest = staleness.oldest.max(age(entry.resolved_at, now));
+        }
+        staleness
     }
 
     /// How many entries are held (for metrics: no copies).
@@ -976,6 +1005,17 @@ mod tests {
             .get(&CacheKey::tag(&reference(APP), Scope::Anonymous))
             .unwrap();
         assert!(entry.error.is_some(), "the failed check is recorded");
+        let later = entry.resolved_at + Duration::from_secs(90);
+        let staleness = cache.staleness(later);
+        assert_eq!(
+            staleness.by_registry,
+            BTreeMap::from([("registry.example".to_string(), 1)])
+        );
+        assert_eq!(staleness.oldest, Duration::from_secs(90));
+        // The registry answers again: nothing serves stale.
+        source.fail(false);
+        lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        assert_eq!(cache.staleness(later), Staleness::default());
     }
 
     #[tokio::test]

@@ -1,9 +1,12 @@
 //! The digest cache's figures as Prometheus metrics, for the webhook's and the controller's
 //! `/metrics`: a collector registered in the component's registry (whose prefix names it).
 
-use std::sync::{
-    Arc,
-    atomic::{AtomicU64, Ordering},
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::SystemTime,
 };
 
 use prometheus_client::{
@@ -88,6 +91,33 @@ impl Collector for CacheCollector {
             ),
         ] {
             let gauge = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+
+        let staleness = self.0.staleness(SystemTime::now());
+        let mut family = encoder.encode_descriptor(
+            "digest_cache_entries_stale",
+            "Entries whose last registry check failed, answering with an older digest until --cache-max-staleness, by registry host",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for (registry, count) in &staleness.by_registry {
+            ConstGauge::new(i64::try_from(*count).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("registry", registry.as_str())])?)?;
+        }
+        for (name, help, value) in [
+            (
+                "digest_cache_stale_age_max_seconds",
+                "Age of the oldest digest served stale (0: none); past --cache-max-staleness its references fail",
+                staleness.oldest,
+            ),
+            (
+                "digest_cache_max_staleness_seconds",
+                "--cache-max-staleness: how old a digest may get while it is served stale",
+                self.0.max_staleness(),
+            ),
+        ] {
+            let gauge = ConstGauge::new(value.as_secs_f64());
             gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
         }
         Ok(())

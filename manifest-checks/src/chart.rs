@@ -66,6 +66,8 @@ pub struct Settings {
     pub timeout_seconds: Option<u32>,
     /// `controller.refreshSeconds`.
     pub refresh_seconds: Option<u32>,
+    /// `monitoring.podMonitors`, `prometheusRule` and `dashboard` (components/monitoring).
+    pub monitoring: bool,
     /// The webhook's pod values.
     pub webhook: Pods,
     /// The controller's pod values.
@@ -280,6 +282,7 @@ impl Settings {
             }),
             timeout_seconds: Some(8),
             refresh_seconds: Some(300),
+            monitoring: true,
             // Not the name no-secret-reads' Role ships: the chart names the mirror's Secret.
             mirror: Some(Mirror {
                 registry: "mirror.example".into(),
@@ -327,6 +330,9 @@ impl Settings {
         }
         if let Some(e) = &self.egress {
             values["networkPolicy"]["egress"] = json!({"enabled": true, "apiServerCIDRs": e.api_server_cidrs, "registryCIDRs": e.registry_cidrs});
+        }
+        if self.monitoring {
+            values["monitoring"] = json!({"podMonitors": true, "prometheusRule": true, "dashboard": true});
         }
         if let Some(w) = &self.webhook_port {
             values["networkPolicy"]["webhookPort"] = json!({"restrict": true, "podCIDR": w.pod_cidr, "kappControllerNamespace": w.kapp_controller_namespace});
@@ -439,6 +445,7 @@ impl Settings {
             (self.no_secret_reads && carvel, "no-secret-reads"),
             (self.egress.is_some(), "restrict-egress"),
             (self.webhook_port.is_some(), "restrict-webhook-port"),
+            (self.monitoring, "monitoring"),
         ] {
             if on {
                 components.push(json!(format!("manifests/components/{component}")));

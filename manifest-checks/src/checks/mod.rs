@@ -4,6 +4,7 @@
 
 mod availability;
 mod containers;
+mod monitoring;
 mod network;
 mod roles;
 mod served;
@@ -12,8 +13,8 @@ mod webhooks;
 use serde_yaml::Value;
 
 pub use self::{
-    availability::check_availability, containers::check_containers, network::check_network,
-    roles::check_no_wildcards, served::check_served, webhooks::check_webhooks,
+    availability::check_availability, containers::check_containers, monitoring::check_monitoring,
+    network::check_network, roles::check_no_wildcards, served::check_served, webhooks::check_webhooks,
 };
 use crate::fence::check_fence;
 
@@ -26,6 +27,7 @@ pub fn check_all(objects: &[Value]) -> Vec<String> {
         check_containers(objects),
         check_availability(objects),
         check_network(objects),
+        check_monitoring(objects),
         check_fence(objects),
     ]
     .concat()
