@@ -40,7 +40,7 @@
 # it links or waits on a package's dependencies. Programs sharing most of their modules (the kpack
 # releases, the Carvel tools) build in one group, one after the other, so the second reuses the
 # first's build cache.
-# Facts behind each step: ../shared/TESTENV.md; what each build costs: README "The test environment".
+# Facts behind each step: ../shared/TESTENV.md; what each build costs: CONTRIBUTING.md "The test environment".
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -512,7 +512,7 @@ if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$DO_NODE" = tr
   mkdir -p "$PEERS_DIR"
 fi
 RUN_GROUPS=()
-# Longest first (README "The test environment" has each build's time).
+# Longest first (CONTRIBUTING.md "The test environment" has each build's time).
 [ "$DO_PEERS" = true ] && RUN_GROUPS+=(build_kubernetes build_kpack build_carvel build_korifi build_helm build_cluster_tools)
 [ "$DO_DEMO" = true ] && RUN_GROUPS+=(build_kubernetes build_demo_peers build_helm build_etcd_kwok)
 [ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools)

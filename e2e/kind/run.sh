@@ -46,7 +46,7 @@ die() { printf 'e2e/kind: %s\n' "$*" >&2; exit 1; }
 need() {
   local tool
   for tool in "$@"; do
-    command -v "$tool" >/dev/null 2>&1 || die "'$tool' is not on PATH (README.md, \"Running the kind suite\")"
+    command -v "$tool" >/dev/null 2>&1 || die "'$tool' is not on PATH (CONTRIBUTING.md, \"Running the kind suite\")"
   done
 }
 
