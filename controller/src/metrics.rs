@@ -37,6 +37,12 @@ pub struct KindLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FetchKindLabels {
+    /// App or PackageRepository (the kinds kapp-controller syncs).
+    pub kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -76,6 +82,7 @@ pub struct Metrics {
     mirror_copies: Family<ResultLabels, Counter>,
     mirror_copied_bytes: Counter,
     mirror_deletions: Family<ResultLabels, Counter>,
+    fetches_avoided: Family<FetchKindLabels, Counter>,
     /// The digest cache, once the controller built it.
     cache: Arc<OnceLock<Arc<DigestCache>>>,
 }
@@ -166,6 +173,27 @@ impl Metrics {
             "Retention's deletions of unreferenced mirror copies, by result: deleted, kept (referenced again, or held by a referenced index or bundle), failed",
             mirror_deletions.clone(),
         );
+        let fetches_avoided = Family::<FetchKindLabels, Counter>::default();
+        registry.register(
+            "fetches_avoided",
+            "Fetch sources kapp-controller synced by holdfast's digest instead of resolving a tag at the registry: each sync (status.fetch.startedAt moved) of an App or PackageRepository adds its pins in place; counted by the leader",
+            fetches_avoided.clone(),
+        );
+        // Every label value the counters below take, at 0 from the start: a family without
+        // samples is not exported, and a series that first appears at 1 shows no `increase()`
+        // (the alert on the first mirror copy given up would never fire).
+        for result in ["ok", "failed"] {
+            drop(refresh_rounds.get_or_create(&ResultLabels { result }));
+        }
+        for result in ["copied", "failed", "given_up"] {
+            drop(mirror_copies.get_or_create(&ResultLabels { result }));
+        }
+        for result in ["deleted", "kept", "failed"] {
+            drop(mirror_deletions.get_or_create(&ResultLabels { result }));
+        }
+        for kind in ["App", "PackageRepository"] {
+            drop(fetches_avoided.get_or_create(&FetchKindLabels { kind }));
+        }
         let cache = Arc::new(OnceLock::new());
         registry.register_collector(Box::new(LateCache(cache.clone())));
         Self {
@@ -181,6 +209,7 @@ impl Metrics {
             mirror_copies,
             mirror_copied_bytes,
             mirror_deletions,
+            fetches_avoided,
             cache,
         }
     }
@@ -284,6 +313,13 @@ impl Metrics {
             .inc();
     }
 
+    /// A sync of an object of `kind` whose `pins` pins were in place.
+    pub fn fetches_avoided(&self, kind: &'static str, pins: usize) {
+        self.fetches_avoided
+            .get_or_create(&FetchKindLabels { kind })
+            .inc_by(count(pins));
+    }
+
     /// The OpenMetrics text of every metric.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         holdfast_runtime::admin::encode(&self.registry)
@@ -342,6 +378,7 @@ mod tests {
         metrics.set_leader(true);
         metrics.refresh_round(3, 1, 0, Duration::from_millis(1500));
         metrics.mirror_copy("copied", 1024);
+        metrics.fetches_avoided("App", 2);
         let text = metrics.encode().unwrap();
         for expected in [
             "holdfast_controller_reconciles_total{controller=\"pinning\",kind=\"App\",result=\"ok\"} 1",
@@ -354,6 +391,7 @@ mod tests {
             "holdfast_controller_refresh_round_duration_seconds_count 1",
             "holdfast_controller_mirror_copies_total{result=\"copied\"} 1",
             "holdfast_controller_mirror_copied_bytes_total 1024",
+            "holdfast_controller_fetches_avoided_total{kind=\"App\"} 2",
         ] {
             assert!(text.lines().any(|l| l == expected), "{expected} not in\n{text}");
         }

@@ -10,7 +10,10 @@
 //! them for one fetch entry, which made the spec most of what a stored object weighed
 //! (BENCHMARKS.md, bench-scale).
 
-use std::borrow::Cow;
+use std::{
+    borrow::Cow,
+    hash::{DefaultHasher, Hash, Hasher},
+};
 
 use holdfast_pins::{PinnedKind, SiteKind};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -29,6 +32,10 @@ pub struct Stored {
     pub metadata: ObjectMeta,
     /// The kept part of the spec ([`kept_spec`]) as compact JSON; `None` when nothing is kept.
     spec: Option<Box<str>>,
+    /// A hash of kapp-controller's `status.fetch.startedAt` (Apps and PackageRepositories; it
+    /// moves once per sync), the one field of the status read: [`crate::watched`] counts syncs
+    /// by it.
+    fetch_started: Option<u64>,
 }
 
 impl Stored {
@@ -56,6 +63,12 @@ impl Stored {
     pub fn spec_text(&self) -> &str {
         self.spec.as_deref().unwrap_or_default()
     }
+
+    /// When kapp-controller last started fetching the object (hashed; `None`: never, or a kind
+    /// without a fetch status, a Package).
+    pub fn fetch_started(&self) -> Option<u64> {
+        self.fetch_started
+    }
 }
 
 impl<'de> Deserialize<'de> for Stored {
@@ -69,8 +82,28 @@ impl<'de> Deserialize<'de> for Stored {
             #[serde(default)]
             metadata: ObjectMeta,
             spec: Option<Value>,
+            status: Option<WireStatus>,
+        }
+        /// Of the status, `fetch.startedAt` alone; the rest (deploy output) is skipped.
+        #[derive(Deserialize)]
+        struct WireStatus {
+            fetch: Option<WireFetch>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct WireFetch {
+            started_at: Option<String>,
         }
         let wire = Wire::deserialize(deserializer)?;
+        let fetch_started = wire
+            .status
+            .and_then(|s| s.fetch)
+            .and_then(|f| f.started_at)
+            .map(|started| {
+                let mut hasher = DefaultHasher::new();
+                started.hash(&mut hasher);
+                hasher.finish()
+            });
         let types = match (wire.api_version, wire.kind) {
             (Some(api_version), Some(kind)) => Some(TypeMeta { api_version, kind }),
             _ => None,
@@ -82,6 +115,7 @@ impl<'de> Deserialize<'de> for Stored {
                 .spec
                 .and_then(kept_spec)
                 .map(|kept| kept.to_string().into_boxed_str()),
+            fetch_started,
         })
     }
 }

@@ -111,7 +111,7 @@ impl Term {
             .then(|| Arc::new(client.clone()) as Arc<dyn SecretSource>);
         let pinner = pinner(cache, secrets, mirror.as_ref());
         let kinds = pinning::installed_kinds(&client).await;
-        let watched = Arc::new(Watched::start(&client, kinds, &leading));
+        let watched = Arc::new(Watched::start(&client, kinds, &metrics, &leading));
         Self {
             client,
             settings,

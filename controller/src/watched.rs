@@ -23,7 +23,7 @@ use std::{
 };
 
 use futures::StreamExt;
-use holdfast_pins::PinnedKind;
+use holdfast_pins::{ORIGINAL_REFS_ANNOTATION, OriginalRefs, PinnedKind};
 use k8s_openapi::{api::core::v1::Namespace, serde::de::DeserializeOwned};
 use kube::{
     Api, Client, Resource,
@@ -38,7 +38,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::stored::Stored;
+use crate::{metrics::Metrics, stored::Stored};
 
 /// Triggers a controller may lag behind before the watch waits for it.
 const BUFFER: usize = 1024;
@@ -115,7 +115,12 @@ pub struct Watched {
 
 impl Watched {
     /// Watches every kind of `kinds` and the namespaces until `cancel`.
-    pub fn start(client: &Client, kinds: Vec<(PinnedKind, ApiResource)>, cancel: &CancellationToken) -> Self {
+    pub fn start(
+        client: &Client,
+        kinds: Vec<(PinnedKind, ApiResource)>,
+        metrics: &Arc<Metrics>,
+        cancel: &CancellationToken,
+    ) -> Self {
         let (changed, changes) = watch::channel(0u64);
         let namespace_resource = ApiResource::erase::<Namespace>(&());
         // An Api of PartialObjectMeta makes metadata-only list/watch requests.
@@ -129,11 +134,15 @@ impl Watched {
                 let store = writer.as_reader();
                 let (trigger, triggered) = mpsc::channel(BUFFER);
                 triggers.push(Some(triggered));
+                let mut syncs = Syncs::new(kind.kind(), metrics.clone());
                 listed.push(spawn_watch(
                     api,
                     writer,
-                    |object| holdfast_peers::slim_metadata(&mut object.metadata),
-                    spec_fingerprint,
+                    Handlers {
+                        slim: |object: &mut Stored| holdfast_peers::slim_metadata(&mut object.metadata),
+                        fingerprint: spec_fingerprint,
+                        observe: move |event: &watcher::Event<Stored>| syncs.observe(event),
+                    },
                     &changed,
                     Some(trigger.clone()),
                     cancel,
@@ -153,8 +162,13 @@ impl Watched {
         listed.push(spawn_watch(
             api,
             writer,
-            |namespace| holdfast_peers::slim_metadata(&mut namespace.metadata),
-            labels_fingerprint,
+            Handlers {
+                slim: |namespace: &mut PartialObjectMeta<DynamicObject>| {
+                    holdfast_peers::slim_metadata(&mut namespace.metadata)
+                },
+                fingerprint: labels_fingerprint,
+                observe: |_: &watcher::Event<PartialObjectMeta<DynamicObject>>| {},
+            },
             &changed,
             Some(relabelled),
             cancel,
@@ -377,22 +391,39 @@ impl<T: Clone + Eq + Hash, C: Copy + PartialEq> Index<T, C> {
     }
 }
 
-/// Keeps `writer`'s store by a watch of `api` until `cancel`, each object as `slim` leaves it; a
-/// [`significant`] event (by `fingerprint`) bumps `changed`, and
-/// `trigger` gets every object applied (all of them when a re-list completes), as kube's shared
-/// stores dispatch them. The receiver turns true once the first list is complete.
-fn spawn_watch<K>(
+/// What a watch does with its objects besides storing them.
+struct Handlers<K, S, O> {
+    /// Leaves of each object only what is kept.
+    slim: S,
+    /// What of an object, changed, makes an event [`significant`].
+    fingerprint: fn(&K) -> u64,
+    /// Sees every event.
+    observe: O,
+}
+
+/// Keeps `writer`'s store by a watch of `api` until `cancel`, each object as `handlers.slim`
+/// leaves it; `handlers.observe` sees every event; a [`significant`] event (by
+/// `handlers.fingerprint`) bumps `changed`, and `trigger` gets every object applied (all of them
+/// when a re-list completes), as kube's shared stores dispatch them. The receiver turns true
+/// once the first list is complete.
+fn spawn_watch<K, S, O>(
     api: Api<K>,
     writer: Writer<K>,
-    slim: impl FnMut(&mut K) + Send + 'static,
-    fingerprint: fn(&K) -> u64,
+    handlers: Handlers<K, S, O>,
     changed: &watch::Sender<u64>,
     trigger: Option<mpsc::Sender<Arc<K>>>,
     cancel: &CancellationToken,
 ) -> watch::Receiver<bool>
 where
     K: Resource<DynamicType = ApiResource> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    S: FnMut(&mut K) + Send + 'static,
+    O: FnMut(&watcher::Event<K>) + Send + 'static,
 {
+    let Handlers {
+        slim,
+        fingerprint,
+        mut observe,
+    } = handlers;
     let kind = api.resource_url().to_owned();
     let store = writer.as_reader();
     let events = reflector::reflector(
@@ -413,6 +444,7 @@ where
                     if matches!(event, watcher::Event::InitDone) {
                         listed_tx.send_replace(true);
                     }
+                    observe(&event);
                     if significant(&mut seen, &event, fingerprint) {
                         changed.send_modify(|n| *n = n.wrapping_add(1));
                     }
@@ -433,6 +465,81 @@ where
         }
     });
     listed
+}
+
+/// Counts the syncs kapp-controller makes of objects holdfast pinned, for
+/// `holdfast_controller_fetches_avoided`: each time an object's `status.fetch.startedAt` moves
+/// (kapp-controller started another fetch), its pins in place (`holdfast.dev/original-refs`
+/// entries whose digest the spec still holds) are fetches of a digest that would otherwise
+/// have resolved a tag at the registry. The first sight of an object (a start, a new object)
+/// counts nothing: the last sync before it is not known.
+struct Syncs {
+    kind: &'static str,
+    metrics: Arc<Metrics>,
+    /// The `fetch_started` last seen, by uid.
+    started: HashMap<String, u64>,
+    /// During a re-list, the uids listed: the others were deleted meanwhile.
+    relisted: Option<HashSet<String>>,
+}
+
+impl Syncs {
+    fn new(kind: &'static str, metrics: Arc<Metrics>) -> Self {
+        Self {
+            kind,
+            metrics,
+            started: HashMap::new(),
+            relisted: None,
+        }
+    }
+
+    fn observe(&mut self, event: &watcher::Event<Stored>) {
+        match event {
+            watcher::Event::Apply(object) | watcher::Event::InitApply(object) => {
+                let Some(uid) = object.metadata.uid.as_deref() else {
+                    return;
+                };
+                if let Some(relisted) = &mut self.relisted {
+                    relisted.insert(uid.to_owned());
+                }
+                let Some(started) = object.fetch_started() else {
+                    return;
+                };
+                let before = self.started.insert(uid.to_owned(), started);
+                if before.is_some_and(|before| before != started) {
+                    let pins = pins_in_place(object);
+                    if pins > 0 {
+                        self.metrics.fetches_avoided(self.kind, pins);
+                    }
+                }
+            }
+            watcher::Event::Delete(object) => {
+                if let Some(uid) = object.metadata.uid.as_deref() {
+                    self.started.remove(uid);
+                }
+            }
+            watcher::Event::Init => self.relisted = Some(HashSet::new()),
+            watcher::Event::InitDone => {
+                if let Some(relisted) = self.relisted.take() {
+                    self.started.retain(|uid, _| relisted.contains(uid));
+                }
+            }
+        }
+    }
+}
+
+/// How many of `object`'s pins are in place (none without the annotation, or with one that
+/// does not parse).
+fn pins_in_place(object: &Stored) -> usize {
+    let annotated = object
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(ORIGINAL_REFS_ANNOTATION));
+    if !annotated {
+        return 0;
+    }
+    let document = object.document();
+    OriginalRefs::from_object(&document).map_or(0, |refs| refs.in_place(&document).count())
 }
 
 /// Whether `event` can change what the objects reference: an object added, deleted or with a
@@ -487,6 +594,61 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// An App pinned by holdfast (`pinned`: its spec still holds the pin) whose last fetch
+    /// started at `started`.
+    fn synced(uid: &str, pinned: bool, started: &str) -> Stored {
+        let digest = format!("sha256:{}", "a".repeat(64));
+        let url = if pinned {
+            format!("registry.corp.com/app@{digest}")
+        } else {
+            "registry.corp.com/app:2".to_string()
+        };
+        let refs = json!({"/spec/fetch/0/image/url": {"ref": "registry.corp.com/app:1", "digest": digest}});
+        serde_json::from_value(json!({
+            "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
+            "metadata": {"name": uid, "namespace": "n", "uid": uid,
+                "annotations": {ORIGINAL_REFS_ANNOTATION: refs.to_string()}},
+            "spec": {"fetch": [{"image": {"url": url}}, {"git": {"url": "https://git.corp.com/c"}}]},
+            "status": {"fetch": {"startedAt": started, "exitCode": 0}, "deploy": {"stdout": "x"}},
+        }))
+        .unwrap()
+    }
+
+    /// The Apps' count of fetches avoided.
+    fn avoided(metrics: &Metrics) -> String {
+        let text = metrics.encode().unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("holdfast_controller_fetches_avoided_total{kind=\"App\"}"));
+        line.and_then(|l| l.rsplit(' ').next())
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    #[test]
+    fn each_sync_of_a_pinned_object_counts_its_pins_in_place() {
+        let metrics = Arc::new(Metrics::new());
+        let mut syncs = Syncs::new("App", metrics.clone());
+        let apply = |syncs: &mut Syncs, object: Stored| syncs.observe(&watcher::Event::Apply(object));
+        // First sight, then the same fetch again (another status write): no sync seen.
+        apply(&mut syncs, synced("a", true, "2026-12-03T10:00:00Z"));
+        apply(&mut syncs, synced("a", true, "2026-12-03T10:00:00Z"));
+        assert_eq!(avoided(&metrics), "0");
+        // Two syncs of the pinned App: one pin each (the git source is not an OCI pin).
+        apply(&mut syncs, synced("a", true, "2026-12-03T10:00:30Z"));
+        apply(&mut syncs, synced("a", true, "2026-12-03T10:01:00Z"));
+        assert_eq!(avoided(&metrics), "2");
+        // A sync of an App whose pin was replaced by a tag: nothing avoided.
+        apply(&mut syncs, synced("b", false, "2026-12-03T10:00:00Z"));
+        apply(&mut syncs, synced("b", false, "2026-12-03T10:00:30Z"));
+        assert_eq!(avoided(&metrics), "2");
+        // Deleted, or gone from a re-list: forgotten.
+        syncs.observe(&watcher::Event::Delete(synced("a", true, "x")));
+        syncs.observe(&watcher::Event::Init);
+        syncs.observe(&watcher::Event::InitDone);
+        assert!(syncs.started.is_empty(), "{:?}", syncs.started);
+    }
 
     fn object(uid: &str, tag: &str, status: &str) -> Stored {
         serde_json::from_value(json!({

@@ -63,6 +63,29 @@ macro_rules! e2e_main {
 
 type Shared<F> = Arc<OnceCell<Result<Arc<F>, String>>>;
 
+/// Runs one test named `name` that starts an environment of its own (its processes are that
+/// environment's children, so no fixture is shared): a suite's `main` with `harness = false`.
+pub fn run_alone<Fut>(name: &'static str, test: impl FnOnce() -> Fut + Send + 'static) -> ExitCode
+where
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    crate::init();
+    let args = Arguments::from_args();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start a tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let trial = Trial::test(name, move || {
+        runtime
+            .block_on(test())
+            .map_err(|e| Failed::from(format!("{e:#}")))
+    });
+    libtest_mimic::run(&args, vec![trial]).exit_code()
+}
+
 /// Runs the tests; `serial` for suites whose tests act cluster-wide and must not overlap (they
 /// then run in the order given).
 pub fn run_with<F: Fixture>(tests: Vec<Test<F>>, serial: bool) -> ExitCode {

@@ -54,24 +54,10 @@ const HOSTILE_APPS: usize = 6;
 const STORM: Duration = Duration::from_secs(45);
 
 fn main() -> ExitCode {
-    holdfast_e2e::init();
-    let args = libtest_mimic::Arguments::from_args();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cannot start a tokio runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let trial = libtest_mimic::Trial::test(
+    holdfast_e2e::suite::run_alone(
         "both_processes_stay_under_their_memory_requests_while_a_registry_answers_maximal_tag_lists",
-        move || {
-            runtime
-                .block_on(both_processes_stay_under_their_memory_requests())
-                .map_err(|e| format!("{e:#}").into())
-        },
-    );
-    libtest_mimic::run(&args, vec![trial]).exit_code()
+        both_processes_stay_under_their_memory_requests,
+    )
 }
 
 /// The hostile registry's state: its one page, and how many were served.

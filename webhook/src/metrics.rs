@@ -72,6 +72,18 @@ impl Metrics {
             "Admission requests by outcome: allowed, patched, denied, error",
             requests.clone(),
         );
+        // Every outcome at 0 from the start: a family without samples is not exported, and a
+        // series that first appears at 1 shows no `increase()`.
+        for outcome in [
+            Outcome::Allowed,
+            Outcome::Patched,
+            Outcome::Denied,
+            Outcome::Error,
+        ] {
+            drop(requests.get_or_create(&OutcomeLabels {
+                outcome: outcome.as_str(),
+            }));
+        }
         let shed = Counter::default();
         registry.register(
             "admission_shed",
