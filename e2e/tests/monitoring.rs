@@ -5,13 +5,22 @@
 //! (a family is declared, with `# TYPE`, before it has samples: a counter of mirror copies
 //! given up is named before any copy was given up).
 //!
+//! Meanwhile the real kapp-controller syncs an App holdfast pinned, and the controller's count
+//! of fetches avoided must see it.
+//!
 //! An environment of its own (the processes are the environment's children): `harness = false`
 //! with a single trial.
 
-use std::{collections::BTreeSet, path::PathBuf, process::ExitCode};
+use std::{collections::BTreeSet, path::PathBuf, process::ExitCode, time::Duration};
 
 use anyhow::{Context, Result, bail, ensure};
-use holdfast_e2e::{Env, images, installed, objects::create_all};
+use holdfast_e2e::{
+    Env, images, installed,
+    objects::{api_for, create_all},
+    peers::kapp_controller,
+    wait,
+};
+use kube::{Api, api::DynamicObject};
 
 fn main() -> ExitCode {
     holdfast_e2e::suite::run_alone(
@@ -38,10 +47,16 @@ async fn queries_name_exported_metrics() -> Result<()> {
     .await?;
     // Ready: the controller's digest cache is built, so its figures are declared too.
     holdfast.controller_ready().await?;
-    // One admission pinned, so the admission histogram has its series (a histogram's label
-    // sets are too many to declare at 0 ahead).
+    let controller_admin = holdfast
+        .controller_admin
+        .as_deref()
+        .context("no controller admin address")?;
+    // An App pinned at admission (so the admission histogram has its series: a histogram's
+    // label sets are too many to declare at 0 ahead) and synced by the real kapp-controller.
+    env.kapp_controller().await?;
+    let config = b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: monitored}\ndata: {k: v}\n";
     let digest = images::LayeredImage::new()
-        .layer(&[("config.yml", b"monitored: true\n")])?
+        .layer(&[("config.yml", config)])?
         .push(env.registry(), "monitored/app", "1.0.0")
         .await?;
     let client = env.client().await?;
@@ -51,23 +66,23 @@ async fn queries_name_exported_metrics() -> Result<()> {
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: monitored}\n",
     )
     .await?;
+    kapp_controller::add_deployer(&env, "monitored")?;
     let app = format!(
-        "apiVersion: kappctrl.k14s.io/v1alpha1\nkind: App\nmetadata: {{name: monitored}}\nspec:\n  serviceAccountName: default\n  fetch: [{{image: {{url: {}/monitored/app:1.0.0}}}}]\n  template: [{{ytt: {{}}}}]\n  deploy: [{{kapp: {{}}}}]\n",
+        "apiVersion: kappctrl.k14s.io/v1alpha1\nkind: App\nmetadata: {{name: monitored}}\nspec:\n  serviceAccountName: {}\n  syncPeriod: 10s\n  fetch: [{{image: {{url: {}/monitored/app:1.0.0}}}}]\n  template: [{{ytt: {{}}}}]\n  deploy: [{{kapp: {{}}}}]\n",
+        kapp_controller::DEPLOYER,
         env.registry()
     );
     let created = create_all(&client, "monitored", &app).await?;
-    let url = created
-        .first()
-        .and_then(|app| app.data["spec"]["fetch"][0]["image"]["url"].as_str())
+    let app = created.first().context("no App created")?;
+    let url = app.data["spec"]["fetch"][0]["image"]["url"]
+        .as_str()
         .unwrap_or_default();
     ensure!(
         url == format!("{}/monitored/app@{digest}", env.registry()),
         "the App was stored with {url:?}, not pinned"
     );
-    let controller_admin = holdfast
-        .controller_admin
-        .as_deref()
-        .context("no controller admin address")?;
+    let apps = api_for(&client, app, Some("monitored")).await?;
+    fetches_avoided_count_the_syncs(&env, &apps, controller_admin).await?;
     let webhook = exported(&scrape(&holdfast.admin).await?)?;
     let controller = exported(&scrape(controller_admin).await?)?;
     for (component, names, expected) in [
@@ -135,6 +150,43 @@ async fn queries_name_exported_metrics() -> Result<()> {
         named.len()
     );
     Ok(())
+}
+
+/// The pinned App's second sync by kapp-controller (its `status.fetch.startedAt` moved after the
+/// first) is counted in `holdfast_controller_fetches_avoided_total{kind="App"}`: one pin.
+async fn fetches_avoided_count_the_syncs(env: &Env, apps: &Api<DynamicObject>, admin: &str) -> Result<()> {
+    let started = |app: &DynamicObject| {
+        app.data["status"]["fetch"]["startedAt"]
+            .as_str()
+            .map(String::from)
+    };
+    let first = kapp_controller::until_reconciled(env, apps, "monitored").await?;
+    let first = started(&first).context("the reconciled App has no status.fetch.startedAt")?;
+    wait::until(apps, "monitored", move |app: Option<&DynamicObject>| {
+        app.and_then(started).is_some_and(|at| at != first)
+    })
+    .await?;
+    // The controller reads the same change off its own watch: its count follows within moments.
+    // A metric has no watch; it is read until it counts or the limit passes.
+    let series = "holdfast_controller_fetches_avoided_total{kind=\"App\"} ";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tick.tick().await;
+        let text = scrape(admin).await?;
+        let count: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+            .context("no fetches_avoided series for Apps")?;
+        if count >= 1.0 {
+            return Ok(());
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "kapp-controller synced the pinned App again, but fetches_avoided stayed at {count}"
+        );
+    }
 }
 
 async fn scrape(admin: &str) -> Result<String> {
