@@ -984,10 +984,34 @@ async fn kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node(cluster: Ar
     let pinned = push_config(&cluster, "node/kustomize", "1.0.0").await?;
     let namespace = env.namespace("node-kustomize").await?;
     let url = format!("{registry}/node/kustomize:1.0.0");
-    env.kubectl_apply(&namespace, &app_yaml("kustomized", &url))?;
+    let yaml = app_yaml("kustomized", &url);
+    // The configurations and the Service are seconds old: the API server's informer may not yet
+    // hold the injected caBundle, nor kube-proxy the Service's rules, and a fail-open webhook is
+    // then skipped. Server dry runs (admitted, stored nowhere) until one comes back pinned.
+    let wanted = format!("{registry}/node/kustomize@{pinned}");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let object: DynamicObject = serde_yaml::from_str(&yaml)?;
+    let app_api = apps(env.client().await?, &namespace);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let admitted = app_api.create(&dry_run, &object).await?;
+        if fetch_url(&admitted) == wanted {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "after {WAIT:?} a dry run of the App was still admitted as {}",
+            fetch_url(&admitted)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env.kubectl_apply(&namespace, &yaml)?;
     let stored = apps(env.client().await?, &namespace).get("kustomized").await?;
     ensure!(
-        fetch_url(&stored) == format!("{registry}/node/kustomize@{pinned}"),
+        fetch_url(&stored) == wanted,
         "installed with kubectl apply -k, the webhook stored {}",
         fetch_url(&stored)
     );
