@@ -383,11 +383,20 @@ impl Env {
                 match http.get(&url).bearer_auth(token).send().await {
                     Ok(rsp) if rsp.status().is_success() => break,
                     Ok(rsp) => last_error = format!("/readyz answered {}", rsp.status()),
-                    Err(e) => last_error = e.to_string(),
+                    // With its causes: reqwest's own text says only "error sending request".
+                    Err(e) => last_error = format!("{:#}", anyhow::Error::from(e)),
                 }
             }
             if Instant::now() > deadline {
-                bail!("kube-apiserver not ready after {READY_TIMEOUT:?}: {last_error}");
+                let log = self
+                    .processes
+                    .iter()
+                    .find(|p| p.name() == KUBE_APISERVER)
+                    .map(|p| p.log_tail(30))
+                    .unwrap_or_default();
+                bail!(
+                    "kube-apiserver not ready after {READY_TIMEOUT:?}: {last_error}; last log lines:\n{log}"
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
