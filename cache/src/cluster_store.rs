@@ -28,7 +28,10 @@ use tokio_util::sync::CancellationToken;
 
 pub mod crd;
 
-pub use crd::{DigestCacheEntry, DigestCacheEntrySpec, MirrorApply, MirrorRecord};
+pub use crd::{
+    Condition, ConditionStatus, DigestCacheEntry, DigestCacheEntrySpec, DigestCacheEntryStatus, MirrorApply,
+    MirrorRecord, REFRESH_ANNOTATION, RefreshOutcome, RefreshResult, StatusApply,
+};
 
 use crate::{
     CacheEntry, CacheKey, DigestCache, EntrySink, MirrorDeletion, MirrorFields, Mirrored, Superseded,

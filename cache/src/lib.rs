@@ -481,7 +481,8 @@ impl DigestCache {
         self.config.max_entries
     }
 
-    /// [`CacheConfig::max_staleness`]: how old a digest may get while it is served stale.
+    /// [`CacheConfig::max_staleness`]: how old a digest may get while it is served stale (the
+    /// entries' status says until when).
     pub fn max_staleness(&self) -> Duration {
         self.config.max_staleness
     }

@@ -227,7 +227,7 @@ impl DigestCache {
     }
 
     /// `key`'s mirror record if it holds `digest`.
-    pub(super) fn mirror_of(&self, key: &CacheKey, digest: &Digest) -> Option<Mirrored> {
+    pub fn mirror_of(&self, key: &CacheKey, digest: &Digest) -> Option<Mirrored> {
         self.mirrored(key).filter(|m| m.holds(digest))
     }
 }

@@ -5,6 +5,9 @@
 //! - [`refresher`]: asks the registry once per unique tag (the digest cache's keys) that the
 //!   watched objects name, on an interval, then has the objects naming a tag that moved
 //!   reconciled from the refreshed cache; deletes the entries no object names.
+//! - [`entry_status`]: the `DigestCacheEntry` objects' status (conditions, observed digest,
+//!   objects naming it), and the refreshes asked for with their annotation, run beside the
+//!   refresher;
 //! - [`finalizer`]: the fast finalizer: deletes an app's kpack Image as soon as the app (or its
 //!   last BuildWorkload, or its namespace) is being deleted, and the pods of terminating Builds;
 //!   [`deletable`] is the one table of what it may delete and when.
@@ -26,6 +29,7 @@
 pub mod admin;
 mod backoff;
 pub mod deletable;
+pub mod entry_status;
 pub mod finalizer;
 #[cfg(test)]
 mod fixtures;

@@ -20,6 +20,7 @@ use holdfast_registry::{Digest, Reference};
 use tokio::sync::Semaphore;
 
 use crate::{
+    entry_status::EntryStatus,
     metrics::Metrics,
     stored::Stored,
     watched::{Index, Watched},
@@ -233,6 +234,57 @@ impl Refresher {
         })
     }
 
+    /// Refreshes the keys of `requested` that live objects name, now (`kubectl holdfast
+    /// refresh`, through [`crate::entry_status`]), and has the objects naming a key that moved
+    /// re-pinned. Returns the refresh and the keys it asked the registry for; the others are
+    /// named by no object and left alone, whatever asked for them.
+    pub async fn refresh_requested(
+        &mut self,
+        pinner: &Pinner,
+        requested: &HashSet<CacheKey>,
+    ) -> Result<(RefreshReport, HashSet<CacheKey>), Error> {
+        if !self.watched.fully_listed() {
+            return Err(Error::NotListed);
+        }
+        let named = {
+            let objects = self.objects();
+            self.index.union(
+                objects.iter().map(|(kind, object)| (object.as_ref(), *kind)),
+                |object, kind| named_keys(kind, object),
+            )
+        };
+        let asked: HashSet<CacheKey> = requested.intersection(&named).cloned().collect();
+        let refresh = refresh_named(pinner, &asked).await;
+        if !refresh.moved_keys.is_empty() {
+            self.trigger(|key| refresh.moved_keys.contains(key)).await;
+        }
+        // Moved and handed over here: the next round need not hand them over again.
+        for entry in pinner.cache().entries() {
+            if refresh.moved_keys.contains(&entry.key) {
+                self.digests.insert(entry.key, entry.digest);
+            }
+        }
+        Ok((refresh, asked))
+    }
+
+    /// How many stored objects name each key (an object naming it twice counts once): the
+    /// entries' `status.usedBy`.
+    pub fn used_by(&mut self) -> HashMap<CacheKey, usize> {
+        let mut counts = HashMap::new();
+        for (kind, object) in self.objects() {
+            let keys: HashSet<CacheKey> = self
+                .index
+                .read(&object, kind, |object, kind| named_keys(kind, object))
+                .iter()
+                .cloned()
+                .collect();
+            for key in keys {
+                *counts.entry(key).or_default() += 1;
+            }
+        }
+        counts
+    }
+
     /// Every stored object with its kind.
     fn objects(&self) -> Vec<(PinnedKind, Arc<Stored>)> {
         self.watched.objects().collect()
@@ -333,14 +385,41 @@ impl Collector {
     }
 }
 
+/// How long the entries' status writer lets changes gather before a pass.
+const STATUS_COALESCE: Duration = Duration::from_millis(500);
+
 /// Rounds start `interval` apart, each shifted by up to a tenth of it so that replicas and
-/// restarts do not synchronise on the registry.
-pub async fn run(refresher: &mut Refresher, pinner: &Pinner, interval: Duration, cancel: CancellationToken) {
+/// restarts do not synchronise on the registry; in between, `status` writes the entries' status
+/// and acts on the refreshes asked for whenever something changed.
+pub async fn run(
+    refresher: &mut Refresher,
+    status: &mut EntryStatus,
+    pinner: &Pinner,
+    interval: Duration,
+    cancel: CancellationToken,
+) {
+    let next_round = || tokio::time::Instant::now() + interval + jitter(interval / 10);
+    let mut round_at = next_round();
     loop {
-        tokio::select! {
+        let round = tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(interval + jitter(interval / 10)) => {}
+            _ = tokio::time::sleep_until(round_at) => true,
+            _ = status.changed() => false,
+        };
+        if !round {
+            // Changes come in bursts (a round, a re-list, a rollout of Apps): one pass for each
+            // burst, each pass a walk of every object and entry.
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(STATUS_COALESCE) => {}
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                written = status.pass(refresher, pinner) => tracing::debug!(written, "digest cache entries' status"),
+            }
+            continue;
         }
+        round_at = next_round();
         // A round asks the registry once per key, each ask bounded by the resolver's timeout:
         // with many keys and a registry down it can last minutes, so it must not hold up a
         // shutdown or a lost Lease. Dropping it part-way loses nothing: the cancellation ends
@@ -557,6 +636,41 @@ mod tests {
             names.sort();
             names
         }
+    }
+
+    /// `kubectl holdfast refresh`: a requested key that an object names is asked of the registry
+    /// now and, as it moved, its objects are handed to their controller; a requested key no
+    /// object names is not asked at all. `used_by` counts each object once.
+    #[tokio::test]
+    async fn a_requested_refresh_asks_only_named_keys_and_repins_what_moved() {
+        let (named, unnamed) = (key("1.0"), key("forged"));
+        let mut term = Term::new(vec![app("a", "1.0"), app("b", "1.0")], &[&named, &unnamed], true);
+        term.registry.set(&named.reference, digest(2));
+        term.registry.set(&unnamed.reference, digest(2));
+        let requested = HashSet::from([named.clone(), unnamed.clone()]);
+        let (report, asked) = term
+            .refresher
+            .refresh_requested(&term.pinner, &requested)
+            .await
+            .unwrap();
+        assert_eq!(asked, HashSet::from([named.clone()]));
+        assert_eq!(report.moved_keys, BTreeSet::from([named.clone()]));
+        assert_eq!(term.registry.asked(), std::slice::from_ref(&named.reference));
+        assert_eq!(term.triggered(), ["a", "b"]);
+        assert_eq!(term.refresher.used_by(), HashMap::from([(named.clone(), 2)]));
+        // Handed over once: the next round has nothing that moved to hand over again.
+        term.registry.set(&unnamed.reference, digest(1));
+        assert_eq!(term.round().await.unwrap().triggered, 0);
+    }
+
+    #[tokio::test]
+    async fn a_requested_refresh_waits_for_the_watches() {
+        let named = key("1.0");
+        let mut term = Term::new(vec![app("a", "1.0")], &[&named], false);
+        let requested = HashSet::from([named]);
+        let refreshed = term.refresher.refresh_requested(&term.pinner, &requested).await;
+        assert!(matches!(refreshed, Err(Error::NotListed)));
+        assert!(term.registry.asked().is_empty());
     }
 
     fn secret_scope(namespace: &str, name: &str) -> Scope {

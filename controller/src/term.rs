@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    entry_status::EntryStatus,
     finalizer,
     metrics::Metrics,
     mirror::{Mirror, MirrorSettings},
@@ -127,9 +128,11 @@ impl Term {
     /// Every loop of the term, until it ends.
     pub async fn run(self) {
         let mut refresher = self.refresher();
+        let mut status = self.entry_status();
         tokio::join!(
             refresher::run(
                 &mut refresher,
+                &mut status,
                 &self.pinner,
                 self.settings.refresh,
                 self.leading.clone()
@@ -193,6 +196,18 @@ impl Term {
             self.settings.cache_gc_grace,
         )
         .with_metrics(self.metrics.clone())
+    }
+
+    /// The writer of the entries' status for this term, its passes to be run with
+    /// [`Term::refresher`] (by [`Term::run`] between rounds, or by a test).
+    pub fn entry_status(&self) -> EntryStatus {
+        EntryStatus::start(
+            &self.client,
+            &self.settings.namespace,
+            self.pinner.cache(),
+            &self.watched,
+            &self.leading,
+        )
     }
 
     pub fn pinner(&self) -> &Arc<Pinner> {

@@ -392,13 +392,13 @@ impl<T: Clone + Eq + Hash, C: Copy + PartialEq> Index<T, C> {
 }
 
 /// What a watch does with its objects besides storing them.
-struct Handlers<K, S, O> {
+pub(crate) struct Handlers<K, S, O> {
     /// Leaves of each object only what is kept.
-    slim: S,
+    pub slim: S,
     /// What of an object, changed, makes an event [`significant`].
-    fingerprint: fn(&K) -> u64,
+    pub fingerprint: fn(&K) -> u64,
     /// Sees every event.
-    observe: O,
+    pub observe: O,
 }
 
 /// Keeps `writer`'s store by a watch of `api` until `cancel`, each object as `handlers.slim`
@@ -406,7 +406,7 @@ struct Handlers<K, S, O> {
 /// `handlers.fingerprint`) bumps `changed`, and `trigger` gets every object applied (all of them
 /// when a re-list completes), as kube's shared stores dispatch them. The receiver turns true
 /// once the first list is complete.
-fn spawn_watch<K, S, O>(
+pub(crate) fn spawn_watch<K, S, O>(
     api: Api<K>,
     writer: Writer<K>,
     handlers: Handlers<K, S, O>,

@@ -377,21 +377,24 @@ async fn until_authorizer_says(env: &Env, role: &RoleRule, rule: &PolicyRule, wa
 }
 
 /// `(group, resource)` of an API request path: `/api/v1/...` or `/apis/<group>/<version>/...`,
-/// optionally under `namespaces/<ns>/`.
+/// optionally under `namespaces/<ns>/`, with its subresource (`digestcacheentries/status`).
 fn group_resource(request: &str) -> Option<(String, String)> {
-    let path = request.split_whitespace().nth(1)?;
+    let path = request.split_whitespace().nth(1)?.split('?').next()?;
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let (group, rest) = match segments.as_slice() {
         ["api", _version, rest @ ..] => (String::new(), rest),
         ["apis", group, _version, rest @ ..] => ((*group).to_owned(), rest),
         _ => return None,
     };
+    // A subresource is authorised as `resource/subresource` (digestcacheentries/status).
     let resource = match rest {
-        ["namespaces", _, resource, ..] => resource,
-        [resource, ..] => resource,
+        ["namespaces", _, resource, _, subresource] => format!("{resource}/{subresource}"),
+        ["namespaces", _, resource, ..] => (*resource).to_owned(),
+        [resource, _, subresource] => format!("{resource}/{subresource}"),
+        [resource, ..] => (*resource).to_owned(),
         [] => return None,
     };
-    Some((group, (*resource).to_owned()))
+    Some((group, resource))
 }
 
 fn rule_matches(rule: &PolicyRule, request: &str) -> bool {

@@ -8,7 +8,7 @@ use json_patch::{
 };
 use serde_json::Value;
 
-use crate::{OriginalRefs, PinPolicy, sites::secret_name_pointer};
+use crate::{ORIGINAL_REFS_ANNOTATION, OriginalRefs, PIN_KEY, PinPolicy, sites::secret_name_pointer};
 
 /// `object` with every pin holdfast has in place put back to what the user wrote (reference,
 /// `tagSelection` and a `secretRef` replaced by the mirror pull Secret), when its policy is `follow`; pinning that again follows moved tags. Other
@@ -18,6 +18,13 @@ pub fn unpinned(object: &Value) -> Value {
     if policy != PinPolicy::Follow {
         return object.clone();
     }
+    originals(object)
+}
+
+/// `object` with every pin holdfast has in place put back to what the user wrote, whatever its
+/// policy (`kubectl holdfast unpin`, and what `explain` compares with); pins the user replaced
+/// are left as they are. The annotation stays: [`unpin`] removes it.
+pub fn originals(object: &Value) -> Value {
     let Ok(recorded) = OriginalRefs::from_object(object) else {
         return object.clone();
     };
@@ -38,6 +45,29 @@ pub fn unpinned(object: &Value) -> Value {
         }
     }
     out
+}
+
+/// The guarded update that undoes holdfast's pins on `stored` for good: the references recorded
+/// in `holdfast.dev/original-refs` put back ([`originals`]), the annotation removed, and the
+/// object opted out with the label `holdfast.dev/pin: disabled`, so that neither the webhook
+/// (its objectSelector, and the rule itself) nor the controller pins it again. Empty when there
+/// is nothing to undo and the object is already opted out.
+pub fn unpin(stored: &Value) -> Vec<PatchOperation> {
+    let mut desired = originals(stored);
+    if let Some(Value::Object(metadata)) = desired.get_mut("metadata") {
+        if let Some(Value::Object(annotations)) = metadata.get_mut("annotations") {
+            annotations.remove(ORIGINAL_REFS_ANNOTATION);
+            // The annotation form of the policy would contradict the label (a warning each write).
+            annotations.remove(PIN_KEY);
+        }
+        let labels = metadata
+            .entry("labels")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Value::Object(labels) = labels {
+            labels.insert(PIN_KEY.into(), PinPolicy::Disabled.as_str().into());
+        }
+    }
+    update(stored, &desired)
 }
 
 /// The JSON patch from `stored` to `desired`, guarded by `stored`'s resourceVersion so it fails
@@ -101,6 +131,37 @@ mod tests {
         replaced["spec"]["fetch"][0]["imgpkgBundle"]["image"] =
             json!(format!("reg.io/team/bundle@sha256:{}", "b".repeat(64)));
         assert_eq!(unpinned(&replaced), replaced);
+    }
+
+    #[test]
+    fn unpin_restores_every_policys_pins_removes_the_record_and_opts_out() {
+        for policy in [None, Some("freeze"), Some("follow")] {
+            let stored = pinned_app(policy);
+            let ops = unpin(&stored);
+            assert!(matches!(&ops[0], PatchOperation::Test(t) if t.value == json!("7")));
+            let mut out = stored.clone();
+            json_patch::patch(&mut out, &ops).unwrap();
+            let bundle = &out["spec"]["fetch"][0]["imgpkgBundle"];
+            assert_eq!(bundle["image"], "reg.io/team/bundle", "{policy:?}");
+            assert_eq!(bundle["tagSelection"]["semver"]["constraints"], ">=1.0.0");
+            assert!(out["metadata"]["annotations"].get(ORIGINAL_REFS_ANNOTATION).is_none());
+            assert_eq!(out["metadata"]["labels"][PIN_KEY], "disabled");
+            // Opted out: pinning it again plans nothing, and a second unpin changes nothing.
+            let (again, _) = PinPolicy::from_object(&out);
+            assert_eq!(again, PinPolicy::Disabled);
+            assert!(unpin(&out).is_empty());
+        }
+    }
+
+    #[test]
+    fn unpin_leaves_a_digest_the_user_wrote() {
+        let mut replaced = pinned_app(None);
+        let theirs = json!(format!("reg.io/team/bundle@sha256:{}", "b".repeat(64)));
+        replaced["spec"]["fetch"][0]["imgpkgBundle"]["image"] = theirs.clone();
+        let mut out = replaced.clone();
+        json_patch::patch(&mut out, &unpin(&replaced)).unwrap();
+        assert_eq!(out["spec"]["fetch"][0]["imgpkgBundle"]["image"], theirs);
+        assert_eq!(out["metadata"]["labels"][PIN_KEY], "disabled");
     }
 
     #[test]

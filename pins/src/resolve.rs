@@ -362,6 +362,14 @@ fn lookup_of(need: &Need, scope: Scope) -> Option<(CacheKey, Reference, Option<V
     }
 }
 
+/// The cache key a site of an object in `namespace` is looked up under (with its upstream
+/// `secretRef`'s scope); `None` for a site already pinned or that cannot be pinned. What
+/// `kubectl holdfast explain` follows from a reference to its entry.
+pub fn site_key(site: &crate::FetchSite, namespace: &str) -> Option<CacheKey> {
+    let need = crate::plan(site).ok()?;
+    lookup_of(&need, site_scope(site, namespace)).map(|(key, ..)| key)
+}
+
 /// The cache keys a stored object names: those its reconcile looks up (tags restored from
 /// `holdfast.dev/original-refs` for `follow` pins, each with its site's scope). These are
 /// checked against the objects, never taken from an entry.

@@ -31,6 +31,8 @@ const HEADER: &str = "\
 # restarts: one object per (reference or tag selection, credential scope), in holdfast's namespace.
 # Written by holdfast only; `kubectl get digestcacheentries -n holdfast-system` shows the cache,
 # and (Mirror, Mirrored) where the controller copied an entry's content when a mirror is configured.
+# The status (subresource) is the controller's view of each entry: conditions Resolved, Stale and
+# Mirrored, the digest and check time observed, how many objects name it (`kubectl holdfast`).
 #
 # Generated from cache/src/cluster_store/crd.rs; do not edit, regenerate with
 ";
@@ -53,6 +55,8 @@ pub fn manifest() -> Result<String, serde_yaml::Error> {
     shortname = "hfdigest",
     category = "holdfast",
     derive = "PartialEq",
+    // What the controller observed, apart from what was asked (`kubectl get -o yaml` shows it).
+    status = "DigestCacheEntryStatus",
     // No description of the object, as before (an empty doc is none).
     doc = "",
     // As JSON: clippy's duplicated_attributes takes `type_ = "string"` in two printcolumn(…) for a
@@ -69,6 +73,7 @@ pub fn manifest() -> Result<String, serde_yaml::Error> {
     printcolumn = r#"{"name": "Superseded", "type": "string", "jsonPath": ".spec.mirrorSuperseded[*].location", "priority": 1}"#,
     printcolumn = r#"{"name": "Mirror-Deleted", "type": "date", "jsonPath": ".spec.mirrorDeletedAt", "priority": 1}"#,
     printcolumn = r#"{"name": "Error", "type": "string", "jsonPath": ".spec.error", "priority": 1}"#,
+    printcolumn = r#"{"name": "Used-By", "type": "integer", "jsonPath": ".status.usedBy", "priority": 1}"#,
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = as_written_by_hand)]
@@ -140,6 +145,115 @@ pub struct MirrorRecord {
     /// When that deletion was decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror_deleted_at: Option<Timestamp>,
+}
+
+// `DigestCacheEntry`'s status: written by the controller (the leader) through the status
+// subresource, never by the entry's own applies (which own the spec).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = as_written_by_hand)]
+pub struct DigestCacheEntryStatus {
+    /// Resolved (the last registry check succeeded), Stale (the last check failed: the digest
+    /// resolved before is served until the staleness limit) and Mirrored (the current digest's
+    /// content is copied into the mirror), in the shape of metav1.Condition.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// The digest the entry held when the controller last wrote this status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub observed_digest: Option<Digest>,
+    /// When the registry was last asked (spec.checkedAt, as observed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_check_time: Option<Timestamp>,
+    /// How many Apps, PackageRepositories and Packages name this entry's reference (follow pins
+    /// and references not pinned yet; the controller deletes an entry no object names after
+    /// --cache-gc-grace-seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i32>")]
+    pub used_by: Option<u32>,
+    /// While Stale: until when the digest is served (resolvedAt plus the controller's
+    /// --cache-max-staleness-seconds); past it, objects naming the tag are left unpinned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serve_stale_until: Option<Timestamp>,
+    /// The last refresh asked for with the holdfast.dev/refresh annotation
+    /// (`kubectl holdfast refresh`), once the controller acted on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_refresh: Option<RefreshOutcome>,
+}
+
+// A condition of `DigestCacheEntryStatus::conditions`, as metav1.Condition.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// Resolved, Stale or Mirrored.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// True, False or Unknown.
+    pub status: ConditionStatus,
+    /// Why, in CamelCase.
+    pub reason: String,
+    /// Why, for people.
+    pub message: String,
+    /// When status last changed.
+    pub last_transition_time: Timestamp,
+}
+
+// `Condition::status`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+// `DigestCacheEntryStatus::last_refresh`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RefreshOutcome {
+    /// The value of the holdfast.dev/refresh annotation acted on.
+    pub request: String,
+    /// Checked (the digest is unchanged), Moved (the tag holds another digest now: the objects
+    /// naming it are re-pinned), Failed (the registry failed: see the Stale condition) or
+    /// NotNamed (no object names the reference: the controller resolves only what objects name).
+    pub result: RefreshResult,
+    /// When the controller acted on it.
+    pub at: Timestamp,
+}
+
+// `RefreshOutcome::result`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RefreshResult {
+    Checked,
+    Moved,
+    Failed,
+    NotNamed,
+}
+
+/// The annotation on a `DigestCacheEntry` that asks the controller to re-resolve it now (any
+/// new value: `kubectl holdfast refresh` writes a unique one); the controller echoes the value
+/// in `status.lastRefresh.request` once done.
+pub const REFRESH_ANNOTATION: &str = "holdfast.dev/refresh";
+
+/// What the controller applies to an entry's status subresource: the object with only its status.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+pub struct StatusApply {
+    #[serde(flatten)]
+    pub types: TypeMeta,
+    pub metadata: ObjectMeta,
+    pub status: DigestCacheEntryStatus,
+}
+
+impl StatusApply {
+    pub fn new(name: String, status: DigestCacheEntryStatus) -> Self {
+        Self {
+            types: TypeMeta::resource::<DigestCacheEntry>(),
+            metadata: ObjectMeta {
+                name: Some(name),
+                ..ObjectMeta::default()
+            },
+            status,
+        }
+    }
 }
 
 // An item of `MirrorRecord::mirror_superseded`.
