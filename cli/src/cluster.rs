@@ -49,7 +49,9 @@ impl Cluster {
                 Config::from_custom_kubeconfig(kubeconfig, &options).await?
             }
             None if global.context.is_some() => Config::from_kubeconfig(&options).await?,
-            None => Config::infer().await.context("no kubeconfig found (set KUBECONFIG or --kubeconfig)")?,
+            None => Config::infer()
+                .await
+                .context("no kubeconfig found (set KUBECONFIG or --kubeconfig)")?,
         };
         Ok(Self {
             client: Client::try_from(config)?,
@@ -101,7 +103,12 @@ impl Cluster {
             .entries_api()
             .list(&ListParams::default())
             .await
-            .with_context(|| format!("listing the DigestCacheEntry objects in {}", self.holdfast_namespace))?;
+            .with_context(|| {
+                format!(
+                    "listing the DigestCacheEntry objects in {}",
+                    self.holdfast_namespace
+                )
+            })?;
         Ok(Entries::from_objects(&list.items))
     }
 
@@ -111,7 +118,12 @@ impl Cluster {
         let configuration = Api::<MutatingWebhookConfiguration>::all(self.client.clone())
             .get_opt(&self.webhook_configuration)
             .await
-            .with_context(|| format!("reading the MutatingWebhookConfiguration {}", self.webhook_configuration))?;
+            .with_context(|| {
+                format!(
+                    "reading the MutatingWebhookConfiguration {}",
+                    self.webhook_configuration
+                )
+            })?;
         let selector = match &configuration {
             None => {
                 eprintln!(
@@ -163,7 +175,12 @@ impl Cluster {
                     || e.source.as_ref().and_then(|s| s.component.as_deref()) == Some(CONTROLLER)
             })
             .collect();
-        events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0).or(e.last_timestamp.as_ref().map(|t| t.0)));
+        events.sort_by_key(|e| {
+            e.event_time
+                .as_ref()
+                .map(|t| t.0)
+                .or(e.last_timestamp.as_ref().map(|t| t.0))
+        });
         Ok(events)
     }
 }

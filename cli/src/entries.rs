@@ -90,7 +90,10 @@ impl Entries {
                         },
                     );
                 }
-                Err(error) => eprintln!("warning: DigestCacheEntry {} does not parse: {error}", object.name_any()),
+                Err(error) => eprintln!(
+                    "warning: DigestCacheEntry {} does not parse: {error}",
+                    object.name_any()
+                ),
             }
         }
         Self { by_key }

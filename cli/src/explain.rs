@@ -52,7 +52,9 @@ pub async fn run(cluster: &Cluster, args: &Explain) -> Result<Outcome> {
                     println!("  mirror:   pinned to holdfast's mirror copy in {mirror}");
                 }
             }
-            SitePin::UserDigest => println!("  pinned:   a digest written by the user; holdfast leaves it alone"),
+            SitePin::UserDigest => {
+                println!("  pinned:   a digest written by the user; holdfast leaves it alone")
+            }
             SitePin::Unpinned(why) => println!("  not pinned: {why}"),
         }
         match (site.entry, &site.key) {
@@ -99,7 +101,10 @@ fn print_entry(entry: &Entry, namespace: &str, now: SystemTime) {
         entry.name,
         e.key.reference,
         e.key.scope,
-        entry.used_by().map(|n| format!(", named by {n} objects")).unwrap_or_default()
+        entry
+            .used_by()
+            .map(|n| format!(", named by {n} objects"))
+            .unwrap_or_default()
     );
     println!(
         "            {}{}, resolved {} ({}), checked {} ({})",

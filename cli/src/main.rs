@@ -37,7 +37,12 @@ async fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let outcome = match cli.command {
         Command::Completion { shell } => {
-            clap_complete::generate(shell, &mut Cli::command(), "kubectl-holdfast", &mut std::io::stdout());
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "kubectl-holdfast",
+                &mut std::io::stdout(),
+            );
             Ok(Outcome::Fine)
         }
         command => run(&cli.global, command).await,

@@ -5,23 +5,22 @@
 //! that needs its `secretRef` is left as it is, with a warning). Other documents pass through.
 //! Exits 1 when a reference was left unpinned.
 
-use std::{
-    collections::BTreeMap,
-    io::Read as _,
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, io::Read as _, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, bail};
 use futures::future::BoxFuture;
 use holdfast_cache::{CacheConfig, DigestCache, Source, cluster_store};
-use holdfast_pins::{Pinner, PinnedKind, SecretScoped};
+use holdfast_pins::{PinnedKind, Pinner, SecretScoped};
 use holdfast_registry::{Credentials, Digest, Reference, ResolveError, Resolver, ResolverConfig};
 use serde::Deserialize as _;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Outcome, args::{Global, Pin}, cluster::Cluster};
+use crate::{
+    Outcome,
+    args::{Global, Pin},
+    cluster::Cluster,
+};
 
 /// How long the cluster's entries answer, whatever their age: the controller keeps them fresh.
 const FROM_CLUSTER: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
@@ -51,8 +50,14 @@ pub async fn run(global: &Global, args: &Pin) -> Result<Outcome> {
         Some(cluster) => from_cluster(cluster).await?,
         None => {
             let mut config = ResolverConfig::default();
-            config.insecure_registries.extend(args.insecure_registries.iter().cloned());
-            Arc::new(DigestCache::new(Arc::new(Resolver::new(config)?), CacheConfig::default(), None))
+            config
+                .insecure_registries
+                .extend(args.insecure_registries.iter().cloned());
+            Arc::new(DigestCache::new(
+                Arc::new(Resolver::new(config)?),
+                CacheConfig::default(),
+                None,
+            ))
         }
     };
     let pinner = Pinner::new(cache, None);
@@ -66,10 +71,20 @@ pub async fn run(global: &Global, args: &Pin) -> Result<Outcome> {
                 .unwrap_or(&args.namespace)
                 .to_owned();
             let outcome = pinner
-                .pin(kind, &namespace, &BTreeMap::new(), SecretScoped::Any, &document, None)
+                .pin(
+                    kind,
+                    &namespace,
+                    &BTreeMap::new(),
+                    SecretScoped::Any,
+                    &document,
+                    None,
+                )
                 .await;
             json_patch::patch(&mut document, &outcome.ops).context("applying the pins")?;
-            let name = document.pointer("/metadata/name").and_then(Value::as_str).unwrap_or_default();
+            let name = document
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             for warning in &outcome.warnings {
                 eprintln!("warning: {} {name}: {warning}", kind.kind());
             }
@@ -128,11 +143,19 @@ impl NotCached {
 }
 
 impl Source for NotCached {
-    fn digest<'a>(&'a self, reference: &'a Reference, _: &'a Credentials) -> BoxFuture<'a, Result<Digest, ResolveError>> {
+    fn digest<'a>(
+        &'a self,
+        reference: &'a Reference,
+        _: &'a Credentials,
+    ) -> BoxFuture<'a, Result<Digest, ResolveError>> {
         Box::pin(async move { Err(Self::error(reference)) })
     }
 
-    fn tags<'a>(&'a self, repository: &'a Reference, _: &'a Credentials) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
+    fn tags<'a>(
+        &'a self,
+        repository: &'a Reference,
+        _: &'a Credentials,
+    ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
         Box::pin(async move { Err(Self::error(repository)) })
     }
 }

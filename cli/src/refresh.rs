@@ -34,7 +34,10 @@ pub async fn run(cluster: &Cluster, args: &Refresh) -> Result<Outcome> {
             let value = serde_json::to_value(&object)?;
             let report = report(target.kind, &value, &args.namespace, &served, &entries);
             let keys = report.sites.iter().filter_map(|s| s.key.clone()).collect();
-            (format!("{} -n {}", display(target.kind, &target.name), args.namespace), keys)
+            (
+                format!("{} -n {}", display(target.kind, &target.name), args.namespace),
+                keys,
+            )
         }
         None => {
             let reference = Reference::parse(&args.target)
@@ -62,7 +65,10 @@ pub async fn run(cluster: &Cluster, args: &Refresh) -> Result<Outcome> {
             .await
             .with_context(|| format!("annotating the DigestCacheEntry {}", entry.name))?;
     }
-    println!("asked the controller to refresh {} entries of {what}", targets.len());
+    println!(
+        "asked the controller to refresh {} entries of {what}",
+        targets.len()
+    );
     let mut outcome = Outcome::Fine;
     for entry in &targets {
         let wanted = token.clone();
@@ -87,17 +93,24 @@ pub async fn run(cluster: &Cluster, args: &Refresh) -> Result<Outcome> {
             .unwrap_or_default();
         let said = match done.result {
             RefreshResult::Checked => format!("checked: the tag still holds {digest}"),
-            RefreshResult::Moved => format!("moved: now {digest} (was {}); the objects naming it are re-pinned", entry.entry.digest),
+            RefreshResult::Moved => format!(
+                "moved: now {digest} (was {}); the objects naming it are re-pinned",
+                entry.entry.digest
+            ),
             RefreshResult::Failed => {
                 outcome = Outcome::NeedsAttention;
                 "failed: the registry did not answer; see the entry's Stale condition".to_owned()
             }
             RefreshResult::NotNamed => {
                 outcome = Outcome::NeedsAttention;
-                "not checked: no object names it any more (the controller checks only what objects name)".to_owned()
+                "not checked: no object names it any more (the controller checks only what objects name)"
+                    .to_owned()
             }
         };
-        println!("  {} ({}, entry {}): {said}", entry.entry.key.reference, entry.entry.key.scope, entry.name);
+        println!(
+            "  {} ({}, entry {}): {said}",
+            entry.entry.key.reference, entry.entry.key.scope, entry.name
+        );
     }
     Ok(outcome)
 }
@@ -108,6 +121,8 @@ fn last_refresh(object: Option<&DynamicObject>) -> Option<RefreshOutcome> {
 
 /// A value no earlier request used: the time, and this process.
 fn request_token() -> String {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
     format!("{}-{}", now.as_millis(), std::process::id())
 }

@@ -4,9 +4,7 @@
 
 use holdfast_cache::CacheKey;
 use holdfast_pins::{
-    Need, OriginalRefs, PinPolicy, PinnedKind, fetch_sites, plan,
-    repin::originals,
-    resolve::site_key,
+    Need, OriginalRefs, PinPolicy, PinnedKind, fetch_sites, plan, repin::originals, resolve::site_key,
 };
 use serde_json::Value;
 
@@ -248,7 +246,11 @@ mod tests {
         let entries = entries(None);
         let report = report(PinnedKind::App, &pinned(), "team", &Served::Yes, &entries);
         assert_eq!(report.state, ObjectState::Pinned);
-        assert_eq!(report.sites.len(), 1, "the git source is not a reference holdfast pins");
+        assert_eq!(
+            report.sites.len(),
+            1,
+            "the git source is not a reference holdfast pins"
+        );
         let site = &report.sites[0];
         assert_eq!(site.written, "reg.io/team/app:1.0");
         assert_eq!(site.stored, format!("reg.io/team/app@{DIGEST}"));
@@ -279,7 +281,11 @@ mod tests {
         assert_eq!(report.state, ObjectState::Ignored);
         assert_eq!(report.why, "namespace kube-system is not served");
         assert!(!report.state.needs_attention());
-        let opted_out = app("reg.io/team/app:1.0", json!({}), json!({"holdfast.dev/pin": "disabled"}));
+        let opted_out = app(
+            "reg.io/team/app:1.0",
+            json!({}),
+            json!({"holdfast.dev/pin": "disabled"}),
+        );
         let report = super::report(PinnedKind::App, &opted_out, "team", &Served::Yes, &entries);
         assert_eq!(report.state, ObjectState::OptedOut);
         assert!(matches!(&report.sites[0].pin, SitePin::Unpinned(why) if why.contains("opted out")));
@@ -291,7 +297,9 @@ mod tests {
         let none = Entries::default();
         let report = report(PinnedKind::App, &tagged, "team", &Served::Yes, &none);
         assert_eq!(report.state, ObjectState::Unpinned);
-        assert!(matches!(&report.sites[0].pin, SitePin::Unpinned(why) if why.contains("no digest cache entry")));
+        assert!(
+            matches!(&report.sites[0].pin, SitePin::Unpinned(why) if why.contains("no digest cache entry"))
+        );
         let held = entries(None);
         let report = super::report(PinnedKind::App, &tagged, "team", &Served::Yes, &held);
         assert!(matches!(&report.sites[0].pin, SitePin::Unpinned(why) if why.contains("catch-up")));
@@ -306,6 +314,8 @@ mod tests {
         assert_eq!(report.state, ObjectState::NothingToPin);
         let invalid = app("reg.io/Team/App:1.0", json!({}), json!({}));
         let report = super::report(PinnedKind::App, &invalid, "team", &Served::Yes, &none);
-        assert!(matches!(&report.sites[0].pin, SitePin::Unpinned(why) if why.contains("not a valid image reference")));
+        assert!(
+            matches!(&report.sites[0].pin, SitePin::Unpinned(why) if why.contains("not a valid image reference"))
+        );
     }
 }

@@ -44,7 +44,10 @@ pub async fn run(cluster: &Cluster, args: &Status) -> Result<Outcome> {
             let namespace = object.namespace().unwrap_or_default();
             let value = serde_json::to_value(&object)?;
             let report = report(kind, &value, &namespace, &served.served(&namespace), &entries);
-            let column = COLUMNS.iter().position(|s| *s == report.state).unwrap_or_default();
+            let column = COLUMNS
+                .iter()
+                .position(|s| *s == report.state)
+                .unwrap_or_default();
             counts.entry(namespace.clone()).or_default()[column] += 1;
             named.extend(report.sites.iter().filter_map(|s| s.key.clone()));
             if report.state.needs_attention() {
@@ -65,12 +68,24 @@ pub async fn run(cluster: &Cluster, args: &Status) -> Result<Outcome> {
         }
     }
     if counts.is_empty() {
-        println!("No App, PackageRepository or Package {}.", match scope {
-            Some(namespace) => format!("in namespace {namespace}"),
-            None => "in the cluster".to_owned(),
-        });
+        println!(
+            "No App, PackageRepository or Package {}.",
+            match scope {
+                Some(namespace) => format!("in namespace {namespace}"),
+                None => "in the cluster".to_owned(),
+            }
+        );
     } else {
-        let header = ["NAMESPACE", "PINNED", "UNPINNED", "STALE", "MIRROR", "OPTED-OUT", "IGNORED", "NOTHING-TO-PIN"];
+        let header = [
+            "NAMESPACE",
+            "PINNED",
+            "UNPINNED",
+            "STALE",
+            "MIRROR",
+            "OPTED-OUT",
+            "IGNORED",
+            "NOTHING-TO-PIN",
+        ];
         let rows: Vec<Vec<String>> = counts
             .iter()
             .map(|(namespace, counts)| {
@@ -92,12 +107,20 @@ pub async fn run(cluster: &Cluster, args: &Status) -> Result<Outcome> {
     if stale.is_empty() {
         println!("Entries serving stale: none.");
     } else {
-        println!("Entries serving stale: {} (the registry failed on their last check)", stale.len());
+        println!(
+            "Entries serving stale: {} (the registry failed on their last check)",
+            stale.len()
+        );
         for entry in &stale {
             let until = match (entry.staleness_exceeded(), entry.serve_stale_until()) {
-                (true, _) => "the staleness limit has run out: references naming it are left unpinned".to_owned(),
+                (true, _) => {
+                    "the staleness limit has run out: references naming it are left unpinned".to_owned()
+                }
                 (false, Some(until)) => format!("served until {} ({})", rfc3339(until), relative(until, now)),
-                (false, None) => "served until the controller's --cache-max-staleness-seconds (no status written yet)".to_owned(),
+                (false, None) => {
+                    "served until the controller's --cache-max-staleness-seconds (no status written yet)"
+                        .to_owned()
+                }
             };
             println!(
                 "  {} ({}, entry {}): {}; resolved {}; {until}",
@@ -114,7 +137,10 @@ pub async fn run(cluster: &Cluster, args: &Status) -> Result<Outcome> {
     }
     if !attention.is_empty() {
         println!();
-        println!("Needs attention ({}; kubectl holdfast explain KIND/NAME -n NAMESPACE says more):", attention.len());
+        println!(
+            "Needs attention ({}; kubectl holdfast explain KIND/NAME -n NAMESPACE says more):",
+            attention.len()
+        );
         for line in &attention {
             println!("  {line}");
         }

@@ -26,9 +26,9 @@ pub fn parse(text: &str) -> Result<Option<Target>> {
         "app" | "apps" => PinnedKind::App,
         "packagerepository" | "packagerepositories" | "pkgr" => PinnedKind::PackageRepository,
         "package" | "packages" | "pkg" => PinnedKind::Package,
-        other => bail!(
-            "{other:?} is not a kind holdfast pins: app, packagerepository (pkgr) or package (pkg)"
-        ),
+        other => {
+            bail!("{other:?} is not a kind holdfast pins: app, packagerepository (pkgr) or package (pkg)")
+        }
     };
     if name.is_empty() || name.contains('/') {
         bail!("{text:?}: give KIND/NAME, e.g. app/my-app");

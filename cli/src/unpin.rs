@@ -28,7 +28,10 @@ pub async fn run(cluster: &Cluster, args: &Unpin) -> Result<Outcome> {
             let Some(namespace) = args.namespaces.one() else {
                 bail!("-A goes with --all; give the object's namespace with -n");
             };
-            objects.push((target.kind, cluster.get(target.kind, namespace, &target.name).await?));
+            objects.push((
+                target.kind,
+                cluster.get(target.kind, namespace, &target.name).await?,
+            ));
         }
         None => {
             for kind in PinnedKind::ALL {
@@ -56,7 +59,11 @@ pub async fn run(cluster: &Cluster, args: &Unpin) -> Result<Outcome> {
             .unwrap_or_default();
         cluster
             .api(*kind, object.namespace().as_deref())
-            .patch(&object.name_any(), &PatchParams::default(), &Patch::<()>::Json(json_patch::Patch(ops)))
+            .patch(
+                &object.name_any(),
+                &PatchParams::default(),
+                &Patch::<()>::Json(json_patch::Patch(ops)),
+            )
             .await
             .with_context(|| format!("unpinning {name}"))?;
         changed += 1;
@@ -65,7 +72,9 @@ pub async fn run(cluster: &Cluster, args: &Unpin) -> Result<Outcome> {
     if objects.is_empty() {
         println!("No App, PackageRepository or Package to unpin.");
     } else if changed > 0 {
-        println!("To pin again, remove the label (kubectl label KIND/NAME holdfast.dev/pin-): the controller pins it.");
+        println!(
+            "To pin again, remove the label (kubectl label KIND/NAME holdfast.dev/pin-): the controller pins it."
+        );
     }
     Ok(Outcome::Fine)
 }

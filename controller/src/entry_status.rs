@@ -67,7 +67,11 @@ pub fn status_of(
         None => (
             ConditionStatus::True,
             "Resolved",
-            format!("the registry answered {} at {}", answered(entry), at(entry.checked_at)),
+            format!(
+                "the registry answered {} at {}",
+                answered(entry),
+                at(entry.checked_at)
+            ),
         ),
         Some(error) => (
             ConditionStatus::False,
@@ -268,16 +272,28 @@ impl EntryStatus {
                 Ok((report, asked)) => {
                     let now = Timestamp(SystemTime::now());
                     for (key, token) in requests {
-                        let result = refresh_result(&key, &asked, &report.moved_keys, cache.get(&key).as_ref());
+                        let result =
+                            refresh_result(&key, &asked, &report.moved_keys, cache.get(&key).as_ref());
                         tracing::info!(reference = %key.reference, scope = %key.scope, ?result, "refresh asked for");
-                        outcomes.insert(key, RefreshOutcome { request: token, result, at: now });
+                        outcomes.insert(
+                            key,
+                            RefreshOutcome {
+                                request: token,
+                                result,
+                                at: now,
+                            },
+                        );
                     }
                 }
                 Err(error) => tracing::info!(%error, "refresh asked for; waiting for the watches"),
             }
         }
         let used_by = refresher.used_by();
-        let (mirroring, max_staleness, now) = (pinner.mirror().is_some(), cache.max_staleness(), SystemTime::now());
+        let (mirroring, max_staleness, now) = (
+            pinner.mirror().is_some(),
+            cache.max_staleness(),
+            SystemTime::now(),
+        );
         let mut written = 0;
         let mut live = HashSet::new();
         for entry in cache.entries() {
@@ -302,7 +318,11 @@ impl EntryStatus {
             let apply = StatusApply::new(name.clone(), status.clone());
             match self
                 .api
-                .patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&apply))
+                .patch_status(
+                    name,
+                    &PatchParams::apply(FIELD_MANAGER).force(),
+                    &Patch::Apply(&apply),
+                )
                 .await
             {
                 Ok(_) => {
@@ -310,7 +330,9 @@ impl EntryStatus {
                     self.written.insert(name.clone(), status);
                 }
                 Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(error) => tracing::warn!(%error, name, reference = %entry.key.reference, "writing a digest cache entry's status"),
+                Err(error) => {
+                    tracing::warn!(%error, name, reference = %entry.key.reference, "writing a digest cache entry's status")
+                }
             }
         }
         self.written.retain(|name, _| live.contains(name));
@@ -348,7 +370,9 @@ mod tests {
     }
 
     fn digest(n: u8) -> Digest {
-        format!("sha256:{}", format!("{n:02x}").repeat(32)).parse().unwrap()
+        format!("sha256:{}", format!("{n:02x}").repeat(32))
+            .parse()
+            .unwrap()
     }
 
     fn key(tag: &str) -> CacheKey {
@@ -395,17 +419,29 @@ mod tests {
             error: Some("registry answered 503".into()),
             ..CacheEntry::resolved(key("1.0"), digest(1), at(0))
         };
-        let fresh = status_of(&observed(&CacheEntry::resolved(key("1.0"), digest(1), at(0))), None, None, at(0));
+        let fresh = status_of(
+            &observed(&CacheEntry::resolved(key("1.0"), digest(1), at(0))),
+            None,
+            None,
+            at(0),
+        );
         let stale = status_of(&observed(&entry), Some(&fresh), None, at(600));
         assert_eq!(condition(&stale, RESOLVED).reason, "RegistryError");
-        assert!(condition(&stale, RESOLVED).message.contains("registry answered 503"));
+        assert!(
+            condition(&stale, RESOLVED)
+                .message
+                .contains("registry answered 503")
+        );
         assert_eq!(condition(&stale, STALE).reason, "ServingStale");
         assert_eq!(condition(&stale, STALE).last_transition_time, Timestamp(at(600)));
         assert_eq!(stale.serve_stale_until, Some(Timestamp(at(3600))));
         let exceeded = status_of(&observed(&entry), Some(&stale), None, at(3601));
         assert_eq!(condition(&exceeded, STALE).reason, "StalenessExceeded");
         // Still True: the transition time is the one it turned stale at.
-        assert_eq!(condition(&exceeded, STALE).last_transition_time, Timestamp(at(600)));
+        assert_eq!(
+            condition(&exceeded, STALE).last_transition_time,
+            Timestamp(at(600))
+        );
     }
 
     #[test]
@@ -417,7 +453,10 @@ mod tests {
         };
         let mut seen = observed(&entry);
         seen.mirroring = true;
-        assert_eq!(condition(&status_of(&seen, None, None, at(1)), MIRRORED).reason, "NotCopied");
+        assert_eq!(
+            condition(&status_of(&seen, None, None, at(1)), MIRRORED).reason,
+            "NotCopied"
+        );
         seen.mirrored = Some(&copy);
         let status = status_of(&seen, None, None, at(6));
         assert_eq!(condition(&status, MIRRORED).status, ConditionStatus::True);
@@ -434,7 +473,10 @@ mod tests {
         };
         let first = status_of(&observed(&entry), None, Some(outcome.clone()), at(1));
         assert_eq!(first.last_refresh, Some(outcome.clone()));
-        assert_eq!(status_of(&observed(&entry), Some(&first), None, at(2)).last_refresh, Some(outcome));
+        assert_eq!(
+            status_of(&observed(&entry), Some(&first), None, at(2)).last_refresh,
+            Some(outcome)
+        );
     }
 
     #[test]
@@ -447,9 +489,21 @@ mod tests {
             error: Some("timeout".into()),
             ..held.clone()
         };
-        assert_eq!(refresh_result(&named, &asked, &moved_keys, Some(&held)), RefreshResult::Checked);
-        assert_eq!(refresh_result(&moved, &asked, &moved_keys, Some(&held)), RefreshResult::Moved);
-        assert_eq!(refresh_result(&failed, &asked, &moved_keys, Some(&broken)), RefreshResult::Failed);
-        assert_eq!(refresh_result(&unnamed, &asked, &moved_keys, None), RefreshResult::NotNamed);
+        assert_eq!(
+            refresh_result(&named, &asked, &moved_keys, Some(&held)),
+            RefreshResult::Checked
+        );
+        assert_eq!(
+            refresh_result(&moved, &asked, &moved_keys, Some(&held)),
+            RefreshResult::Moved
+        );
+        assert_eq!(
+            refresh_result(&failed, &asked, &moved_keys, Some(&broken)),
+            RefreshResult::Failed
+        );
+        assert_eq!(
+            refresh_result(&unnamed, &asked, &moved_keys, None),
+            RefreshResult::NotNamed
+        );
     }
 }

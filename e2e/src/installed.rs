@@ -49,7 +49,12 @@ pub struct Installed {
 pub const WEBHOOK: &str = "holdfast-webhook";
 pub const CONTROLLER: &str = "holdfast-controller";
 
-fn binary(name: &str) -> Result<PathBuf> {
+/// The `kubectl holdfast` plugin's binary.
+pub const KUBECTL_PLUGIN: &str = "kubectl-holdfast";
+
+/// One of holdfast's binaries ([`WEBHOOK`], [`CONTROLLER`], [`KUBECTL_PLUGIN`]), built with the
+/// running test's profile.
+pub fn binary(name: &str) -> Result<PathBuf> {
     let path = std::env::current_exe()?.with_file_name(name);
     // A test binary runs from the profile's `deps/`; the binaries are one level up.
     let beside_deps = path.parent().and_then(|deps| deps.parent()).map(|p| p.join(name));
@@ -58,7 +63,7 @@ fn binary(name: &str) -> Result<PathBuf> {
     }
     anyhow::ensure!(
         path.exists(),
-        "{} is missing: build it with the same profile (cargo build -p holdfast-webhook -p holdfast-controller --bins)",
+        "{} is missing: build it with the same profile (cargo build --workspace --bins)",
         path.display()
     );
     Ok(path)

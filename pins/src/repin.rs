@@ -144,7 +144,11 @@ mod tests {
             let bundle = &out["spec"]["fetch"][0]["imgpkgBundle"];
             assert_eq!(bundle["image"], "reg.io/team/bundle", "{policy:?}");
             assert_eq!(bundle["tagSelection"]["semver"]["constraints"], ">=1.0.0");
-            assert!(out["metadata"]["annotations"].get(ORIGINAL_REFS_ANNOTATION).is_none());
+            assert!(
+                out["metadata"]["annotations"]
+                    .get(ORIGINAL_REFS_ANNOTATION)
+                    .is_none()
+            );
             assert_eq!(out["metadata"]["labels"][PIN_KEY], "disabled");
             // Opted out: pinning it again plans nothing, and a second unpin changes nothing.
             let (again, _) = PinPolicy::from_object(&out);
