@@ -105,19 +105,24 @@ bench-mirror:
 	$(CARGO) build --release -q -p holdfast-e2e --bin holdfast-mirror-copy
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-mirror
 
-## image: the container image of both binaries, without a Docker engine (scripts/image.sh: static
+## image: the container image of holdfast's binaries (and the kubectl plugin), without a Docker engine (scripts/image.sh: static
 ## musl binaries, umoci): an OCI layout in target/image/oci and, tagged $(IMAGE), the archive
 ## target/image/holdfast.tar (kind load image-archive); pushed to $(IMAGE_REPO) by digest when set
 ## (after `source .holdfast/env`: the local registry of `make up`)
 IMAGE ?= holdfast:dev
 IMAGE_REPO ?= $(if $(HOLDFAST_REGISTRY),$(HOLDFAST_REGISTRY)/holdfast)
-.PHONY: image sbom sign package
+.PHONY: image sbom sign package plugin
+## plugin: kubectl holdfast, a static release build (target/image/kubectl-holdfast): put it on PATH
+plugin:
+	@scripts/image.sh binaries
+	@echo "target/image/kubectl-holdfast (copy it into a directory on PATH; then: kubectl holdfast --help)"
+
 image:
 	@scripts/image.sh build
 	@scripts/image.sh archive $(IMAGE) >/dev/null
 	@if [ -n "$(IMAGE_REPO)" ]; then scripts/image.sh push $(IMAGE_REPO); fi
 
-## sbom: CycloneDX SBOMs of both binaries (target/image/sbom/)
+## sbom: CycloneDX SBOMs of the image's three binaries (target/image/sbom/)
 sbom:
 	@scripts/sign.sh sbom
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # holdfast's container image, built without a Docker engine (`make image`):
 #
-#   scripts/image.sh build         static (musl) release binaries of holdfast-webhook and
-#                                  holdfast-controller, and an OCI image layout holding them on
-#                                  nothing else (a `FROM scratch` image), made with umoci:
+#   scripts/image.sh build         static (musl) release binaries of holdfast-webhook,
+#                                  holdfast-controller and the kubectl plugin kubectl-holdfast,
+#                                  and an OCI image layout holding them on nothing else (a
+#                                  `FROM scratch` image), made with umoci:
 #                                    /usr/local/bin/holdfast-webhook     (the entrypoint)
 #                                    /usr/local/bin/holdfast-controller
+#                                    /usr/local/bin/kubectl-holdfast     (also target/image/kubectl-holdfast)
 #                                    /etc/ssl/certs/ca-certificates.crt  (SSL_CERT_FILE)
 #                                  user 65532:65532, no shell, nothing written at run time (a
 #                                  read-only root file system is fine), OCI annotations
@@ -36,7 +38,7 @@ LICENSE=$(sed -n 's/^license = "\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1)
 REVISION=${HOLDFAST_REVISION:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)}
 # Where the source lives: HOLDFAST_SOURCE_URL, else the clone's origin remote.
 SOURCE_URL=${HOLDFAST_SOURCE_URL:-$(git -C "$ROOT" config --get remote.origin.url 2>/dev/null || echo unknown)}
-BINARIES=(holdfast-webhook holdfast-controller)
+BINARIES=(holdfast-webhook holdfast-controller kubectl-holdfast)
 CACHE_DIR=${HOLDFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/holdfast}
 UMOCI="$CACHE_DIR/peers/umoci/bin/umoci"
 umoci() {
@@ -61,7 +63,7 @@ build_binaries() {
     esac
   done
   (cd "$ROOT" && env "${unset[@]}" CC_x86_64_unknown_linux_musl=musl-gcc CARGO_PROFILE_RELEASE_STRIP=symbols \
-    cargo build --release --locked --target "$TRIPLE" -p holdfast-webhook -p holdfast-controller --bins)
+    cargo build --release --locked --target "$TRIPLE" -p holdfast-webhook -p holdfast-controller -p kubectl-holdfast --bins)
   local bin
   for bin in "${BINARIES[@]}"; do
     if readelf -d "$TARGET_DIR/$TRIPLE/release/$bin" 2>/dev/null | grep -q NEEDED ||
@@ -70,6 +72,9 @@ build_binaries() {
       exit 1
     fi
   done
+  # The plugin on its own, for `kubectl holdfast` on an operator's machine (put it on PATH).
+  mkdir -p "$OUT"
+  install -m 0755 "$TARGET_DIR/$TRIPLE/release/kubectl-holdfast" "$OUT/kubectl-holdfast"
 }
 
 build_layout() {
@@ -97,7 +102,7 @@ build_layout() {
     "org.opencontainers.image.version=$VERSION"
     "org.opencontainers.image.licenses=$LICENSE"
     "org.opencontainers.image.title=holdfast"
-    "org.opencontainers.image.description=holdfast-webhook and holdfast-controller (static, non-root)"
+    "org.opencontainers.image.description=holdfast-webhook, holdfast-controller and kubectl-holdfast (static, non-root)"
   )
   local flags=() a
   for a in "${annotations[@]}"; do

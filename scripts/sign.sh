@@ -3,15 +3,16 @@
 #
 #   scripts/sign.sh sbom                 a CycloneDX SBOM (JSON) of each binary in the image, as
 #                                        built for it (target x86_64-unknown-linux-musl), by
-#                                        cargo-cyclonedx: target/image/sbom/holdfast-webhook.cdx.json
-#                                        and holdfast-controller.cdx.json (shipped beside the image)
+#                                        cargo-cyclonedx: target/image/sbom/holdfast-webhook.cdx.json,
+#                                        holdfast-controller.cdx.json and kubectl-holdfast.cdx.json
+#                                        (shipped beside the image)
 #   scripts/sign.sh sign IMAGE KEY       cosign: signs IMAGE (REPO@sha256:…) with the key pair file
 #                                        KEY (its password in COSIGN_PASSWORD) and attaches each SBOM
 #                                        as a signed CycloneDX attestation. Nothing goes to a
 #                                        transparency log (--tlog-upload=false): the key is the
 #                                        trust anchor. Signatures and attestations are stored
 #                                        beside the image in its repository (sha256-….sig/.att).
-#   scripts/sign.sh verify IMAGE PUB     checks the signature and both attestations against the
+#   scripts/sign.sh verify IMAGE PUB     checks the signature and every attestation against the
 #                                        public key PUB; prints the attestations' JSON.
 #
 # Tools from `make deps`: cosign ($HOLDFAST_CACHE/peers/cosign, built from its Go module) and
@@ -24,7 +25,9 @@ SBOM_DIR="$TARGET_DIR/image/sbom"
 CACHE_DIR=${HOLDFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/holdfast}
 COSIGN="$CACHE_DIR/peers/cosign/bin/cosign"
 CYCLONEDX="$CACHE_DIR/cargo-tools/bin/cargo-cyclonedx"
-BINARIES=(holdfast-webhook holdfast-controller)
+BINARIES=(holdfast-webhook holdfast-controller kubectl-holdfast)
+# The crate directory of each binary.
+declare -A CRATE=([holdfast-webhook]=webhook [holdfast-controller]=controller [kubectl-holdfast]=cli)
 
 need() { [ -x "$1" ] || { echo "sign: $1 is missing: run \`make deps\` first" >&2; exit 1; }; }
 
@@ -40,14 +43,14 @@ sbom() {
   rm -rf "$SBOM_DIR" && mkdir -p "$SBOM_DIR"
   # One SBOM per binary target of the workspace, of the dependencies built into it (not build
   # dependencies) for the image's target; cargo-cyclonedx writes each beside its crate's
-  # Cargo.toml: the image's two are moved to $SBOM_DIR, the rest removed.
+  # Cargo.toml: the image's three are moved to $SBOM_DIR, the rest removed.
   local marker
   marker=$(mktemp)
   (cd "$ROOT" && "$CYCLONEDX" cyclonedx --format json --describe binaries --no-build-deps \
     --target x86_64-unknown-linux-musl --spec-version 1.5 >/dev/null)
   local bin crate
   for bin in "${BINARIES[@]}"; do
-    crate=${bin#holdfast-}
+    crate=${CRATE[$bin]}
     mv "$ROOT/$crate/${bin}_bin.cdx.json" "$SBOM_DIR/$bin.cdx.json"
     echo "$SBOM_DIR/$bin.cdx.json"
   done

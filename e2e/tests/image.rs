@@ -143,8 +143,9 @@ async fn the_image_is_what_the_manifests_run(env: Arc<Env>) -> Result<()> {
                 "/etc/ssl/certs/ca-certificates.crt",
                 "/usr/local/bin/holdfast-controller",
                 "/usr/local/bin/holdfast-webhook",
+                "/usr/local/bin/kubectl-holdfast",
             ],
-        "the image holds {paths:?}: a scratch image holds the two binaries and the CA bundle only"
+        "the image holds {paths:?}: a scratch image holds the three binaries and the CA bundle only"
     );
     let ca_env = format!("SSL_CERT_FILE={}", "/etc/ssl/certs/ca-certificates.crt");
     ensure!(
@@ -207,6 +208,7 @@ async fn the_image_is_what_the_manifests_run(env: Arc<Env>) -> Result<()> {
     for (name, flag) in [
         ("holdfast-webhook", "--policy-file"),
         ("holdfast-controller", "--refresh-seconds"),
+        ("kubectl-holdfast", "explain"),
     ] {
         let binary = extract(&files, name, dir.path())?;
         uncompressed += std::fs::metadata(&binary)?.len();
@@ -477,7 +479,7 @@ async fn the_image_is_signed_and_carries_an_sbom_of_each_binary(env: Arc<Env>) -
     }
     attested.sort();
     ensure!(
-        attested == ["holdfast-controller", "holdfast-webhook"],
+        attested == ["holdfast-controller", "holdfast-webhook", "kubectl-holdfast"],
         "attested SBOMs: {attested:?}"
     );
     Ok(())
