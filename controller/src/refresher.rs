@@ -191,13 +191,7 @@ impl Refresher {
             self.metrics.refresh_failed();
             return Err(Error::NotListed);
         }
-        let named = {
-            let objects = self.objects();
-            self.index.union(
-                objects.iter().map(|(kind, object)| (object.as_ref(), *kind)),
-                |object, kind| named_keys(kind, object),
-            )
-        };
+        let named = self.named();
         let refresh = refresh_named(pinner, &named).await;
         let cache = pinner.cache();
         let entries = cache.entries();
@@ -246,13 +240,7 @@ impl Refresher {
         if !self.watched.fully_listed() {
             return Err(Error::NotListed);
         }
-        let named = {
-            let objects = self.objects();
-            self.index.union(
-                objects.iter().map(|(kind, object)| (object.as_ref(), *kind)),
-                |object, kind| named_keys(kind, object),
-            )
-        };
+        let named = self.named();
         let asked: HashSet<CacheKey> = requested.intersection(&named).cloned().collect();
         let refresh = refresh_named(pinner, &asked).await;
         if !refresh.moved_keys.is_empty() {
@@ -283,6 +271,15 @@ impl Refresher {
             }
         }
         counts
+    }
+
+    /// The keys the stored objects name.
+    fn named(&mut self) -> HashSet<CacheKey> {
+        let objects = self.objects();
+        self.index.union(
+            objects.iter().map(|(kind, object)| (object.as_ref(), *kind)),
+            |object, kind| named_keys(kind, object),
+        )
     }
 
     /// Every stored object with its kind.

@@ -130,6 +130,23 @@ pub async fn start(env: &mut Env, options: Options) -> Result<Installed> {
     Ok(installed)
 }
 
+/// Both processes, each also speaking plain HTTP to `registry` (a test's own), once both are
+/// ready.
+pub async fn start_with_registry(env: &mut Env, registry: &str) -> Result<Installed> {
+    let insecure = format!("--insecure-registry={registry}");
+    let installed = start(
+        env,
+        Options {
+            scope: None,
+            controller: Some(vec![insecure.clone()]),
+            webhook: vec![insecure],
+        },
+    )
+    .await?;
+    installed.controller_ready().await?;
+    Ok(installed)
+}
+
 impl Installed {
     /// Starts the process `name` ([`WEBHOOK`] or [`CONTROLLER`]) with its arguments.
     fn spawn(&self, env: &mut Env, name: &'static str) -> Result<()> {

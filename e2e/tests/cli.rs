@@ -98,17 +98,7 @@ async fn kubectl_holdfast() -> Result<()> {
     }
     // Started: a registry the test stops for an outage.
     let mut flaky = env.spare_registry().await?;
-    let insecure = format!("--insecure-registry={}", flaky.addr);
-    let holdfast = installed::start(
-        &mut env,
-        installed::Options {
-            scope: None,
-            controller: Some(vec![insecure.clone()]),
-            webhook: vec![insecure],
-        },
-    )
-    .await?;
-    holdfast.controller_ready().await?;
+    let holdfast = installed::start_with_registry(&mut env, &flaky.addr).await?;
     let client = env.client().await?;
     let registry = env.registry().to_owned();
     let image = images::LayeredImage::new().layer(&[(

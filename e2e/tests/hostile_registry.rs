@@ -180,17 +180,7 @@ async fn both_processes_stay_under_their_memory_requests() -> Result<()> {
         .layer(&[("config.yml", b"plain: true\n")])?
         .push(env.registry(), "plain/app", "1.0.0")
         .await?;
-    let insecure = format!("--insecure-registry={hostile_host}");
-    let holdfast = installed::start(
-        &mut env,
-        installed::Options {
-            scope: None,
-            controller: Some(vec![insecure.clone()]),
-            webhook: vec![insecure],
-        },
-    )
-    .await?;
-    holdfast.controller_ready().await?;
+    let holdfast = installed::start_with_registry(&mut env, &hostile_host).await?;
     let pids = [
         (
             WEBHOOK,
