@@ -64,6 +64,17 @@ FUZZ_SECONDS ?= 5
 fuzz-smoke:
 	@scripts/fuzz.sh smoke $(FUZZ_SECONDS)
 
+## instructions: callgrind's instructions per admission through the handler (a cached pin, an
+## allowed review, the bare handler) against webhook/examples/admission_instructions.baseline;
+## fails past +10 % (make test runs it). instructions-baseline: count and write the baseline
+.PHONY: instructions instructions-baseline
+instructions:
+	@scripts/instructions.sh build
+	@scripts/instructions.sh check
+instructions-baseline:
+	@scripts/instructions.sh build
+	@scripts/instructions.sh baseline
+
 ## bench-admission: holdfast vs a bare axum+rustls handler over TLS; last line ratio=… p99_ms=… rss_mib=…
 bench-admission:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-admission

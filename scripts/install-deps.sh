@@ -79,8 +79,9 @@ PEERS_DIR="$CACHE_DIR/peers"
 # policy controller; socat, the forwarders that give the node's address to what listens on loopback.
 # prometheus: its promtool checks and unit-tests components/monitoring's alerts
 # (manifest-checks --test monitoring); the server it also installs is not started (RUNLEVEL=1).
+# valgrind: callgrind counts the admission hot path's instructions (scripts/instructions.sh).
 PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2 musl-tools jq
-  runc containernetworking-plugins nftables conntrack ipset socat prometheus)
+  runc containernetworking-plugins nftables conntrack ipset socat prometheus valgrind)
 # The static binaries in the image.
 RUST_TARGET=x86_64-unknown-linux-musl
 # The Go toolchain of this machine kind (Kubernetes 1.37's go.mod says go 1.26.0).

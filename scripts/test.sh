@@ -6,11 +6,14 @@
 #      binaries, which need none of them;
 #   2. then every suite but the image's runs, while what only those need builds at the lowest
 #      priority in the background (install-deps.sh --release-tools: umoci, cosign,
-#      cargo-cyclonedx; scripts/image.sh binaries: the static release binaries; install-deps.sh
+#      cargo-cyclonedx; scripts/image.sh binaries: the static release binaries, and
+#      scripts/instructions.sh build: the admission driver callgrind counts; install-deps.sh
 #      --node: containerd, kubelet, kube-proxy, kube-router, crictl, pause and agnhost for the real
 #      node): the suites spend much of their time waiting on controllers, and the builds take what
 #      they leave;
-#   3. then the image's suites (IMAGE_SUITES), the real node's among them.
+#   3. then the admission hot path's instruction counts against their baseline
+#      (scripts/instructions.sh check), and the image's suites (IMAGE_SUITES), the real node's
+#      among them.
 # Where everything is cached this is the plain sequence. All runs are `--workspace`: cargo unifies
 # the dependencies' features over the packages it selects, and a narrower selection would
 # rebuild them.
@@ -67,12 +70,14 @@ done
 log "waiting for the Go builds of the control plane and the peers"
 await "$deps" "$LOG" "scripts/install-deps.sh --peers"
 log "the image's tools and static binaries and the real node's builds at the lowest priority in the background, log: $TOOLS_LOG"
-setsid nice -n 19 bash -c 'scripts/install-deps.sh --release-tools && scripts/image.sh binaries && scripts/install-deps.sh --node' >"$TOOLS_LOG" 2>&1 &
+setsid nice -n 19 bash -c 'scripts/install-deps.sh --release-tools && scripts/image.sh binaries && scripts/instructions.sh build && scripts/install-deps.sh --node' >"$TOOLS_LOG" 2>&1 &
 tools=$!
 "$CARGO" test --workspace --lib --bins "${first[@]}"
 "$CARGO" test --workspace --doc
 log "waiting for the image's tools and static binaries, and the real node's builds"
-await "$tools" "$TOOLS_LOG" "scripts/install-deps.sh --release-tools && scripts/image.sh binaries && scripts/install-deps.sh --node"
+await "$tools" "$TOOLS_LOG" "scripts/install-deps.sh --release-tools && scripts/image.sh binaries && scripts/instructions.sh build && scripts/install-deps.sh --node"
+# The admission hot path's instruction counts against their baseline (no timing: callgrind).
+scripts/instructions.sh check
 image=()
 for suite in "${IMAGE_SUITES[@]}"; do image+=(--test "$suite"); done
 "$CARGO" test --workspace "${image[@]}"

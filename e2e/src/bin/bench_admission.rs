@@ -2,7 +2,8 @@
 //! at concurrency 1, 16 and 64, for (a) holdfast answering an allow-with-no-patch review through
 //! its real router, rule and logging, and (b) a bare axum + rustls handler returning a fixed
 //! body, measured in the same run with the same client. The last line is
-//! `ratio=<a/b at 64> p99_ms=<holdfast p99 at 64> rss_mib=<peak RSS of this process>`.
+//! `ratio=<a/b at 64> p99_ms=<holdfast p99 at 64> rss_mib=<peak RSS of this process>
+//! cpu_us_ratio=<holdfast's CPU per admission over the bare server's, at 64>`.
 //!
 //! Then the pinning rule's hot path: an App whose tag the digest cache holds, patched to its
 //! digest, at concurrency 64; the line before the last gives its p99 as the server's own
@@ -107,7 +108,7 @@ async fn run() -> Result<()> {
     .await?;
     let bare = bare_server(resolver).await?;
 
-    let body = serde_json::to_vec(&review())?;
+    let body = REVIEW.as_bytes().to_vec();
     let ca_pem = reqwest::Certificate::from_pem(ca.cert_pem().as_bytes())?;
     println!(
         "{:<10} {:>5} {:>12} {:>9} {:>9} {:>8}",
@@ -167,15 +168,15 @@ async fn run() -> Result<()> {
     let pair = last.context("no measurement")?;
     let ratio = pair[0].per_second / pair[1].per_second;
     println!(
-        "ratio={ratio:.2} p99_ms={:.3} rss_mib={:.1}",
+        "ratio={ratio:.2} p99_ms={:.3} rss_mib={:.1} cpu_us_ratio={:.2}",
         pair[0].p99_ms,
-        Usage::of(None)?.peak_rss_mib()
+        Usage::of(None)?.peak_rss_mib(),
+        pair[0].cpu_us / pair[1].cpu_us
     );
     Ok(())
 }
 
 const PIN_CONCURRENCY: usize = 64;
-const PIN_TAG: &str = "registry.example/team/app-config:1.0.0";
 
 struct PinFigures {
     client: Figures,
@@ -192,7 +193,7 @@ async fn pin_phase(
 ) -> Result<PinFigures> {
     let now = std::time::SystemTime::now();
     cache.insert(CacheEntry {
-        key: CacheKey::tag(&Reference::parse(PIN_TAG)?, Scope::Anonymous),
+        key: CacheKey::tag(&pin_tag()?, Scope::Anonymous),
         digest: Digest::sha256_of(b"app config"),
         tag: None,
         resolved_at: now,
@@ -200,7 +201,7 @@ async fn pin_phase(
         error: None,
         secret_uid: None,
     });
-    let body = serde_json::to_vec(&pin_review())?;
+    let body = PIN_REVIEW.as_bytes().to_vec();
     let client = reqwest::Client::builder()
         .tls_certs_only([ca_pem.clone()])
         .http1_only()
@@ -267,44 +268,18 @@ fn histogram_p99(metrics: &str, labels: &str) -> Result<(String, u64)> {
     Ok((shown, total))
 }
 
-/// A review the pinning rule patches: an App fetching a tag the cache holds.
-fn pin_review() -> serde_json::Value {
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "4d1c63a5-61f6-4a39-9d0d-3c9f0a4b8e11",
-            "kind": {"group": "kappctrl.k14s.io", "version": "v1alpha1", "kind": "App"},
-            "resource": {"group": "kappctrl.k14s.io", "version": "v1alpha1", "resource": "apps"},
-            "name": "app", "namespace": "team", "operation": "CREATE",
-            "userInfo": {"username": "alice"},
-            "object": {"apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
-                       "metadata": {"name": "app", "namespace": "team"},
-                       "spec": {"serviceAccountName": "default",
-                                "fetch": [{"image": {"url": PIN_TAG}}],
-                                "template": [{"ytt": {}}], "deploy": [{"kapp": {}}]}},
-            "oldObject": null, "dryRun": false
-        }
-    })
-}
+/// The reviews `webhook/examples/admission_instructions.rs` counts the instructions of (one
+/// home): an App fetching a tag the cache holds, and a kpack Image whose app does not exist.
+const PIN_REVIEW: &str = include_str!("../../../webhook/examples/reviews/app-pin.json");
+const REVIEW: &str = include_str!("../../../webhook/examples/reviews/image.json");
 
-/// An allow-with-no-patch review: a kpack Image whose app does not exist.
-fn review() -> serde_json::Value {
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4",
-            "kind": {"group": "kpack.io", "version": "v1alpha2", "kind": "Image"},
-            "resource": {"group": "kpack.io", "version": "v1alpha2", "resource": "images"},
-            "name": "app", "namespace": "space", "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:cf:korifi"},
-            "object": {"apiVersion": "kpack.io/v1alpha2", "kind": "Image",
-                       "metadata": {"name": "app", "namespace": "space", "labels": {"korifi.cloudfoundry.org/build-workload-name": "bw"}},
-                       "spec": {"tag": "registry.example/app-droplets", "builder": {"kind": "ClusterBuilder", "name": "b"}}},
-            "oldObject": null, "dryRun": false
-        }
-    })
+/// The tag the pin review fetches.
+fn pin_tag() -> Result<Reference> {
+    let review: serde_json::Value = serde_json::from_str(PIN_REVIEW)?;
+    let url = review["request"]["object"]["spec"]["fetch"][0]["image"]["url"]
+        .as_str()
+        .context("the pin review names no image")?;
+    Ok(Reference::parse(url)?)
 }
 
 async fn bare_server(resolver: Arc<SwappableCert>) -> Result<SocketAddr> {
