@@ -75,6 +75,12 @@ instructions-baseline:
 	@scripts/instructions.sh build
 	@scripts/instructions.sh baseline
 
+## plots: BENCHMARKS.md's plots, docs/benchmarks/*.svg, drawn from the CSV files every bench-* writes
+## into docs/benchmarks/data/ (scripts/plot-benchmarks.py, matplotlib pinned); make test checks them
+.PHONY: plots
+plots:
+	@scripts/plots.sh
+
 ## bench-admission: holdfast vs a bare axum+rustls handler over TLS; last line ratio=… p99_ms=… rss_mib=…
 bench-admission:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-admission

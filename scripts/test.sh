@@ -51,6 +51,8 @@ tools=
 trap 'kill -- "-$deps" ${tools:+"-$tools"} 2>/dev/null || true' EXIT
 
 make --no-print-directory lint CARGO="$CARGO"
+# BENCHMARKS.md's plots are what the committed bench data draws.
+scripts/plots.sh --check
 make --no-print-directory fuzz-smoke
 "$CARGO" test --workspace --no-run
 # The binaries the suites run as processes (installed.rs, hostile_registry.rs, localenv): `cargo

@@ -679,7 +679,23 @@ impl SpareRegistry {
 
     /// How many requests in its access log contain `pattern` (e.g. `HEAD /v2/repo/manifests/1.0`).
     pub fn requests_matching(&self, pattern: &str) -> usize {
-        std::fs::read_to_string(&self.log)
+        self.access_log().matching(pattern)
+    }
+
+    /// Its access log, to count requests from another task while the registry stops and starts.
+    pub fn access_log(&self) -> AccessLog {
+        AccessLog(self.log.clone())
+    }
+}
+
+/// A spare registry's access log.
+#[derive(Debug, Clone)]
+pub struct AccessLog(PathBuf);
+
+impl AccessLog {
+    /// How many requests in it contain `pattern`.
+    pub fn matching(&self, pattern: &str) -> usize {
+        std::fs::read_to_string(&self.0)
             .map(|log| log.lines().filter(|l| l.contains(pattern)).count())
             .unwrap_or_default()
     }

@@ -5,6 +5,7 @@
 pub mod access;
 pub mod accounts;
 pub mod audit;
+pub mod bench_data;
 pub mod cluster;
 pub mod control_plane;
 pub mod controller;

@@ -14,7 +14,8 @@
 //! rounds (holdfast, bare, bare, holdfast, ...) rather than one after the other, so that whatever
 //! else the machine runs weighs on both alike. `cpu_us` is the whole process's CPU time (client,
 //! TLS, server) per admission: it moves much less than admissions/s when other processes take a
-//! core away, so it is the steadier figure to compare the two servers by.
+//! core away, so it is the steadier figure to compare the two servers by. The table's rows go to
+//! `docs/benchmarks/data/admission.csv` (`holdfast_e2e::bench_data`).
 
 use std::{
     net::SocketAddr,
@@ -27,7 +28,10 @@ use axum::{Router, routing::post};
 use axum_server::tls_rustls::RustlsConfig;
 use holdfast_cache::{CacheConfig, CacheEntry, CacheKey, DigestCache, Scope};
 use holdfast_certs::{CaOptions, CertificateAuthority, ServingOptions, SwappableCert, server_config};
-use holdfast_e2e::process::{TICKS_PER_SECOND, Usage};
+use holdfast_e2e::{
+    bench_data,
+    process::{TICKS_PER_SECOND, Usage},
+};
 use holdfast_registry::{Digest, Reference, Resolver, ResolverConfig};
 use holdfast_runtime::logs::{self, LogFormat};
 use holdfast_webhook::{
@@ -35,6 +39,7 @@ use holdfast_webhook::{
     rules::RuleContext,
     server::{self, Settings},
 };
+use serde::Serialize;
 use serde_json::json;
 
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
@@ -46,6 +51,17 @@ const ROUNDS: u32 = 6;
 
 struct Figures {
     per_second: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    cpu_us: f64,
+}
+
+/// One row of the table, as `admission.csv` holds it.
+#[derive(Serialize)]
+struct Row {
+    server: &'static str,
+    concurrency: usize,
+    admissions_per_s: f64,
     p50_ms: f64,
     p99_ms: f64,
     cpu_us: f64,
@@ -115,6 +131,7 @@ async fn run() -> Result<()> {
         "server", "conc", "admissions/s", "p50_ms", "p99_ms", "cpu_us"
     );
     let mut last = None;
+    let mut rows = Vec::new();
     for concurrency in CONCURRENCY {
         let mut servers = Vec::new();
         for (name, addr) in [("holdfast", holdfast.addr), ("bare", bare)] {
@@ -146,6 +163,14 @@ async fn run() -> Result<()> {
                 "{name:<10} {concurrency:>5} {:>12.0} {:>9.3} {:>9.3} {:>8.1}",
                 figures.per_second, figures.p50_ms, figures.p99_ms, figures.cpu_us
             );
+            rows.push(Row {
+                server: name,
+                concurrency,
+                admissions_per_s: figures.per_second,
+                p50_ms: figures.p50_ms,
+                p99_ms: figures.p99_ms,
+                cpu_us: figures.cpu_us,
+            });
             pair.push(figures);
         }
         last = Some(pair);
@@ -165,6 +190,15 @@ async fn run() -> Result<()> {
         "pin_p99_ms_server<={} (holdfast_webhook_admission_duration_seconds, rule=pin-fetch-refs, {} admissions)",
         pin.server_p99_bound_ms, pin.server_count
     );
+    rows.push(Row {
+        server: "pin",
+        concurrency: PIN_CONCURRENCY,
+        admissions_per_s: pin.client.per_second,
+        p50_ms: pin.client.p50_ms,
+        p99_ms: pin.client.p99_ms,
+        cpu_us: pin.client.cpu_us,
+    });
+    bench_data::write("admission", &rows)?;
     let pair = last.context("no measurement")?;
     let ratio = pair[0].per_second / pair[1].per_second;
     println!(

@@ -29,6 +29,7 @@
 //! p99_c64_ms=…` (App CREATE against `none` at concurrency 1 and 16; the lowest holdfast/bare
 //! throughput ratio of the four requests at 16; holdfast's App CREATE p99 at 64), then more
 //! fields: among them App CREATE against `patch` (`vs_patch_floor_*`, `create_p50_over_patch_floor_ms`).
+//! The table's rows go to `docs/benchmarks/data/apiserver.csv` (`holdfast_e2e::bench_data`).
 
 use std::{
     collections::BTreeMap,
@@ -43,7 +44,7 @@ use axum_server::tls_rustls::RustlsConfig;
 use base64::{Engine, engine::general_purpose::STANDARD as BASE64};
 use holdfast_certs::{CaOptions, CertificateAuthority, ServingOptions, SwappableCert, server_config};
 use holdfast_e2e::{
-    Env,
+    Env, bench_data,
     control_plane::{self, unique_name},
     images::{self, Image},
     installed::{self, Installed},
@@ -62,6 +63,7 @@ use kube::{
     Api, Client,
     api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
 };
+use serde::Serialize;
 use serde_json::{Value, json};
 
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
@@ -132,6 +134,20 @@ struct Figures {
     per_second: f64,
     p50_ms: f64,
     p99_ms: f64,
+}
+
+/// One row of the table, as `apiserver.csv` holds it.
+#[derive(Serialize)]
+struct Row {
+    request: &'static str,
+    concurrency: usize,
+    arm: &'static str,
+    writes_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    holdfast_cpu_us: f64,
+    bare_cpu_us: f64,
+    apiserver_cpu_us: f64,
 }
 
 fn main() -> Result<()> {
@@ -472,6 +488,7 @@ async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setu
         "apiserver_cpu_us"
     );
     let mut results: BTreeMap<(Request, usize, Arm), Figures> = BTreeMap::new();
+    let mut rows = Vec::new();
     let mut sequence = 0u64;
     let cpu_ticks = || -> Result<[u64; 3]> {
         Ok([
@@ -534,6 +551,17 @@ async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setu
                     per_write_us[1],
                     per_write_us[2],
                 );
+                rows.push(Row {
+                    request: request.name(),
+                    concurrency,
+                    arm: arm.name(),
+                    writes_per_s: figures.per_second,
+                    p50_ms: figures.p50_ms,
+                    p99_ms: figures.p99_ms,
+                    holdfast_cpu_us: per_write_us[0],
+                    bare_cpu_us: per_write_us[1],
+                    apiserver_cpu_us: per_write_us[2],
+                });
                 results.insert((request, concurrency, arm), figures);
             }
         }
@@ -606,6 +634,7 @@ async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setu
             setup.app_tag
         );
     }
+    bench_data::write("apiserver", &rows)?;
     println!(
         "create_p50_overhead_ms={create_p50_overhead_ms:.2} throughput_ratio_c16={throughput_ratio_c16:.2} \
          vs_bare_webhook_c16={vs_bare_c16:.2} p99_c64_ms={p99_c64_ms:.1} update_throughput_ratio_c16={update_throughput_ratio_c16:.2} \

@@ -28,7 +28,9 @@
 //! summed over every run with holdfast) with_over_nochurn_n10=… with_over_nochurn_n50=…
 //! with_over_empty_n10=…` (the `with_over_*` fields for v0.17).
 //! `BENCH_DELETION_TIMELINE=1` prints each run's timeline (per kind: created, terminating, gone;
-//! the namespace controller's conditions).
+//! the namespace controller's conditions). Every run's figures go to
+//! `docs/benchmarks/data/deletion.csv`, and the objects alive over time (every second, the first
+//! repetition of each cell) to `deletion-timeline.csv` (`holdfast_e2e::bench_data`).
 
 use std::{
     collections::BTreeMap,
@@ -38,9 +40,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use holdfast_e2e::{
-    Env,
+    Env, bench_data,
     peers::{korifi::org_deletion, kpack},
 };
+use serde::Serialize;
 
 /// Upper bound for one org deletion (the space finalizer alone may wait 60 s for apps).
 const DELETION_LIMIT: Duration = Duration::from_secs(600);
@@ -90,11 +93,78 @@ struct Run {
     pair: &'static str,
     arm: Arm,
     apps: usize,
+    repetition: usize,
     deletion: f64,
     created: usize,
     /// The longest deletionTimestamp-to-gone of the app pods and of the build pods.
     app_pods: Option<f64>,
     build_pods: Option<f64>,
+    /// The objects alive every second from the delete request (first repetitions only).
+    alive: Vec<Alive>,
+}
+
+/// A run's figures, one row of `deletion.csv`.
+#[derive(Serialize)]
+struct RunRow {
+    pair: &'static str,
+    arm: &'static str,
+    apps: usize,
+    repetition: usize,
+    deletion_s: f64,
+    created_after_delete: usize,
+    app_pods_termination_s: Option<f64>,
+    build_pods_termination_s: Option<f64>,
+}
+
+impl From<&Run> for RunRow {
+    fn from(run: &Run) -> Self {
+        RunRow {
+            pair: run.pair,
+            arm: run.arm.name(),
+            apps: run.apps,
+            repetition: run.repetition,
+            deletion_s: run.deletion,
+            created_after_delete: run.created,
+            app_pods_termination_s: run.app_pods,
+            build_pods_termination_s: run.build_pods,
+        }
+    }
+}
+
+/// The org's objects alive at `t_s` after the delete request, one row of `deletion-timeline.csv`.
+#[derive(Serialize)]
+struct Alive {
+    pair: &'static str,
+    arm: &'static str,
+    apps: usize,
+    t_s: f64,
+    objects: usize,
+    /// Of them, kpack Builds and build pods.
+    builds_and_build_pods: usize,
+}
+
+/// Every second from the delete request to the last object gone.
+fn alive(
+    pair: &'static str,
+    arm: Arm,
+    apps: usize,
+    timeline: &org_deletion::Timeline,
+    end: f64,
+) -> Vec<Alive> {
+    let build = |o: &org_deletion::Observed| o.kind == "Build" || o.is_build_pod();
+    (0..=end.ceil() as usize)
+        .map(|t| {
+            let t_s = t as f64;
+            Alive {
+                pair,
+                arm: arm.name(),
+                apps,
+                t_s,
+                objects: timeline.alive_at(t_s, |_| true),
+                builds_and_build_pods: timeline.alive_at(t_s, build),
+            }
+        })
+        .collect()
 }
 
 fn list(var: &str, default: &str) -> Vec<String> {
@@ -182,7 +252,7 @@ fn settings() -> Result<Settings> {
 }
 
 /// One org with `apps` apps staged and running, deleted in `arm`'s conditions.
-async fn run(env: &Arc<Env>, pair: Pair, arm: Arm, apps: usize) -> Result<Run> {
+async fn run(env: &Arc<Env>, pair: Pair, arm: Arm, apps: usize, repetition: usize) -> Result<Run> {
     let client = env.client().await?;
     let korifi = env.korifi_on(pair.kpack).await?;
     let kpack = env.kpack().await?;
@@ -208,11 +278,18 @@ async fn run(env: &Arc<Env>, pair: Pair, arm: Arm, apps: usize) -> Result<Run> {
     }
     let deletion = deletion.with_context(|| env.korifi_log(20))?;
     let timeline = &deletion.timeline;
+    let total = deletion.total().as_secs_f64();
     let run = Run {
         pair: pair.name,
         arm,
         apps,
-        deletion: deletion.total().as_secs_f64(),
+        repetition,
+        alive: if repetition == 0 {
+            alive(pair.name, arm, apps, timeline, total)
+        } else {
+            Vec::new()
+        },
+        deletion: total,
         created: deletion.builds_created() + deletion.build_pods_created(),
         app_pods: timeline.longest_termination(org_deletion::Observed::is_app_pod),
         build_pods: timeline.longest_termination(org_deletion::Observed::is_build_pod),
@@ -297,7 +374,7 @@ async fn main() -> Result<()> {
                 cells.extend(ordered.into_iter().map(|arm| (arm, apps)));
             }
             for (arm, apps) in cells {
-                match run(&env, pair, arm, apps).await {
+                match run(&env, pair, arm, apps, repetition).await {
                     Ok(run) => runs.push(run),
                     Err(e) => {
                         result = Err(e.context(format!("{} N={apps} {}", pair.name, arm.name())));
@@ -348,8 +425,13 @@ async fn main() -> Result<()> {
             ratio(deletion, median(pair, 0, Arm::Empty)),
         );
     }
-    // A failed run: the table of the runs that completed, no summary line.
+    // A failed run: the table of the runs that completed, no data, no summary line.
     result?;
+    bench_data::write("deletion", &runs.iter().map(RunRow::from).collect::<Vec<_>>())?;
+    bench_data::write(
+        "deletion-timeline",
+        &runs.iter().flat_map(|r| &r.alive).collect::<Vec<_>>(),
+    )?;
     let created_with: usize = runs
         .iter()
         .filter(|r| matches!(r.arm, Arm::With | Arm::WithSpaces))

@@ -16,7 +16,8 @@
 //!   kapp-controller would (manifest, config, layers; each verified), once with the upstream up
 //!   and once with it stopped; the upstream's access log counts the requests that reached it.
 //!
-//! Last line: `copy_ratio=<holdfast/skopeo throughput> upstream_requests_after_outage=<n>`.
+//! Last line: `copy_ratio=<holdfast/skopeo throughput> upstream_requests_after_outage=<n>`; the
+//! rounds go to `docs/benchmarks/data/mirror.csv` (`holdfast_e2e::bench_data`).
 
 use std::{
     collections::BTreeMap,
@@ -28,11 +29,12 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use holdfast_e2e::{
-    Env,
+    Env, bench_data,
     control_plane::SpareRegistry,
     images::{self, OCI_LAYER_TAR},
 };
 use holdfast_registry::mirror::host_component;
+use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 
 const MIB: u64 = 1024 * 1024;
@@ -67,10 +69,13 @@ fn main() -> ExitCode {
     }
 }
 
+/// One copy, as `mirror.csv` holds it.
+#[derive(Serialize)]
 struct Run {
     round: u64,
     tool: &'static str,
     seconds: f64,
+    mib_per_s: f64,
     peak_rss_mib: Option<f64>,
 }
 
@@ -141,6 +146,7 @@ async fn run() -> Result<()> {
                 round,
                 tool,
                 seconds: run.0,
+                mib_per_s: bytes as f64 / MIB as f64 / run.0,
                 peak_rss_mib: run.1,
             });
         }
@@ -165,7 +171,7 @@ async fn run() -> Result<()> {
             run.round,
             run.tool,
             run.seconds,
-            mib / run.seconds,
+            run.mib_per_s,
             run.peak_rss_mib.map_or("-".to_owned(), |r| format!("{r:.1}"))
         );
     }
@@ -173,7 +179,7 @@ async fn run() -> Result<()> {
         let mut speeds: Vec<f64> = runs
             .iter()
             .filter(|r| r.tool == tool)
-            .map(|r| mib / r.seconds)
+            .map(|r| r.mib_per_s)
             .collect();
         speeds.sort_by(f64::total_cmp);
         speeds[speeds.len() / 2]
@@ -182,6 +188,7 @@ async fn run() -> Result<()> {
     println!(
         "median MiB/s: holdfast {holdfast:.1}, skopeo {skopeo:.1} ({mib:.1} MiB image, {rounds} rounds)"
     );
+    bench_data::write("mirror", &runs)?;
     println!(
         "copy_ratio={:.2} upstream_requests_after_outage={upstream_requests_after_outage}",
         holdfast / skopeo

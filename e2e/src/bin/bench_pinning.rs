@@ -24,11 +24,15 @@
 //! then the sync rates that say whether kapp-controller kept its schedule (2 per App per
 //! minute), holdfast's own requests (its HEADs) and the with arm's total over its floor:
 //! kapp-controller's first fetch of every App, which its per-App cache makes unavoidable, and the
-//! reaper races of both arms.
+//! reaper races of both arms. Each arm's registry requests and syncs every 10 s go to
+//! `docs/benchmarks/data/pinning.csv` (`holdfast_e2e::bench_data`).
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -36,8 +40,8 @@ use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
 use holdfast_controller::pinning::IGNORE_LABEL;
 use holdfast_e2e::{
-    Env,
-    control_plane::SpareRegistry,
+    Env, bench_data,
+    control_plane::{AccessLog, SpareRegistry},
     images,
     objects::{api_for, parse_documents},
     peers::kapp_controller,
@@ -48,6 +52,7 @@ use kube::{
     api::{DynamicObject, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
+use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 /// The Apps' `syncPeriod` (kapp-controller's default for an App).
@@ -56,6 +61,8 @@ const SYNC_PERIOD: Duration = Duration::from_secs(30);
 const REFRESH: Duration = Duration::from_secs(600);
 /// Apps created at once.
 const CREATE_CONCURRENCY: usize = 20;
+/// How often an arm's time series is sampled.
+const SAMPLE_EVERY: Duration = Duration::from_secs(10);
 
 fn knob(name: &str, default: usize) -> Result<usize> {
     match std::env::var(name) {
@@ -70,8 +77,8 @@ fn knob(name: &str, default: usize) -> Result<usize> {
 }
 
 /// `[GET, HEAD]` requests in a registry's access log.
-fn registry_requests(registry: &SpareRegistry) -> [usize; 2] {
-    ["\"GET /v2/", "\"HEAD /v2/"].map(|p| registry.requests_matching(p))
+fn registry_requests(log: &AccessLog) -> [usize; 2] {
+    ["\"GET /v2/", "\"HEAD /v2/"].map(|p| log.matching(p))
 }
 
 fn total(requests: [usize; 2]) -> usize {
@@ -188,6 +195,52 @@ fn watch_apps(
     (seen, task)
 }
 
+/// One point of an arm's time series.
+#[derive(Debug, Serialize)]
+struct Sample {
+    arm: &'static str,
+    /// Seconds since the arm's first create.
+    t_s: f64,
+    registry_up: bool,
+    /// Registry requests (GET and HEAD) since the arm started.
+    requests: usize,
+    syncs: u64,
+    failed_syncs: u64,
+}
+
+/// Samples the arm every `SAMPLE_EVERY` until `stop`, and once more then.
+fn sample(
+    arm: &'static str,
+    log: AccessLog,
+    seen: Arc<Mutex<Seen>>,
+    up: Arc<AtomicBool>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<Vec<Sample>> {
+    let (started, before) = (Instant::now(), total(registry_requests(&log)));
+    tokio::spawn(async move {
+        let mut samples = Vec::new();
+        let mut every = tokio::time::interval(SAMPLE_EVERY);
+        loop {
+            let last = tokio::select! {
+                () = stop.cancelled() => true,
+                _ = every.tick() => false,
+            };
+            let [syncs, failed_syncs] = seen.lock().map(|s| s.totals()).unwrap_or_default();
+            samples.push(Sample {
+                arm,
+                t_s: started.elapsed().as_secs_f64(),
+                registry_up: up.load(Ordering::Relaxed),
+                requests: total(registry_requests(&log)).saturating_sub(before),
+                syncs,
+                failed_syncs,
+            });
+            if last {
+                return samples;
+            }
+        }
+    })
+}
+
 fn snapshot(seen: &Mutex<Seen>) -> Result<Seen> {
     Ok(seen
         .lock()
@@ -211,6 +264,7 @@ struct Arm {
     /// Failed syncs over the whole arm that were kapp-controller's reaper race.
     reaper_races: u64,
     run: Duration,
+    samples: Vec<Sample>,
 }
 
 impl Arm {
@@ -297,7 +351,8 @@ async fn arm(
 ) -> Result<Arm> {
     let client = env.client().await?;
     kapp_controller::add_deployer(env, namespace)?;
-    let before = registry_requests(registry);
+    let log = registry.access_log();
+    let before = registry_requests(&log);
     let started = Instant::now();
     let stop = CancellationToken::new();
     let api: Api<DynamicObject> = Api::namespaced_with(
@@ -309,6 +364,8 @@ async fn arm(
         ),
     );
     let (seen, watch) = watch_apps(api, stop.clone());
+    let up = Arc::new(AtomicBool::new(true));
+    let sampler = sample(name, log.clone(), seen.clone(), up.clone(), stop.clone());
     let api = create_apps(&client, namespace, urls, plan.apps).await?;
     eprintln!(
         "  {name}: {} Apps created in {:.1} s",
@@ -333,7 +390,7 @@ async fn arm(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
-    let steady_before = total(registry_requests(registry));
+    let steady_before = total(registry_requests(&log));
     let steady_from = Instant::now();
     eprintln!(
         "  {name}: every App synced once after {:.1} s",
@@ -341,7 +398,7 @@ async fn arm(
     );
     // The benchmark's duration is the measurement, not a wait for a condition.
     tokio::time::sleep(plan.run.saturating_sub(started.elapsed())).await;
-    let requests = registry_requests(registry);
+    let requests = registry_requests(&log);
     let steady_requests = total(requests) - steady_before;
     let steady = steady_from.elapsed();
     let run = started.elapsed();
@@ -349,14 +406,17 @@ async fn arm(
     let requests = [requests[0] - before[0], requests[1] - before[1]];
 
     registry.stop();
+    up.store(false, Ordering::Relaxed);
     eprintln!("  {name}: registry stopped for {} s", plan.outage.as_secs());
     tokio::time::sleep(plan.outage).await;
     let after = snapshot(&seen)?;
     let [after_syncs, after_failed] = after.totals();
     registry.start().await?;
+    up.store(true, Ordering::Relaxed);
     pause_all(&api, plan.apps).await?;
     stop.cancel();
     watch.await?;
+    let samples = sampler.await?;
     Ok(Arm {
         name,
         requests,
@@ -369,6 +429,7 @@ async fn arm(
         failed_in_outage: after_failed - failed_syncs,
         reaper_races: after.raced(),
         run,
+        samples,
     })
 }
 
@@ -480,6 +541,13 @@ async fn main() -> Result<()> {
             a.reaper_races
         );
     }
+    bench_data::write(
+        "pinning",
+        &[&without, &with]
+            .iter()
+            .flat_map(|a| &a.samples)
+            .collect::<Vec<_>>(),
+    )?;
     let ratio = total(without.requests) as f64 / total(with.requests).max(1) as f64;
     // No request at all in holdfast's steady state: the ratio is against one request.
     let with_steady = if with.steady_requests == 0 {

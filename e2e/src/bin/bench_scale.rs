@@ -43,7 +43,7 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 use futures::{FutureExt, StreamExt, TryStreamExt, stream};
 use holdfast_e2e::{
-    Env,
+    Env, bench_data,
     images::{self, Image},
     installed::{self, CONTROLLER, Installed, WEBHOOK},
     latency,
@@ -63,6 +63,7 @@ use kube::{
         watcher,
     },
 };
+use serde::Serialize;
 use serde_json::{Value, json};
 
 /// Objects per block: one namespace's share of each kind, created by one worker in order.
@@ -198,6 +199,7 @@ async fn main() -> Result<()> {
         row.print();
         rows.push(row);
     }
+    bench_data::write("scale", &rows.iter().map(DataRow::from).collect::<Vec<_>>())?;
     let (first, last) = (&rows[0], rows.last().context("no level measured")?);
     println!(
         "webhook_rss_mib={:.1} controller_rss_mib={:.1} ready_s={:.2} admission_p99_ratio={:.2} objects={} \
@@ -234,6 +236,48 @@ struct Row {
     bare_s: f64,
     controller_ready_s: f64,
     refresh_s: Option<f64>,
+}
+
+/// One level, as `scale.csv` holds it.
+#[derive(Serialize)]
+struct DataRow {
+    objects: usize,
+    create_s: f64,
+    webhook_rss_mib: f64,
+    webhook_peak_rss_mib: f64,
+    controller_rss_mib: f64,
+    controller_peak_rss_mib: f64,
+    webhook_cpu_ms_per_write: f64,
+    controller_cpu_ms_per_write: f64,
+    probe_p50_ms: f64,
+    probe_p99_ms: f64,
+    floor_p99_ms: f64,
+    webhook_ready_s: f64,
+    bare_reflector_ready_s: f64,
+    controller_ready_s: f64,
+    refresh_round_s: Option<f64>,
+}
+
+impl From<&Row> for DataRow {
+    fn from(row: &Row) -> Self {
+        DataRow {
+            objects: row.objects,
+            create_s: row.create_s,
+            webhook_rss_mib: row.webhook.rss_mib(),
+            webhook_peak_rss_mib: row.webhook.peak_rss_mib(),
+            controller_rss_mib: row.controller.rss_mib(),
+            controller_peak_rss_mib: row.controller.peak_rss_mib(),
+            webhook_cpu_ms_per_write: row.webhook_cpu_ms_per_write,
+            controller_cpu_ms_per_write: row.controller_cpu_ms_per_write,
+            probe_p50_ms: row.probe_p50_ms,
+            probe_p99_ms: row.probe_p99_ms,
+            floor_p99_ms: row.floor_p99_ms,
+            webhook_ready_s: row.ready_s,
+            bare_reflector_ready_s: row.bare_s,
+            controller_ready_s: row.controller_ready_s,
+            refresh_round_s: row.refresh_s,
+        }
+    }
 }
 
 impl Row {

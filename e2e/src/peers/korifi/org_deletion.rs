@@ -320,6 +320,16 @@ impl Timeline {
             .reduce(f64::max)
     }
 
+    /// How many of the objects `filter` selects existed `t` seconds after the delete request:
+    /// there before it or created by then, and not gone yet.
+    pub fn alive_at(&self, t: f64, filter: impl Fn(&Observed) -> bool) -> usize {
+        self.objects
+            .iter()
+            .filter(|o| filter(o))
+            .filter(|o| o.created.is_none_or(|c| c <= t) && o.gone.is_none_or(|g| g > t))
+            .count()
+    }
+
     /// When the last of the objects `filter` selects went.
     pub fn last_gone(&self, filter: impl Fn(&Observed) -> bool) -> Option<f64> {
         self.objects
