@@ -357,6 +357,8 @@ pub struct CacheStats {
     /// Lookups that went to the registry (one per flight, however many callers joined it).
     pub registry_lookups: AtomicU64,
     pub registry_errors: AtomicU64,
+    /// Of them, registries whose TLS certificate did not verify (a private CA not trusted).
+    pub registry_certificate_errors: AtomicU64,
     /// New keys answered but not kept: [`CacheConfig::max_entries`] or the per-minute budget.
     pub refused: AtomicU64,
 }
@@ -598,6 +600,11 @@ impl DigestCache {
             }
             Err(error) => {
                 self.stats.registry_errors.fetch_add(1, Ordering::Relaxed);
+                if matches!(error, CacheError::Registry(ResolveError::Certificate { .. })) {
+                    self.stats
+                        .registry_certificate_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 // An entry of another Secret (deleted, or recreated under its name) never
                 // answers again, not even stale: it is dropped.
                 let held = match held {

@@ -65,6 +65,11 @@ impl Collector for CacheCollector {
                 &stats.registry_errors,
             ),
             (
+                "registry_certificate_errors",
+                "Registry resolutions that failed because the registry's TLS certificate did not verify (a private CA needs --registry-ca-file)",
+                &stats.registry_certificate_errors,
+            ),
+            (
                 "digest_cache_refused",
                 "New references answered but not cached: the cache held --cache-max-entries, or this minute's --cache-new-entries-per-minute were used",
                 &stats.refused,

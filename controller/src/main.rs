@@ -113,7 +113,7 @@ async fn main() -> Result<()> {
         finalizer: holdfast_controller::finalizer::Options {
             delete_org_spaces: args.delete_org_spaces,
         },
-        resolver: args.registry.resolver_config(),
+        resolver: args.registry.resolver_config(&cancel)?,
         cache: args.registry.cache_config(),
     };
     let stop = cancel.clone();

@@ -22,6 +22,7 @@ pub mod process;
 pub mod scenarios;
 pub mod slow_link;
 pub mod suite;
+pub mod tls_front;
 pub mod tools;
 pub mod wait;
 pub mod webhook;

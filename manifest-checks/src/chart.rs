@@ -40,6 +40,8 @@ pub struct Settings {
     pub match_conditions: bool,
     pub cert_manager: bool,
     pub insecure_registries: Vec<String>,
+    /// `registryCA.configMap` (components/registry-ca, whose ConfigMap is `holdfast-registry-ca`).
+    pub registry_ca: Option<String>,
     pub policy: Option<Policy>,
     /// More matchExpressions for every webhook's namespaceSelector.
     pub namespace_selector: Vec<Value>,
@@ -283,6 +285,8 @@ impl Settings {
             timeout_seconds: Some(8),
             refresh_seconds: Some(300),
             monitoring: true,
+            // Not the name the component ships: the chart names the ConfigMap.
+            registry_ca: Some("corp-registry-ca".into()),
             // Not the name no-secret-reads' Role ships: the chart names the mirror's Secret.
             mirror: Some(Mirror {
                 registry: "mirror.example".into(),
@@ -342,6 +346,9 @@ impl Settings {
         }
         if !self.image_pull_secrets.is_empty() {
             values["imagePullSecrets"] = json!(self.image_pull_secrets);
+        }
+        if let Some(name) = &self.registry_ca {
+            values["registryCA"] = json!({"configMap": name});
         }
         if !self.insecure_registries.is_empty() {
             values["insecureRegistries"] = json!(self.insecure_registries);
@@ -446,6 +453,7 @@ impl Settings {
             (self.egress.is_some(), "restrict-egress"),
             (self.webhook_port.is_some(), "restrict-webhook-port"),
             (self.monitoring, "monitoring"),
+            (self.registry_ca.is_some(), "registry-ca"),
         ] {
             if on {
                 components.push(json!(format!("manifests/components/{component}")));
@@ -509,6 +517,24 @@ impl Settings {
         ] {
             let controller = name == "holdfast-controller";
             let mut ops: Vec<Value> = Vec::new();
+            // The component's ConfigMap, renamed: its volume comes after the policy's and
+            // cert-manager's in the webhook, first in the controller.
+            if let Some(config_map) = self
+                .registry_ca
+                .as_deref()
+                .filter(|n| *n != "holdfast-registry-ca")
+            {
+                let index = if controller {
+                    0
+                } else {
+                    1 + usize::from(self.cert_manager)
+                };
+                let volume = format!("/spec/template/spec/volumes/{index}");
+                ops.push(json!({"op": "test", "path": format!("{volume}/name"), "value": "registry-ca"}));
+                ops.push(
+                    json!({"op": "replace", "path": format!("{volume}/configMap/name"), "value": config_map}),
+                );
+            }
             if controller {
                 if let Some(r) = self.refresh_seconds {
                     ops.push(json!({"op": "test", "path": format!("{container}/args/0"), "value": "--refresh-seconds=600"}));
@@ -541,13 +567,13 @@ impl Settings {
                 );
             }
             // The webhook mounts its policy (and cert-manager's certificate); the controller
-            // nothing.
+            // nothing but the registry CA.
             for (field, path, values) in [
                 ("volumeMounts", container.to_string(), &pods.extra_volume_mounts),
                 ("volumes", "/spec/template/spec".to_string(), &pods.extra_volumes),
             ] {
                 if let Some(Value::Array(list)) = values {
-                    if controller {
+                    if controller && self.registry_ca.is_none() {
                         ops.push(json!({"op": "add", "path": format!("{path}/{field}"), "value": list}));
                     } else {
                         ops.extend(

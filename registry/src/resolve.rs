@@ -15,7 +15,12 @@
 //!   date); calls inside the window fail fast with [`ResolveError::RateLimited`] and send nothing.
 //! - A semaphore per host bounds concurrent requests, so one slow registry cannot use up every
 //!   connection; waiting for a slot counts against the request timeout.
-//! - HTTPS always, except for hosts listed in [`ResolverConfig::insecure_registries`].
+//! - HTTPS always, except for hosts listed in [`ResolverConfig::insecure_registries`]; a
+//!   registry whose certificate does not verify fails with [`ResolveError::Certificate`], which
+//!   names the reason. Extra roots (a private CA) come from [`ResolverConfig::extra_roots`] and
+//!   can be replaced while running ([`ExtraRoots::replace`]).
+//! - Proxies: `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY` and `NO_PROXY` from the environment (reqwest
+//!   reads them when the client is built).
 //! - Errors carry registry and repository, never credentials; tokens and passwords are only
 //!   ever put into `Authorization` headers marked sensitive.
 //!
@@ -31,6 +36,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use arc_swap::ArcSwap;
 use base64::{Engine as _, engine::general_purpose::STANDARD};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -46,6 +52,7 @@ use crate::{
     host_gate::HostGates,
     reference::Reference,
     retry_after::parse_retry_after,
+    roots::ExtraRoots,
     tag_list::read_version_tags,
 };
 
@@ -76,8 +83,9 @@ pub struct ResolverConfig {
     /// Hosts (`host[:port]`, as in the reference, e.g. `127.0.0.1:5000`) spoken to over plain
     /// HTTP. Everything else is HTTPS.
     pub insecure_registries: BTreeSet<String>,
-    /// Extra trusted CA certificates (PEM), added to the platform's roots.
-    pub root_certificates_pem: Vec<Vec<u8>>,
+    /// Extra trusted CA certificates, added to the platform's roots; shared by every resolver
+    /// built from this configuration, and replaceable while they run.
+    pub extra_roots: ExtraRoots,
     /// `n` sent on tag list requests; `None` lets the registry choose its page size.
     pub tag_page_size: Option<u32>,
     /// Stop following tag list pages after this many (protects against link loops).
@@ -109,7 +117,7 @@ impl Default for ResolverConfig {
             connect_timeout: Duration::from_secs(2),
             max_concurrent_per_host: 8,
             insecure_registries: BTreeSet::new(),
-            root_certificates_pem: Vec::new(),
+            extra_roots: ExtraRoots::default(),
             tag_page_size: None,
             max_tag_pages: 100,
             max_tag_list_total_bytes: 16 * 1024 * 1024,
@@ -173,6 +181,16 @@ pub enum ResolveError {
         repository: String,
         detail: String,
     },
+    /// The TLS handshake failed because the registry's certificate did not verify (an unknown
+    /// issuer: a private CA not given with `--registry-ca-file`; expired; another name).
+    #[error(
+        "{registry}/{repository}: the registry's TLS certificate is not trusted ({detail}); for a private CA, give its certificate with --registry-ca-file"
+    )]
+    Certificate {
+        registry: String,
+        repository: String,
+        detail: String,
+    },
     #[error("{registry}/{repository}: unexpected HTTP {status}{detail}")]
     BadResponse {
         registry: String,
@@ -209,6 +227,7 @@ impl ResolveError {
             Self::RateLimited { .. } => "rate_limited",
             Self::Timeout { .. } => "timeout",
             Self::Transport { .. } => "transport",
+            Self::Certificate { .. } => "certificate",
             Self::BadResponse { .. } => "bad_response",
             Self::Protocol { .. } => "protocol",
             Self::InvalidDigest { .. } => "invalid_digest",
@@ -223,6 +242,7 @@ impl ResolveError {
             | Self::RateLimited { registry, .. }
             | Self::Timeout { registry, .. }
             | Self::Transport { registry, .. }
+            | Self::Certificate { registry, .. }
             | Self::BadResponse { registry, .. }
             | Self::Protocol { registry, .. }
             | Self::InvalidDigest { registry, .. } => registry,
@@ -237,6 +257,7 @@ impl ResolveError {
             | Self::RateLimited { repository, .. }
             | Self::Timeout { repository, .. }
             | Self::Transport { repository, .. }
+            | Self::Certificate { repository, .. }
             | Self::BadResponse { repository, .. }
             | Self::Protocol { repository, .. }
             | Self::InvalidDigest { repository, .. } => repository,
@@ -253,10 +274,15 @@ impl ResolveError {
 
     /// Whether the registry may answer differently later (outage, overload), as opposed to a
     /// definite answer about this reference (not found, unauthorized, invalid). A cache serves
-    /// stale entries on transient errors only.
+    /// stale entries on transient errors only. An untrusted certificate is transient: it says
+    /// nothing about the reference, and a renewed certificate or a corrected CA bundle fixes it,
+    /// so pins already held keep being served meanwhile.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::RateLimited { .. } | Self::Timeout { .. } | Self::Transport { .. } => true,
+            Self::RateLimited { .. }
+            | Self::Timeout { .. }
+            | Self::Transport { .. }
+            | Self::Certificate { .. } => true,
             Self::BadResponse { status, .. } => *status >= 500,
             Self::NotFound { .. }
             | Self::Unauthorized { .. }
@@ -281,7 +307,9 @@ impl std::fmt::Debug for Resolver {
 }
 
 struct Inner {
-    client: reqwest::Client,
+    /// The client and the generation of the extra roots it trusts; replaced whole before the
+    /// first request after [`ExtraRoots::replace`].
+    client: ArcSwap<(u64, reqwest::Client)>,
     config: ResolverConfig,
     gates: HostGates,
     auth: AuthCache,
@@ -372,25 +400,11 @@ impl Resolver {
         if rustls::crypto::CryptoProvider::get_default().is_none() {
             return Err(ResolverBuildError::NoCryptoProvider);
         }
-        let mut builder = reqwest::Client::builder()
-            .redirect(redirect_policy())
-            .user_agent(config.user_agent.clone())
-            .connect_timeout(config.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(config.max_concurrent_per_host.max(1));
-        for pem in &config.root_certificates_pem {
-            let certificates = reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| ResolverBuildError::Certificate(error_chain(&e)))?;
-            for certificate in certificates {
-                builder = builder.add_root_certificate(certificate);
-            }
-        }
-        let client = builder
-            .build()
-            .map_err(|e| ResolverBuildError::Client(error_chain(&e)))?;
+        let (generation, roots) = config.extra_roots.current();
+        let client = http_client(&config, &roots)?;
         Ok(Self {
             inner: Arc::new(Inner {
-                client,
+                client: ArcSwap::from_pointee((generation, client)),
                 gates: HostGates::new(config.max_concurrent_per_host),
                 auth: AuthCache::default(),
                 tag_lists: tokio::sync::Semaphore::new(config.max_concurrent_tag_lists.max(1)),
@@ -402,6 +416,20 @@ impl Resolver {
     /// The configuration in use.
     pub fn config(&self) -> &ResolverConfig {
         &self.inner.config
+    }
+
+    /// The HTTP client for the next request: a new one when the extra roots changed since the
+    /// last was built (requests in flight finish on the old one; the token cache, budgets and
+    /// rate-limit windows are the resolver's and carry over).
+    fn client(&self) -> Result<reqwest::Client, ResolverBuildError> {
+        let held = self.inner.client.load();
+        if held.0 == self.inner.config.extra_roots.generation() {
+            return Ok(held.1.clone());
+        }
+        let (generation, roots) = self.inner.config.extra_roots.current();
+        let client = http_client(&self.inner.config, &roots)?;
+        self.inner.client.store(Arc::new((generation, client.clone())));
+        Ok(client)
     }
 
     /// The digest `reference` currently points at. A reference that already has a digest is
@@ -839,9 +867,10 @@ impl Resolver {
         }
 
         let method = outgoing.method.clone();
-        let mut request = self
-            .inner
-            .client
+        let client = self
+            .client()
+            .map_err(|e| target.transport(format!("building the HTTP client: {e}")))?;
+        let mut request = client
             .request(outgoing.method, outgoing.url)
             .timeout(remaining)
             .header(header::ACCEPT, outgoing.accept);
@@ -888,6 +917,10 @@ impl Resolver {
                 return Err(target.timeout(timeout));
             }
             Err(e) => {
+                if let Some(reason) = untrusted_certificate(&e) {
+                    warn!(host, %method, elapsed_ms, %reason, "registry certificate not trusted");
+                    return Err(target.certificate(reason));
+                }
                 let detail = error_chain(&e);
                 warn!(host, %method, elapsed_ms, error = %detail, "registry request failed");
                 return Err(target.transport(detail));
@@ -1026,6 +1059,14 @@ impl Target<'_> {
         }
     }
 
+    fn certificate(&self, detail: String) -> ResolveError {
+        ResolveError::Certificate {
+            registry: self.registry.clone(),
+            repository: self.repository.clone(),
+            detail,
+        }
+    }
+
     pub(crate) fn protocol(&self, detail: String) -> ResolveError {
         ResolveError::Protocol {
             registry: self.registry.clone(),
@@ -1155,6 +1196,42 @@ pub(crate) fn registry_error(body: &Bytes) -> Option<String> {
 }
 
 /// An error and its sources, one line (reqwest's own message omits the cause).
+/// The HTTP client of a resolver: its settings, the platform's roots and `extra_roots`.
+fn http_client(
+    config: &ResolverConfig,
+    extra_roots: &[reqwest::Certificate],
+) -> Result<reqwest::Client, ResolverBuildError> {
+    let mut builder = reqwest::Client::builder()
+        .redirect(redirect_policy())
+        .user_agent(config.user_agent.clone())
+        .connect_timeout(config.connect_timeout)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(config.max_concurrent_per_host.max(1));
+    for certificate in extra_roots {
+        builder = builder.add_root_certificate(certificate.clone());
+    }
+    builder
+        .build()
+        .map_err(|e| ResolverBuildError::Client(error_chain(&e)))
+}
+
+/// rustls's reason when `error` is a TLS handshake that failed on the peer's certificate. The
+/// rustls error sits inside `io::Error`s (nested), whose `source()` skips what they wrap, so
+/// each is opened with `get_ref`.
+fn untrusted_certificate(error: &(dyn StdError + 'static)) -> Option<String> {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(e @ rustls::Error::InvalidCertificate(_)) = e.downcast_ref::<rustls::Error>() {
+            return Some(e.to_string());
+        }
+        next = match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner),
+            None => e.source(),
+        };
+    }
+    None
+}
+
 pub(crate) fn error_chain(error: &dyn StdError) -> String {
     let mut text = error.to_string();
     let mut source = error.source();

@@ -1,10 +1,13 @@
 //! Registry and digest-cache flags, shared by `holdfast-webhook` and `holdfast-controller`.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use holdfast_registry::mirror::{MirrorLocation, NamingError};
 
 use holdfast_pins::mirror_scope::{MirrorPins, NamespaceSelector, SelectorError};
+use tokio_util::sync::CancellationToken;
+
+use crate::registry_ca::{self, RegistryCaError};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RegistryArgs {
@@ -15,6 +18,11 @@ pub struct RegistryArgs {
         value_delimiter = ','
     )]
     pub insecure_registries: Vec<String>,
+    /// PEM file of CA certificates to trust for registries besides the system's (a private CA,
+    /// e.g. a mounted ConfigMap); re-read when its contents change. Proxies come from
+    /// HTTPS_PROXY / HTTP_PROXY / NO_PROXY in the environment.
+    #[arg(long, env = "HOLDFAST_REGISTRY_CA_FILE")]
+    pub registry_ca_file: Option<PathBuf>,
     /// Per-request registry timeout.
     #[arg(long, env = "HOLDFAST_REGISTRY_TIMEOUT_MS", default_value_t = 2000)]
     pub registry_timeout_ms: u64,
@@ -88,12 +96,30 @@ impl RegistryArgs {
         }
     }
 
-    pub fn resolver_config(&self) -> holdfast_registry::ResolverConfig {
-        holdfast_registry::ResolverConfig {
+    /// The resolver's settings, with the roots of `--registry-ca-file`, whose changes are
+    /// followed until `cancel`.
+    pub fn resolver_config(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Result<holdfast_registry::ResolverConfig, RegistryCaError> {
+        let mut config = holdfast_registry::ResolverConfig {
             request_timeout: Duration::from_millis(self.registry_timeout_ms),
             insecure_registries: self.insecure_registries.iter().cloned().collect(),
             ..Default::default()
+        };
+        if let Some(path) = &self.registry_ca_file {
+            let (roots, loaded) = registry_ca::load(path)?;
+            tracing::info!(path = %path.display(), "trusting the registry CA bundle");
+            registry_ca::watch(
+                path.clone(),
+                roots.clone(),
+                loaded,
+                registry_ca::POLL_INTERVAL,
+                cancel.clone(),
+            );
+            config.extra_roots = roots;
         }
+        Ok(config)
     }
 }
 

@@ -4,6 +4,7 @@
 //!
 //! - [`logs`]: the log lines (`--log-format`: plain text or JSON), holdfast's own formatter.
 //! - [`args`]: the registry, digest-cache and mirror flags both binaries take.
+//! - [`registry_ca`]: `--registry-ca-file`, loaded and re-read when it changes.
 //! - [`admin`]: the plain-HTTP admin port's scaffolding (`/healthz`, `/readyz`, `/metrics` over a
 //!   binary's [`admin::Probes`]); each binary keeps its own readiness and metrics.
 
@@ -12,6 +13,7 @@ use std::future::Future;
 pub mod admin;
 pub mod args;
 pub mod logs;
+pub mod registry_ca;
 
 /// A rustls crypto provider was installed before [`start`].
 #[derive(Debug, thiserror::Error)]

@@ -50,7 +50,8 @@ async fn main() -> Result<()> {
     let cluster = Cluster::start(client.clone(), cancel.clone())
         .await
         .context("starting the cluster watches")?;
-    let resolver = Resolver::new(args.registry.resolver_config()).context("building the registry client")?;
+    let resolver =
+        Resolver::new(args.registry.resolver_config(&cancel)?).context("building the registry client")?;
     let (cache, mut cache_synced) = digest_cache::follow(
         client.clone(),
         &args.tls.namespace,

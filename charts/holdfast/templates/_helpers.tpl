@@ -47,6 +47,27 @@ holdfast-policy-{{ $hash }}
 {{- end }}
 {{- end -}}
 
+{{/* registryCA.configMap: the flag, the mount and the volume (components/registry-ca). */}}
+{{- define "holdfast.registryCAArg" -}}
+{{- if .Values.registryCA.configMap }}
+- --registry-ca-file=/etc/holdfast-registry-ca/ca.crt
+{{- end }}
+{{- end -}}
+{{- define "holdfast.registryCAMount" -}}
+{{- if .Values.registryCA.configMap }}
+- mountPath: /etc/holdfast-registry-ca
+  name: registry-ca
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "holdfast.registryCAVolume" -}}
+{{- if .Values.registryCA.configMap }}
+- configMap:
+    name: {{ .Values.registryCA.configMap }}
+  name: registry-ca
+{{- end }}
+{{- end -}}
+
 {{/* Each webhook's namespaceSelector expressions after the shipped ones. */}}
 {{- define "holdfast.namespaceSelector" -}}
 {{- with .Values.namespaceSelector.matchExpressions }}

@@ -62,6 +62,9 @@ pub const PAGED_TAGS: [&str; 5] = ["latest", "v1.0.0", "v1.1.0", "v2.0.0", "v2.0
 #[derive(Debug, Clone)]
 pub struct Recorded {
     pub method: Method,
+    /// The host the request was for: the request target's authority (a proxy's absolute form),
+    /// else the `Host` header.
+    pub host: Option<String>,
     pub path: String,
     pub query: Option<String>,
     pub authorization: Option<String>,
@@ -93,6 +96,21 @@ pub struct Registry {
     released: tokio::sync::Semaphore,
 }
 
+impl Registry {
+    fn new() -> Arc<Self> {
+        let state = Arc::new(Registry {
+            addr: Mutex::default(),
+            requests: Mutex::default(),
+            in_flight: AtomicUsize::default(),
+            max_in_flight: AtomicUsize::default(),
+            token_ttl_secs: AtomicU64::default(),
+            released: tokio::sync::Semaphore::new(0),
+        });
+        state.token_ttl_secs.store(300, Ordering::SeqCst);
+        state
+    }
+}
+
 /// A running fake registry on 127.0.0.1:<random port>.
 pub struct FakeRegistry {
     pub addr: SocketAddr,
@@ -108,15 +126,7 @@ impl Drop for FakeRegistry {
 
 impl FakeRegistry {
     pub async fn start() -> Self {
-        let state = Arc::new(Registry {
-            addr: Mutex::default(),
-            requests: Mutex::default(),
-            in_flight: AtomicUsize::default(),
-            max_in_flight: AtomicUsize::default(),
-            token_ttl_secs: AtomicU64::default(),
-            released: tokio::sync::Semaphore::new(0),
-        });
-        state.token_ttl_secs.store(300, Ordering::SeqCst);
+        let state = Registry::new();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         *state.addr.lock().unwrap() = Some(addr);
@@ -124,6 +134,25 @@ impl FakeRegistry {
         let server = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
+        Self { addr, state, server }
+    }
+
+    /// The same fake over HTTPS, serving the certificate chain and key given (PEM).
+    pub async fn start_tls(cert_pem: String, key_pem: String) -> Self {
+        let state = Registry::new();
+        let config =
+            axum_server::tls_rustls::RustlsConfig::from_pem(cert_pem.into_bytes(), key_pem.into_bytes())
+                .await
+                .unwrap();
+        let listening = axum_server::Handle::<SocketAddr>::new();
+        let app = Router::new().fallback(handle).with_state(state.clone());
+        let server =
+            axum_server::bind_rustls(SocketAddr::from(([127, 0, 0, 1], 0)), config).handle(listening.clone());
+        let server = tokio::spawn(async move {
+            server.serve(app.into_make_service()).await.unwrap();
+        });
+        let addr = listening.listening().await.unwrap();
+        *state.addr.lock().unwrap() = Some(addr);
         Self { addr, state, server }
     }
 
@@ -226,6 +255,10 @@ async fn handle(
     let text = |name: header::HeaderName| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
     state.requests.lock().unwrap().push(Recorded {
         method: method.clone(),
+        host: uri
+            .authority()
+            .map(ToString::to_string)
+            .or_else(|| text(header::HOST)),
         path: uri.path().to_owned(),
         query: uri.query().map(str::to_owned),
         authorization: text(header::AUTHORIZATION),
