@@ -192,6 +192,8 @@ def scale(data, out):
         ax.plot(x, [float(r[f"{component}_rss_mib"]) for r in table], "o-", color=c, label=f"{component} RSS")
         ax.plot(x, [float(r[f"{component}_peak_rss_mib"]) for r in table], "s--", color=c, label=f"{component} peak RSS")
     ax.set_xscale("log")
+    ax.set_xticks(x, [f"{int(r['objects']):,}" for r in table])
+    ax.minorticks_off()
     ax.set_xlabel("objects in the cluster (0 drawn at 1)")
     ax.set_ylabel("MiB")
     ax.set_title("bench-scale: memory against the cluster's size")
@@ -235,8 +237,11 @@ def admission(data, out):
         x = [c for c, _ in points]
         rate.plot(x, [float(r["admissions_per_s"]) for _, r in points], "o-", label=server, color=colour(server))
         p99.plot(x, [float(r["p99_ms"]) for _, r in points], "o-", label=server, color=colour(server))
+    concurrencies = sorted({int(r["concurrency"]) for r in table})
     for ax, label in ((rate, "admissions/s"), (p99, "p99 ms")):
         ax.set_xscale("log")
+        ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+        ax.minorticks_off()
         ax.set_xlabel("concurrency")
         ax.set_ylabel(label)
         ax.grid(True, alpha=0.3)

@@ -42,6 +42,11 @@ use holdfast_webhook::{
 use serde::Serialize;
 use serde_json::json;
 
+/// The allocator holdfast-webhook ships with (webhook/src/main.rs), so that the handler is
+/// measured as it runs in a pod; the bare server shares it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const CONCURRENCY: [usize; 3] = [1, 16, 64];
 /// Per server and concurrency.
 const WARMUP: Duration = Duration::from_millis(500);
