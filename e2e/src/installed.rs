@@ -166,10 +166,14 @@ impl Installed {
         )
     }
 
-    /// Stops the process `name` (SIGTERM, as a pod's deletion does) and starts it again.
-    pub fn restart(&self, env: &mut Env, name: &'static str) -> Result<()> {
+    /// Stops the process `name` (SIGTERM, as a pod's deletion does; the webhook drains for its
+    /// `--shutdown-delay-seconds` first) and starts it again; returns when the new one started,
+    /// which is where its time to ready counts from.
+    pub fn restart(&self, env: &mut Env, name: &'static str) -> Result<std::time::Instant> {
         env.stop_process(name, std::time::Duration::from_secs(30))?;
-        self.spawn(env, name)
+        let started = std::time::Instant::now();
+        self.spawn(env, name)?;
+        Ok(started)
     }
 
     /// Returns once the webhook's `/readyz` answers 2xx (caches synced, certificate served).
