@@ -71,9 +71,14 @@ pub async fn run(cluster: &Cluster, args: &Refresh) -> Result<Outcome> {
     );
     let mut outcome = Outcome::Fine;
     for entry in &targets {
-        let wanted = token.clone();
+        let (wanted, before) = (token.clone(), entry.entry.digest.to_string());
+        // A moved tag's new digest may reach the entry's spec after its status says Moved (two
+        // writes of the controller): wait for both, so the digest printed is the new one.
         let acted = await_condition(api.clone(), &entry.name, move |object: Option<&DynamicObject>| {
-            last_refresh(object).is_some_and(|r| r.request == wanted)
+            last_refresh(object).is_some_and(|r| {
+                r.request == wanted
+                    && (r.result != RefreshResult::Moved || spec_digest(object).is_some_and(|d| d != before))
+            })
         });
         let acted = tokio::time::timeout(args.timeout, acted).await.map_err(|_| {
             anyhow::anyhow!(
@@ -86,11 +91,7 @@ pub async fn run(cluster: &Cluster, args: &Refresh) -> Result<Outcome> {
         let Some(done) = last_refresh(acted.as_ref()) else {
             bail!("the DigestCacheEntry {} was deleted while refreshing", entry.name);
         };
-        let digest = acted
-            .as_ref()
-            .and_then(|o| cluster_store::parse(o).ok())
-            .map(|e| e.spec.digest.to_string())
-            .unwrap_or_default();
+        let digest = spec_digest(acted.as_ref()).unwrap_or_default();
         let said = match done.result {
             RefreshResult::Checked => format!("checked: the tag still holds {digest}"),
             RefreshResult::Moved => format!(
@@ -113,6 +114,11 @@ pub async fn run(cluster: &Cluster, args: &Refresh) -> Result<Outcome> {
         );
     }
     Ok(outcome)
+}
+
+/// The digest the entry's spec holds.
+fn spec_digest(object: Option<&DynamicObject>) -> Option<String> {
+    Some(cluster_store::parse(object?).ok()?.spec.digest.to_string())
 }
 
 fn last_refresh(object: Option<&DynamicObject>) -> Option<RefreshOutcome> {
