@@ -695,9 +695,14 @@ pub struct AccessLog(PathBuf);
 impl AccessLog {
     /// How many requests in it contain `pattern`.
     pub fn matching(&self, pattern: &str) -> usize {
-        std::fs::read_to_string(&self.0)
-            .map(|log| log.lines().filter(|l| l.contains(pattern)).count())
-            .unwrap_or_default()
+        let [count] = self.matching_each([pattern]);
+        count
+    }
+
+    /// How many requests in it contain each of `patterns`, from one read of the log.
+    pub fn matching_each<const N: usize>(&self, patterns: [&str; N]) -> [usize; N] {
+        let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+        patterns.map(|p| log.lines().filter(|l| l.contains(p)).count())
     }
 }
 

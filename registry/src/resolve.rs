@@ -1195,7 +1195,6 @@ pub(crate) fn registry_error(body: &Bytes) -> Option<String> {
     Some(text.chars().take(200).collect())
 }
 
-/// An error and its sources, one line (reqwest's own message omits the cause).
 /// The HTTP client of a resolver: its settings, the platform's roots and `extra_roots`.
 fn http_client(
     config: &ResolverConfig,
@@ -1232,6 +1231,7 @@ fn untrusted_certificate(error: &(dyn StdError + 'static)) -> Option<String> {
     None
 }
 
+/// An error and its sources, one line (reqwest's own message omits the cause).
 pub(crate) fn error_chain(error: &dyn StdError) -> String {
     let mut text = error.to_string();
     let mut source = error.source();

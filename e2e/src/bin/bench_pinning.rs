@@ -78,7 +78,7 @@ fn knob(name: &str, default: usize) -> Result<usize> {
 
 /// `[GET, HEAD]` requests in a registry's access log.
 fn registry_requests(log: &AccessLog) -> [usize; 2] {
-    ["\"GET /v2/", "\"HEAD /v2/"].map(|p| log.matching(p))
+    log.matching_each(["\"GET /v2/", "\"HEAD /v2/"])
 }
 
 fn total(requests: [usize; 2]) -> usize {
