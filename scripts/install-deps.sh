@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything the local control plane and the real peers need, idempotently:
 #   - Debian packages: the OCI registry (Distribution), skopeo, openssl, shellcheck, iproute2,
-#     promtool (Debian's prometheus: the alerts' checks), and for the image (scripts/image.sh) musl-tools, jq; the rustup target
-#     x86_64-unknown-linux-musl (static binaries);
+#     promtool (Debian's prometheus: the alerts' checks), and for the image (scripts/image.sh) musl-tools, jq,
+#     qemu-user-static (the arm64 binaries run in a test); the rustup targets
+#     x86_64-unknown-linux-musl and aarch64-unknown-linux-musl (static binaries);
 #   - Go programs built from their Go modules, one module per program under e2e/peers/<name>/
 #     (a go.mod that requires the program, its go.sum pinning every hash): Kubernetes
 #     (kube-apiserver, kube-controller-manager, kube-scheduler), etcd, kwok, kapp-controller with
@@ -14,7 +15,8 @@
 #     the Kubernetes module's build/pause/linux/pause.c), both packed as OCI image layouts, and
 #     kube-router (its NetworkPolicy controller);
 #     and the release tools: helm (the chart), imgpkg (the Carvel bundles), cosign (signing the
-#     image), umoci (the image's layout); cargo-cyclonedx from crates.io (the SBOMs).
+#     image), umoci (the image's layout); cargo-cyclonedx from crates.io (the SBOMs); the arm64
+#     cross toolchain: cargo-zigbuild from crates.io and zig from PyPI (the ziglang wheel).
 #     The node's runc, CNI plugins, nftables, conntrack and ipset are Debian's packages.
 # Each build is cached outside the repository under $CACHE/peers/<name>-<hash of go.mod+go.sum>/
 # (bin/, the upstream CRDs the harness installs, crds/, and the upstream manifests it applies,
@@ -33,7 +35,7 @@
 #   scripts/install-deps.sh --node               only the node's builds (make cluster); no other
 #                                                mode builds them
 #   scripts/install-deps.sh --release-tools      only the tools that the image's suites alone need
-#                                                (umoci, cosign, cargo-cyclonedx)
+#                                                (umoci, cosign, cargo-cyclonedx, cargo-zigbuild, zig)
 # (--peers and --release-tools together are --builds: make test runs them one after the other and
 # the suites that need no release tool in between, scripts/test.sh.)
 # The builds run HOLDFAST_DEPS_JOBS (2) groups at a time: one `go build` leaves a core idle while
@@ -81,9 +83,10 @@ PEERS_DIR="$CACHE_DIR/peers"
 # (manifest-checks --test monitoring); the server it also installs is not started (RUNLEVEL=1).
 # valgrind: callgrind counts the admission hot path's instructions (scripts/instructions.sh).
 PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2 musl-tools jq
-  runc containernetworking-plugins nftables conntrack ipset socat prometheus valgrind)
-# The static binaries in the image.
-RUST_TARGET=x86_64-unknown-linux-musl
+  runc containernetworking-plugins nftables conntrack ipset socat prometheus valgrind
+  qemu-user-static python3-venv)
+# The static binaries in the image, one per platform (scripts/image.sh).
+RUST_TARGETS=(x86_64-unknown-linux-musl aarch64-unknown-linux-musl)
 # The Go toolchain of this machine kind (Kubernetes 1.37's go.mod says go 1.26.0).
 GO_MIN_MINOR=26
 
@@ -233,13 +236,16 @@ k8s_ldflags() {
 
 required_version() { (cd "$ROOT/e2e/peers/$1" && "$GO" list -m -f "{{.Version}}" "$2"); }
 
-install_rust_target() {
-  if rustup target list --installed 2>/dev/null | grep -qx "$RUST_TARGET"; then
-    log "rustup target $RUST_TARGET already installed"
-    return
-  fi
-  log "installing the rustup target $RUST_TARGET"
-  rustup target add "$RUST_TARGET" >/dev/null
+install_rust_targets() {
+  local target
+  for target in "${RUST_TARGETS[@]}"; do
+    if rustup target list --installed 2>/dev/null | grep -qx "$target"; then
+      log "rustup target $target already installed"
+      continue
+    fi
+    log "installing the rustup target $target"
+    rustup target add "$target" >/dev/null
+  done
 }
 
 # --- the groups of builds, each run as one background job (see spawn) ---
@@ -451,6 +457,25 @@ install_cyclonedx() {
   fi
 }
 
+# The arm64 cross toolchain of scripts/image.sh: cargo-zigbuild (crates.io) links with zig's
+# bundled musl and compiles ring's and mimalloc's C for aarch64 with `zig cc`; zig from PyPI's
+# ziglang wheel (the Zig Software Foundation's release, repackaged), in a virtualenv of the cache.
+# Debian has no zig and no aarch64 musl cross compiler.
+install_cross() {
+  local zigbuild=0.24.1 zig=0.14.1
+  if [ "$("$CACHE_DIR/cargo-tools/bin/cargo-zigbuild" --version 2>/dev/null | awk '{print $2}')" != "$zigbuild" ]; then
+    log "installing cargo-zigbuild $zigbuild from crates.io"
+    cargo install --quiet --locked cargo-zigbuild --version "$zigbuild" --root "$CACHE_DIR/cargo-tools"
+  fi
+  local venv="$CACHE_DIR/zig-$zig"
+  if [ "$("$venv/bin/python" -m ziglang version 2>/dev/null)" != "$zig" ]; then
+    log "installing zig $zig from PyPI (ziglang)"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "ziglang==$zig"
+  fi
+}
+
 # The run's groups of builds (spawn: started, HOLDFAST_DEPS_JOBS at a time), each logged as it
 # ends: its time, how many of the run's groups are done, which are still building.
 TASK_PIDS=()
@@ -505,7 +530,7 @@ await_all() {
 
 if [ "$DO_PACKAGES" = true ]; then
   install_packages
-  install_rust_target
+  install_rust_targets
 fi
 STARTED=$SECONDS
 if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$DO_NODE" = true ] || [ "$DO_DEMO" = true ]; then
@@ -517,7 +542,7 @@ RUN_GROUPS=()
 [ "$DO_PEERS" = true ] && RUN_GROUPS+=(build_kubernetes build_kpack build_carvel build_korifi build_helm build_cluster_tools)
 [ "$DO_DEMO" = true ] && RUN_GROUPS+=(build_kubernetes build_demo_peers build_helm build_etcd_kwok)
 [ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools)
-[ "$DO_RELEASE_TOOLS" = true ] && RUN_GROUPS+=(build_image_tools install_cyclonedx)
+[ "$DO_RELEASE_TOOLS" = true ] && RUN_GROUPS+=(build_image_tools install_cyclonedx install_cross)
 if [ "${#RUN_GROUPS[@]}" -gt 0 ]; then
   plan "${RUN_GROUPS[@]}"
   log "building ${#RUN_GROUPS[@]} groups, $DEPS_JOBS at a time (a build already cached for its go.mod is skipped): ${RUN_GROUPS[*]#build_}"

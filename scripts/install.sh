@@ -72,8 +72,10 @@ metadata:
     pod-security.kubernetes.io/warn: restricted
     pod-security.kubernetes.io/audit: restricted
 EOF
+# The control plane installs holdfast's CRD itself (as for `make up`'s host processes): the release
+# adopts it (--take-ownership), as a user moving from kustomize to the chart does (README).
 # shellcheck disable=SC2086 # HOLDFAST_HELM_ARGS is a list of arguments
-"$HELM" upgrade --install "$RELEASE" "$ROOT/charts/holdfast" -n "$NAMESPACE" --values "$values" \
+"$HELM" upgrade --install --take-ownership "$RELEASE" "$ROOT/charts/holdfast" -n "$NAMESPACE" --values "$values" \
   --wait --timeout 5m ${HOLDFAST_HELM_ARGS:-} >/dev/null
 log "helm release $RELEASE in $NAMESPACE: $(kubectl get pods -n "$NAMESPACE" --no-headers | awk '{print $1 " " $3}' | paste -sd, -)"
 

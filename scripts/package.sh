@@ -65,6 +65,8 @@ cp -rL "$ROOT/charts/holdfast" "$bundle/config/chart"
 # helmTemplate step below names the namespace), as kustomize's base does. Without the chart's
 # uninstall hook: `helm template` renders hooks as plain objects, so kapp would run its Job at
 # install and delete the webhook configurations (the key is also left out of the valuesSchema).
+# kapp orders the removal itself: the configurations' change group, deleted before the objects
+# an admission goes through (their change rules; manifest-checks' check_removal_order).
 printf 'namespace:\n  create: true\nuninstall:\n  removeWebhooksFirst: false\nimage:\n  repository: %s\n  digest: %s\n' "$IMAGE_REPO" "$IMAGE_DIGEST" >"$bundle/config/image-values.yaml"
 # kbld finds every image the chart renders and writes the ImagesLock (by digest).
 "$HELM" template holdfast "$bundle/config/chart" --namespace holdfast-system --include-crds --values "$bundle/config/image-values.yaml" 2>/dev/null |

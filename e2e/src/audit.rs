@@ -1,5 +1,6 @@
 //! The local kube-apiserver's audit log: every write (create, update, patch, delete) to the
-//! resources holdfast's controller writes, at Metadata level, one JSON object a line in the
+//! resources holdfast's controller writes, and deletes of what holdfast's removal orders, at
+//! Metadata level, one JSON object a line in the
 //! environment's directory ([`crate::Env::audit_log`]). Small (no bodies, no reads, a handful of
 //! resources), so every local environment keeps one.
 
@@ -32,6 +33,19 @@ rules:
     resources: [leases]
   - group: holdfast.dev
     resources: [digestcacheentries]
+# Deletes of what holdfast's removal orders (the package suite): its webhook configurations
+# before anything an admission goes through.
+- level: Metadata
+  verbs: [delete]
+  resources:
+  - group: admissionregistration.k8s.io
+    resources: [mutatingwebhookconfigurations, validatingwebhookconfigurations]
+  - group: apps
+    resources: [deployments]
+  - group: ''
+    resources: [services, namespaces]
+  - group: networking.k8s.io
+    resources: [networkpolicies]
 - level: None
 ";
 

@@ -3,9 +3,13 @@
 //! manifests/ for the same settings — differing only by what `chart::HELM_ADDS` lists — with the
 //! webhook configurations calling the installed Service; `helm upgrade` to other settings
 //! changes what the kustomize overlay of those changes and keeps what holdfast itself wrote: its
-//! TLS Secret's data, the caBundle it injected, and the digest cache entries. The release goes
-//! where users put it, `helm install -n NAMESPACE --create-namespace` (a namespace the chart does
-//! not render), everything namespaced in it, and `helm uninstall` leaves the namespace.
+//! TLS Secret's data, the caBundle it injected, and the digest cache entries. The CRD is the
+//! release's: adopted from the control plane with `--take-ownership` (refused without), upgraded
+//! by `helm upgrade` to the next chart version (its new field is stored, not pruned), and kept,
+//! with every entry's spec and status, by `crds.install=false` and by `helm uninstall`. The
+//! release goes where users put it, `helm install -n NAMESPACE --create-namespace` (a namespace
+//! the chart does not render), everything namespaced in it, and `helm uninstall` leaves the
+//! namespace.
 //! (holdfast's pods run on kwok's nodes, without containers: the objects are what is checked.)
 
 use std::sync::Arc;
@@ -44,14 +48,9 @@ fn helm(env: &Env, args: &[&str], values: Option<&Value>) -> Result<String> {
 /// Installed objects vs the kustomize rendering of `settings`; returns the installed ones.
 fn check_installed(env: &Env, settings: &Settings, release_manifest: &str) -> Result<Vec<Value>> {
     let expected = settings.kustomize(&kubectl().context("kubectl is not on PATH")?)?;
-    // Helm installs crds/ but leaves them out of the release's manifest.
-    let without_crds: Vec<Value> = expected
-        .iter()
-        .filter(|o| o["kind"] != "CustomResourceDefinition")
-        .cloned()
-        .collect();
+    // The CRD too: a template of the release, not crds/ (which Helm leaves out of the manifest).
     let released = chart::parse(release_manifest)?;
-    let drift = differences(&without_crds, &released);
+    let drift = differences(&expected, &released);
     ensure!(
         drift.is_empty(),
         "the release's manifest is not the kustomize rendering:\n{}",
@@ -95,7 +94,9 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
             NAMESPACE,
         ];
         if verb == "install" {
-            args.push("--create-namespace");
+            // The control plane created holdfast's CRD (as kustomize or `kubectl apply -f
+            // manifests/crds` would): the release adopts it, as README says.
+            args.extend(["--create-namespace", "--take-ownership"]);
         }
         // The image is the released chart's default: a user sets none.
         let mut values = settings.values();
@@ -114,7 +115,35 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
         }
         Ok(installed)
     };
+    // Without --take-ownership Helm refuses the CRD it did not create, naming it (README).
+    let refused = helm(
+        &env,
+        &[
+            "install",
+            "holdfast",
+            &chart,
+            "--version",
+            version,
+            "--plain-http",
+            "-n",
+            NAMESPACE,
+            "--create-namespace",
+        ],
+        None,
+    )
+    .err()
+    .context("helm install over a CRD Helm did not create succeeded")?;
+    ensure!(
+        format!("{refused:#}").contains(CRD),
+        "helm install refused, but not for the CRD: {refused:#}"
+    );
     release("install", &settings)?;
+    let crd = env.kubectl_get("crd", CRD, "default")?;
+    ensure!(
+        crd["metadata"]["annotations"]["meta.helm.sh/release-name"] == "holdfast",
+        "the release did not adopt the CRD: {}",
+        crd["metadata"]
+    );
 
     // What the webhook writes when it runs: its certificates into the Secret, the caBundle into
     // the configurations; and a digest cache entry the controller would have written.
@@ -152,6 +181,25 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
         NAMESPACE,
         "apiVersion: holdfast.dev/v1alpha1\nkind: DigestCacheEntry\nmetadata: {name: kept}\nspec: {reference: registry.example/app:1.0.0, scope: anonymous, digest: 'sha256:0000000000000000000000000000000000000000000000000000000000000000', state: Fresh, checkedAt: '2026-01-01T00:00:00Z', resolvedAt: '2026-01-01T00:00:00Z'}\n",
     )?;
+    // And its status, as the controller writes it (the subresource).
+    let status = json!({"status": {
+        "observedDigest": format!("sha256:{}", "0".repeat(64)),
+        "lastCheckTime": "2026-01-01T00:00:00Z",
+        "usedBy": 2,
+        "conditions": [{"type": "Resolved", "status": "True", "reason": "Resolved", "message": "resolved", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "lastRefresh": {"at": "2026-01-01T00:00:00Z", "request": "r1", "result": "Checked"},
+    }});
+    kubectl_ok(&[
+        "patch",
+        "digestcacheentries.holdfast.dev",
+        "kept",
+        "-n",
+        NAMESPACE,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &status.to_string(),
+    ])?;
     let secret_before = env.kubectl_get("secret", "holdfast-webhook-tls", NAMESPACE)?;
     let entry_before = env.kubectl_get("digestcacheentries.holdfast.dev", "kept", NAMESPACE)?;
 
@@ -187,12 +235,18 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
             );
         }
     }
-    let entry_after = env.kubectl_get("digestcacheentries.holdfast.dev", "kept", NAMESPACE)?;
-    ensure!(
-        entry_after["metadata"]["uid"] == entry_before["metadata"]["uid"]
-            && entry_after["spec"] == entry_before["spec"],
-        "helm upgrade replaced the digest cache entry"
-    );
+    let entry_kept = |when: &str| -> Result<()> {
+        let entry = env.kubectl_get("digestcacheentries.holdfast.dev", "kept", NAMESPACE)?;
+        ensure!(
+            entry["metadata"]["uid"] == entry_before["metadata"]["uid"]
+                && entry["spec"] == entry_before["spec"]
+                && entry["status"] == entry_before["status"]
+                && entry_before["status"]["usedBy"] == 2,
+            "{when} replaced or changed the digest cache entry: {entry_before} -> {entry}"
+        );
+        Ok(())
+    };
+    entry_kept("helm upgrade")?;
     // The old policy ConfigMap went with the old release revision.
     let configmaps: Value = serde_json::from_str(&kubectl_ok(&[
         "get",
@@ -214,8 +268,53 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
         "policy ConfigMaps after the upgrade: {policies:?}"
     );
 
-    // The namespace is not the release's: helm uninstall leaves it.
+    // The next chart version, whose CRD has a field this one's has not: `helm upgrade` upgrades
+    // the CRD (from crds/ it would not, and the API server would prune the field), keeping every
+    // entry and its fields.
+    let next = next_version(&env, &chart, version)?;
+    let mut values = upgraded.values();
+    values.as_object_mut().context("values")?.remove("image");
+    helm(
+        &env,
+        &[
+            "upgrade",
+            "holdfast",
+            &next.path().join("holdfast").to_string_lossy(),
+            "-n",
+            NAMESPACE,
+        ],
+        Some(&values),
+    )?;
+    entry_kept("helm upgrade to the next chart version")?;
+    env.kubectl_apply(
+        NAMESPACE,
+        &format!("apiVersion: holdfast.dev/v1alpha1\nkind: DigestCacheEntry\nmetadata: {{name: newer}}\nspec: {{reference: registry.example/app:2.0.0, scope: anonymous, digest: 'sha256:{}', state: Fresh, checkedAt: '2026-01-01T00:00:00Z', resolvedAt: '2026-01-01T00:00:00Z', {NEW_FIELD}: written}}\n", "1".repeat(64)),
+    )?;
+    let newer = env.kubectl_get("digestcacheentries.holdfast.dev", "newer", NAMESPACE)?;
+    ensure!(
+        newer["spec"][NEW_FIELD] == "written",
+        "the next version's field was pruned: the CRD was not upgraded ({})",
+        newer["spec"]
+    );
+
+    // crds.install=false: Helm no longer renders the CRD, and keeps it (crds.keep).
+    values["crds"] = json!({"install": false});
+    helm(
+        &env,
+        &[
+            "upgrade",
+            "holdfast",
+            &next.path().join("holdfast").to_string_lossy(),
+            "-n",
+            NAMESPACE,
+        ],
+        Some(&values),
+    )?;
+    entry_kept("helm upgrade with crds.install=false")?;
+
+    // The namespace is not the release's: helm uninstall leaves it, and the CRD with every entry.
     helm(&env, &["uninstall", "holdfast", "-n", NAMESPACE, "--wait"], None)?;
+    entry_kept("helm uninstall")?;
     let namespace = env.kubectl_get("namespace", NAMESPACE, "default")?;
     ensure!(
         namespace["status"]["phase"] == "Active",
@@ -223,4 +322,56 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
         namespace["status"]
     );
     Ok(())
+}
+
+/// The digest cache's CRD.
+const CRD: &str = "digestcacheentries.holdfast.dev";
+/// The field the next chart version's CRD adds to an entry's spec.
+const NEW_FIELD: &str = "addedByTheNextVersion";
+
+/// The released chart pulled and made its next version: Chart.yaml's version and appVersion
+/// bumped, and a string field [`NEW_FIELD`] added to the CRD's spec schema.
+fn next_version(env: &Env, chart: &str, version: &str) -> Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().to_string_lossy().into_owned();
+    helm(
+        env,
+        &[
+            "pull",
+            chart,
+            "--version",
+            version,
+            "--plain-http",
+            "--untar",
+            "--untardir",
+            &out,
+        ],
+        None,
+    )?;
+    let root = dir.path().join("holdfast");
+    let next = format!("{version}-next");
+    let chart_yaml = root.join("Chart.yaml");
+    let text = std::fs::read_to_string(&chart_yaml)?;
+    ensure!(
+        text.contains(&format!("\nversion: {version}\n")),
+        "the pulled Chart.yaml has no version {version}"
+    );
+    std::fs::write(
+        &chart_yaml,
+        text.replace(
+            &format!("\nversion: {version}\n"),
+            &format!("\nversion: {next}\n"),
+        ),
+    )?;
+    let file = root.join("files/crds").join(format!("{CRD}.yaml"));
+    let mut crd: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&file)?)?;
+    let properties =
+        &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    ensure!(
+        properties.is_mapping(),
+        "the CRD's spec has no properties: {file:?}"
+    );
+    properties[NEW_FIELD] = serde_yaml::from_str("{type: string}")?;
+    std::fs::write(&file, serde_yaml::to_string(&crd)?)?;
+    Ok(dir)
 }

@@ -1,10 +1,12 @@
 //! The container image `make image` builds without a Docker engine (scripts/image.sh: static
-//! musl binaries, umoci, skopeo), pulled back from the registry it was pushed to: its config is
-//! what manifests/ assume (user, entrypoint, the commands the Deployments run), it holds the two
-//! binaries and the CA bundle and nothing else, and the binaries taken out of its layers run —
-//! `--help`, and the webhook, on a file system remounted read-only, serving the API server's
-//! reviews (an App written with a tag is stored pinned); signed with cosign against a key the test creates, with a CycloneDX SBOM of
-//! each binary attested, which verification with another key refuses.
+//! musl binaries, umoci, skopeo), pulled back from the registry it was pushed to: an OCI index of
+//! a linux/amd64 and a linux/arm64 image; each image's config is what manifests/ assume (user,
+//! entrypoint, the commands the Deployments run), it holds the three binaries and the CA bundle
+//! and nothing else, and the binaries taken out of its layers run — `--help` (arm64's under
+//! Debian's qemu-user), and the webhook of each platform, on a file system remounted read-only,
+//! serving the API server's reviews (an App written with a tag is stored pinned); signed with
+//! cosign against a key the test creates, with a CycloneDX SBOM of each binary attested, which
+//! verification with another key refuses.
 
 use std::{collections::BTreeMap, io::Read as _, path::Path, sync::Arc};
 
@@ -26,8 +28,35 @@ use kube::api::{Api, PostParams};
 e2e_main!(
     the_image_is_what_the_manifests_run,
     the_webhook_binary_from_the_image_pins_an_app,
+    the_arm64_webhook_binary_pins_an_app_under_qemu,
     the_image_is_signed_and_carries_an_sbom_of_each_binary,
 );
+
+/// The image's platforms (linux/ARCH): the architecture, readelf's machine, and what runs a
+/// binary of it here (nothing: natively; Debian's qemu-user-static otherwise).
+const PLATFORMS: [(&str, &str, Option<&str>); 2] = [
+    ("amd64", "Advanced Micro Devices X86-64", None),
+    ("arm64", "AArch64", Some("qemu-aarch64-static")),
+];
+
+/// The image manifest of linux/`arch` in the pushed index.
+async fn platform_manifest(registry: &str, image: &dist::Image, arch: &str) -> Result<serde_json::Value> {
+    let (_, bytes) = images::fetch_raw(registry, "holdfast", "manifests", &image.digest).await?;
+    let index: serde_json::Value = serde_json::from_slice(&bytes)?;
+    let digest = index["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == arch)
+        .and_then(|m| m["digest"].as_str())
+        .with_context(|| format!("the index has no linux/{arch} image: {index}"))?;
+    let (media_type, bytes) = images::fetch_raw(registry, "holdfast", "manifests", digest).await?;
+    ensure!(
+        media_type == images::OCI_MANIFEST && images::sha256_digest(&bytes) == digest,
+        "linux/{arch}: {media_type} under {digest}"
+    );
+    Ok(serde_json::from_slice(&bytes)?)
+}
 
 /// The image's files: path -> (mode, uid, contents).
 type Files = BTreeMap<String, (u32, u64, Vec<u8>)>;
@@ -94,12 +123,41 @@ async fn the_image_is_what_the_manifests_run(env: Arc<Env>) -> Result<()> {
         "the registry serves other bytes under {}",
         image.digest
     );
-    let manifest: serde_json::Value = serde_json::from_slice(&bytes)?;
+    let index: serde_json::Value = serde_json::from_slice(&bytes)?;
     ensure!(
-        media_type == images::OCI_MANIFEST,
-        "not an OCI image manifest: {media_type}"
+        media_type == images::OCI_INDEX,
+        "not an OCI image index: {media_type}"
     );
-    let annotations = &manifest["annotations"];
+    let platforms: Vec<String> = index["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            format!(
+                "{}/{}",
+                m["platform"]["os"].as_str().unwrap_or_default(),
+                m["platform"]["architecture"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    ensure!(
+        platforms == ["linux/amd64", "linux/arm64"],
+        "the index holds {platforms:?}"
+    );
+    for (arch, machine, runner) in PLATFORMS {
+        let manifest = platform_manifest(registry, &image, arch).await?;
+        for annotations in [&index["annotations"], &manifest["annotations"]] {
+            release_annotations(annotations).with_context(|| format!("linux/{arch}"))?;
+        }
+        platform_is_what_the_manifests_run(registry, &image, &manifest, arch, machine, runner)
+            .await
+            .with_context(|| format!("linux/{arch}"))?;
+    }
+    Ok(())
+}
+
+/// The release's annotations, on the index and on each image.
+fn release_annotations(annotations: &serde_json::Value) -> Result<()> {
     for (key, expected) in [
         ("org.opencontainers.image.revision", git_head()?),
         (
@@ -120,10 +178,23 @@ async fn the_image_is_what_the_manifests_run(env: Arc<Env>) -> Result<()> {
             .is_some_and(|s| !s.is_empty()),
         "no org.opencontainers.image.source annotation"
     );
+    Ok(())
+}
 
-    let config = images::fetch_config(registry, "holdfast", &image.digest).await?;
+/// One platform's image: its config and files are what manifests/ run, and its binaries run.
+async fn platform_is_what_the_manifests_run(
+    registry: &str,
+    image: &dist::Image,
+    manifest: &serde_json::Value,
+    arch: &str,
+    machine: &str,
+    runner: Option<&str>,
+) -> Result<()> {
+    let config_digest = manifest["config"]["digest"].as_str().context("no config")?;
+    let (_, bytes) = images::fetch_raw(registry, "holdfast", "blobs", config_digest).await?;
+    let config: serde_json::Value = serde_json::from_slice(&bytes)?;
     ensure!(
-        config["os"] == "linux" && config["architecture"] == "amd64",
+        config["os"] == "linux" && config["architecture"] == arch,
         "platform {} {}",
         config["os"],
         config["architecture"]
@@ -135,7 +206,7 @@ async fn the_image_is_what_the_manifests_run(env: Arc<Env>) -> Result<()> {
         .flatten()
         .filter_map(|v| v.as_str())
         .collect();
-    let (files, compressed) = files(&image, &manifest).await?;
+    let (files, compressed) = files(image, manifest).await?;
     let paths: Vec<&str> = files.keys().map(String::as_str).collect();
     ensure!(
         paths
@@ -225,7 +296,25 @@ async fn the_image_is_what_the_manifests_run(env: Arc<Env>) -> Result<()> {
             !headers.contains("INTERP"),
             "{name} needs a dynamic loader: the image has none"
         );
-        let help = std::process::Command::new(&binary).arg("--help").output()?;
+        let header = std::process::Command::new("readelf")
+            .arg("-h")
+            .arg(&binary)
+            .output()?;
+        let header = String::from_utf8_lossy(&header.stdout);
+        ensure!(
+            header
+                .lines()
+                .any(|l| l.trim_start().starts_with("Machine:") && l.contains(machine)),
+            "{name} is not a {machine} binary:\n{header}"
+        );
+        let help = match runner {
+            Some(runner) => std::process::Command::new(runner)
+                .arg(&binary)
+                .arg("--help")
+                .output(),
+            None => std::process::Command::new(&binary).arg("--help").output(),
+        }
+        .with_context(|| format!("running {name} --help ({})", runner.unwrap_or("natively")))?;
         let text = String::from_utf8_lossy(&help.stdout);
         ensure!(
             help.status.success() && text.contains(flag),
@@ -234,7 +323,7 @@ async fn the_image_is_what_the_manifests_run(env: Arc<Env>) -> Result<()> {
         );
     }
     eprintln!(
-        "image {}: {:.1} MiB compressed, binaries {:.1} MiB",
+        "image {} linux/{arch}: {:.1} MiB compressed, binaries {:.1} MiB",
         image.reference(),
         compressed as f64 / (1 << 20) as f64,
         uncompressed as f64 / (1 << 20) as f64
@@ -254,9 +343,19 @@ const READ_ONLY: &str = "set -e; probe=$1; shift; \
 /// its certificate, injects the caBundle, and the API server's review of an App with a tag comes
 /// back pinned.
 async fn the_webhook_binary_from_the_image_pins_an_app(env: Arc<Env>) -> Result<()> {
+    webhook_from_the_image_pins_an_app(env, "amd64", None).await
+}
+
+/// The same with the linux/arm64 image's webhook, run by Debian's qemu-user: one admission
+/// review through the API server, answered by the arm64 binary.
+async fn the_arm64_webhook_binary_pins_an_app_under_qemu(env: Arc<Env>) -> Result<()> {
+    webhook_from_the_image_pins_an_app(env, "arm64", Some("qemu-aarch64-static")).await
+}
+
+async fn webhook_from_the_image_pins_an_app(env: Arc<Env>, arch: &str, runner: Option<&str>) -> Result<()> {
     let image = dist::build_and_push_image(&env)?;
-    let (_, bytes) = images::fetch_raw(env.registry(), "holdfast", "manifests", &image.digest).await?;
-    let (files, _) = files(&image, &serde_json::from_slice(&bytes)?).await?;
+    let manifest = platform_manifest(env.registry(), &image, arch).await?;
+    let (files, _) = files(&image, &manifest).await?;
     let dir = tempfile::tempdir()?;
     let binary = extract(&files, "holdfast-webhook", dir.path())?;
 
@@ -267,7 +366,7 @@ async fn the_webhook_binary_from_the_image_pins_an_app(env: Arc<Env>) -> Result<
     let digest = images::push(env.registry(), "image-test/config", "1.0.0", &config).await?;
     let client = env.client().await?;
     let system = env.namespace("image-system").await?;
-    let name = holdfast_e2e::control_plane::unique_name("holdfast-image");
+    let name = holdfast_e2e::control_plane::unique_name(&format!("holdfast-image-{arch}"));
     let (port, admin) = (free_port()?, free_port()?);
     let scope = LabelSelectorRequirement {
         key: SCOPE_LABEL.into(),
@@ -298,6 +397,7 @@ async fn the_webhook_binary_from_the_image_pins_an_app(env: Arc<Env>) -> Result<
     .map(String::from)
     .into();
     args.push(dir.path().join("probe").display().to_string());
+    args.extend(runner.map(String::from));
     args.push(binary.display().to_string());
     args.extend([
         format!("--addr=127.0.0.1:{port}"),
@@ -308,8 +408,12 @@ async fn the_webhook_binary_from_the_image_pins_an_app(env: Arc<Env>) -> Result<
         format!("--validating-webhook-configurations={name}"),
         format!("--insecure-registry={}", env.registry()),
     ]);
+    let label = match arch {
+        "amd64" => "holdfast-webhook-from-image-amd64",
+        _ => "holdfast-webhook-from-image-arm64",
+    };
     let mut webhook = ServerProcess::spawn(
-        "holdfast-webhook-from-image",
+        label,
         Path::new("unshare"),
         &args,
         &[("KUBECONFIG", env.kubeconfig())],

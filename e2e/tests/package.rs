@@ -5,7 +5,9 @@
 //! of holdfast with a user's values reconciles and creates exactly the objects `kubectl
 //! kustomize` renders of manifests/ for the same settings — differing only by what
 //! `chart::PACKAGE_ADDS` lists (kapp's and kbld's labels and annotations) — with the webhook
-//! configurations calling the installed Service and the Deployments running the copied image.
+//! configurations calling the installed Service and the Deployments running the copied image;
+//! deleting the PackageInstall deletes the webhook configurations before anything an admission
+//! goes through, and keeps the digest cache's CRD.
 //! (holdfast's pods run on kwok's nodes, without
 //! containers: the objects are what is checked.)
 
@@ -22,6 +24,7 @@ use holdfast_manifest_checks::{
     chart::{PACKAGE_ADDS, Settings, object_id},
     load::kubectl,
 };
+use k8s_openapi::jiff::Timestamp;
 
 e2e_main!(a_package_install_of_holdfast_is_the_kustomize_rendering);
 
@@ -210,5 +213,67 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
         deployed.difference(&rendered).collect::<Vec<_>>(),
         rendered.difference(&deployed).collect::<Vec<_>>()
     );
+
+    // Removal: the PackageInstall deleted, kapp deletes both webhook configurations before
+    // anything an admission goes through (their change group and rules; the audit log's
+    // deletes), and keeps the CRD (its delete strategy orphan).
+    let removed_at = Timestamp::now();
+    holdfast_e2e::accounts::kubectl_ok(
+        &env,
+        &[
+            "delete",
+            "packageinstall",
+            "holdfast",
+            "-n",
+            &ns,
+            "--wait",
+            "--timeout=180s",
+        ],
+    )?;
+    let deletes: Vec<_> = env
+        .audit_log()?
+        .into_iter()
+        .filter(|e| e.verb == "delete" && e.succeeded() && e.request_received_timestamp > removed_at)
+        .collect();
+    let configurations: Vec<_> = deletes
+        .iter()
+        .filter(|e| {
+            e.object_ref.api_group == "admissionregistration.k8s.io" && e.object_ref.name == "holdfast"
+        })
+        .collect();
+    ensure!(
+        configurations.len() == 2,
+        "deletes of the webhook configurations: {:?}",
+        configurations.iter().map(|e| e.describe()).collect::<Vec<_>>()
+    );
+    let configurations_gone = configurations
+        .iter()
+        .map(|e| e.stage_timestamp)
+        .max()
+        .context("no configuration delete")?;
+    for (resource, namespace, name) in [
+        ("deployments", "holdfast-system", "holdfast-webhook"),
+        ("services", "holdfast-system", "holdfast-webhook"),
+        ("networkpolicies", "holdfast-system", "holdfast-webhook"),
+        ("namespaces", "", "holdfast-system"),
+    ] {
+        let delete = deletes
+            .iter()
+            .find(|e| {
+                // A namespace's own requests name it as their namespace too.
+                e.object_ref.resource == resource
+                    && e.object_ref.name == name
+                    && (e.object_ref.namespace == namespace || resource == "namespaces")
+            })
+            .with_context(|| format!("kapp did not delete {resource} {namespace}/{name}"))?;
+        ensure!(
+            delete.request_received_timestamp >= configurations_gone,
+            "kapp deleted {resource} {namespace}/{name} before the webhook configurations were gone: {} vs {:?}",
+            delete.describe(),
+            configurations.iter().map(|e| e.describe()).collect::<Vec<_>>()
+        );
+    }
+    env.kubectl_get("crd", "digestcacheentries.holdfast.dev", "default")
+        .context("kapp deleted the CRD (the digest cache) with the package")?;
     webhook.stop().await
 }

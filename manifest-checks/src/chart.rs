@@ -34,12 +34,18 @@ pub struct Settings {
     /// `namespace.create`: the Namespace object is rendered (the base's, with its Pod Security
     /// labels).
     pub create_namespace: bool,
+    /// `crds.install: false`: the CRD is managed elsewhere (kustomize: the CRD deleted).
+    pub without_crds: bool,
+    /// `crds.keep: false`: the CRD goes with the release (kustomize: its keep annotations removed).
+    pub crds_not_kept: bool,
     /// `(repository, digest)` of the image.
     pub image: Option<(String, String)>,
     pub image_pull_secrets: Vec<String>,
     pub match_conditions: bool,
     pub cert_manager: bool,
     pub insecure_registries: Vec<String>,
+    /// `proxy.https`, `proxy.http`, `proxy.noProxy` (kustomize: the same environment patched in).
+    pub proxy: Option<Proxy>,
     /// `registryCA.configMap` (components/registry-ca, whose ConfigMap is `holdfast-registry-ca`).
     pub registry_ca: Option<String>,
     pub policy: Option<Policy>,
@@ -74,6 +80,40 @@ pub struct Settings {
     pub webhook: Pods,
     /// The controller's pod values.
     pub controller: Pods,
+}
+
+/// `proxy.*`: `None` leaves a field at its default (`https` and `http` empty, `noProxy` the
+/// chart's).
+#[derive(Debug, Clone, Default)]
+pub struct Proxy {
+    pub https: Option<String>,
+    pub http: Option<String>,
+    pub no_proxy: Option<String>,
+}
+
+/// The chart's default `proxy.noProxy`.
+pub const DEFAULT_NO_PROXY: &str = ".svc,.cluster.local,localhost,127.0.0.1";
+
+impl Proxy {
+    /// The environment both containers get: none without a proxy.
+    fn env(&self) -> Vec<Value> {
+        if self.https.is_none() && self.http.is_none() {
+            return Vec::new();
+        }
+        let no_proxy = self.no_proxy.as_deref().unwrap_or(DEFAULT_NO_PROXY);
+        [
+            ("HTTPS_PROXY", self.https.as_deref()),
+            ("HTTP_PROXY", self.http.as_deref()),
+            ("NO_PROXY", Some(no_proxy)),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| {
+            value
+                .filter(|v| !v.is_empty())
+                .map(|v| json!({"name": name, "value": v}))
+        })
+        .collect()
+    }
 }
 
 /// `networkPolicy.egress.enabled` with these addresses.
@@ -228,6 +268,11 @@ impl Settings {
                 format!("sha256:{}", "ab".repeat(32)),
             )),
             image_pull_secrets: vec!["registry-pull".into()],
+            proxy: Some(Proxy {
+                https: Some("http://proxy.corp.example:3128".into()),
+                http: Some("http://proxy.corp.example:3128".into()),
+                no_proxy: Some(".svc,.cluster.local,registry.corp.example,10.0.0.0/8".into()),
+            }),
             match_conditions: true,
             cert_manager: false,
             insecure_registries: vec!["registry.internal:5000".into(), "10.0.0.5".into()],
@@ -320,6 +365,12 @@ impl Settings {
         if self.create_namespace {
             values["namespace"] = json!({"create": true});
         }
+        if self.without_crds {
+            values["crds"]["install"] = json!(false);
+        }
+        if self.crds_not_kept {
+            values["crds"]["keep"] = json!(false);
+        }
         if self.without_carvel {
             values["carvel"] = json!({"enabled": false});
         }
@@ -346,6 +397,13 @@ impl Settings {
         }
         if !self.image_pull_secrets.is_empty() {
             values["imagePullSecrets"] = json!(self.image_pull_secrets);
+        }
+        if let Some(p) = &self.proxy {
+            for (key, value) in [("https", &p.https), ("http", &p.http), ("noProxy", &p.no_proxy)] {
+                if let Some(value) = value {
+                    values["proxy"][key] = json!(value);
+                }
+            }
         }
         if let Some(name) = &self.registry_ca {
             values["registryCA"] = json!({"configMap": name});
@@ -494,6 +552,22 @@ impl Settings {
         if !self.create_namespace {
             patches.push(delete("Namespace", "v1", crate::HOLDFAST_NAMESPACE, false)?);
         }
+        let cache = holdfast_cache::cluster_store::resource();
+        let crd = format!("{}.{}", cache.plural, cache.group);
+        if self.without_crds {
+            patches.push(delete(
+                "CustomResourceDefinition",
+                "apiextensions.k8s.io/v1",
+                &crd,
+                false,
+            )?);
+        } else if self.crds_not_kept {
+            patches.push(json_patch(
+                "CustomResourceDefinition",
+                &crd,
+                &[json!({"op": "remove", "path": "/metadata/annotations"})],
+            )?);
+        }
         let container = "/spec/template/spec/containers/0";
         for (name, resources, pods, count, extra) in [
             (
@@ -559,6 +633,9 @@ impl Settings {
                 ops.push(
                     json!({"op": "replace", "path": format!("{container}/env/{i}/value"), "value": level}),
                 );
+            }
+            for e in self.proxy.iter().flat_map(Proxy::env) {
+                ops.push(json!({"op": "add", "path": format!("{container}/env/-"), "value": e}));
             }
             if let Some(Value::Array(env)) = &pods.extra_env {
                 ops.extend(

@@ -420,3 +420,62 @@ fn a_drifted_webhook_setting_is_caught() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_removal_kapp_would_do_out_of_order_is_caught() -> Result<()> {
+    use holdfast_manifest_checks::checks::{CHANGE_GROUP, CHANGE_RULE, check_removal_order};
+    assert_clean("removal order (the base)", &check_removal_order(&base()?));
+    // Each object an admission goes through, without its rule; a configuration without its group.
+    for (what, object_kind, name, key) in [
+        (
+            "the webhook's Deployment",
+            "Deployment",
+            "holdfast-webhook",
+            CHANGE_RULE,
+        ),
+        (
+            "the webhook's Service",
+            "Service",
+            "holdfast-webhook",
+            CHANGE_RULE,
+        ),
+        (
+            "the webhook's NetworkPolicy",
+            "NetworkPolicy",
+            "holdfast-webhook",
+            CHANGE_RULE,
+        ),
+        (
+            "holdfast's Namespace",
+            "Namespace",
+            "holdfast-system",
+            CHANGE_RULE,
+        ),
+        (
+            "the mutating configuration",
+            "MutatingWebhookConfiguration",
+            "holdfast",
+            CHANGE_GROUP,
+        ),
+        (
+            "the validating configuration",
+            "ValidatingWebhookConfiguration",
+            "holdfast",
+            CHANGE_GROUP,
+        ),
+    ] {
+        let mut objects = base()?;
+        let annotations = at_mut(find_mut(&mut objects, object_kind, name)?, "metadata.annotations")?;
+        annotations
+            .as_mapping_mut()
+            .with_context(|| format!("{object_kind} {name}: annotations"))?
+            .remove(key)
+            .with_context(|| format!("{object_kind} {name} has no {key}"))?;
+        expect_caught(
+            &format!("{what} without {key}"),
+            check_removal_order(&objects),
+            name,
+        );
+    }
+    Ok(())
+}

@@ -55,6 +55,112 @@ fn without_match_conditions_the_chart_is_the_base() -> Result<()> {
     same_as_kustomize("matchConditions=false", &Settings::default()).map(drop)
 }
 
+/// The CRD is a template (upgraded by `helm upgrade`), kept when the release goes (crds.keep,
+/// as the base annotates it), left out with crds.install=false; each the kustomize overlay of
+/// the same choice.
+#[test]
+fn the_crd_is_a_template_kept_on_removal_or_left_out() -> Result<()> {
+    let crds = |rendered: &[serde_json::Value]| -> Vec<serde_json::Value> {
+        rendered
+            .iter()
+            .filter(|o| o["kind"] == "CustomResourceDefinition")
+            .cloned()
+            .collect()
+    };
+    let kept = crds(&same_as_kustomize("defaults", &Settings::recommended())?);
+    ensure!(kept.len() == 1, "{} CRDs rendered", kept.len());
+    for (annotation, value) in [
+        ("helm.sh/resource-policy", "keep"),
+        ("kapp.k14s.io/delete-strategy", "orphan"),
+    ] {
+        ensure!(
+            kept[0]["metadata"]["annotations"][annotation] == value,
+            "the CRD is not kept on removal: {}",
+            kept[0]["metadata"]
+        );
+    }
+    // Not from crds/, which Helm never upgrades.
+    let chart = holdfast_manifest_checks::chart::chart();
+    ensure!(
+        !chart.join("crds").exists(),
+        "{} holds crds/: Helm installs it once and never upgrades it",
+        chart.display()
+    );
+    let not_kept = Settings {
+        crds_not_kept: true,
+        ..Settings::recommended()
+    };
+    let rendered = crds(&same_as_kustomize("crds.keep=false", &not_kept)?);
+    ensure!(
+        rendered.len() == 1 && rendered[0]["metadata"].get("annotations").is_none(),
+        "crds.keep=false: {rendered:?}"
+    );
+    let without = Settings {
+        without_crds: true,
+        ..Settings::recommended()
+    };
+    let rendered = crds(&same_as_kustomize("crds.install=false", &without)?);
+    ensure!(
+        rendered.is_empty(),
+        "crds.install=false rendered {} CRDs",
+        rendered.len()
+    );
+    Ok(())
+}
+
+/// proxy.https alone: both containers get HTTPS_PROXY and the default NO_PROXY, no HTTP_PROXY;
+/// without a proxy, neither gets any of them.
+#[test]
+fn a_proxy_is_the_environment_of_both_components() -> Result<()> {
+    use holdfast_manifest_checks::chart::{DEFAULT_NO_PROXY, Proxy};
+    let env_of = |rendered: &[serde_json::Value], name: &str| -> Vec<(String, String)> {
+        rendered
+            .iter()
+            .filter(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == name)
+            .flat_map(|d| {
+                d["spec"]["template"]["spec"]["containers"][0]["env"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+            .filter(|(n, _)| n.ends_with("_PROXY"))
+            .collect()
+    };
+    let proxied = Settings {
+        proxy: Some(Proxy {
+            https: Some("http://proxy.corp.example:3128".into()),
+            ..Proxy::default()
+        }),
+        ..Settings::recommended()
+    };
+    let rendered = same_as_kustomize("proxy.https", &proxied)?;
+    let recommended = same_as_kustomize("defaults", &Settings::recommended())?;
+    for name in ["holdfast-webhook", "holdfast-controller"] {
+        let env = env_of(&rendered, name);
+        ensure!(
+            env == [
+                (
+                    "HTTPS_PROXY".to_string(),
+                    "http://proxy.corp.example:3128".to_string()
+                ),
+                ("NO_PROXY".to_string(), DEFAULT_NO_PROXY.to_string()),
+            ],
+            "{name}: {env:?}"
+        );
+        ensure!(
+            env_of(&recommended, name).is_empty(),
+            "{name} has a proxy by default"
+        );
+    }
+    // The schema's default is the one the chart renders.
+    let schema: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        holdfast_manifest_checks::chart::chart().join("values.schema.json"),
+    )?)?;
+    ensure!(schema["properties"]["proxy"]["properties"]["noProxy"]["default"] == DEFAULT_NO_PROXY);
+    Ok(())
+}
+
 /// namespace.create renders the base's Namespace (with its Pod Security labels), in the
 /// release's namespace.
 #[test]

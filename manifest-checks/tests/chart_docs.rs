@@ -50,7 +50,7 @@ fn an_undocumented_key_is_refused() -> Result<()> {
 }
 
 /// Chart.yaml's Artifact Hub metadata says what the chart holds: the default image, the CRDs of
-/// crds/, the workspace's license, and this version's CHANGELOG.md entries.
+/// files/crds (the CRD templates), the workspace's license, and this version's CHANGELOG.md entries.
 #[test]
 fn the_artifact_hub_metadata_is_the_charts() -> Result<()> {
     let dir = chart();
@@ -85,7 +85,7 @@ fn the_artifact_hub_metadata_is_the_charts() -> Result<()> {
     );
     let crds = annotation("artifacthub.io/crds")?;
     let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir.join("crds"))? {
+    for entry in std::fs::read_dir(dir.join("files/crds"))? {
         let crd: serde_yaml::Value = serde_yaml::from_str(&read(&entry?.path())?)?;
         files.push((
             crd["metadata"]["name"].as_str().unwrap_or_default().to_string(),
@@ -108,7 +108,7 @@ fn the_artifact_hub_metadata_is_the_charts() -> Result<()> {
         .collect();
     ensure!(
         listed == files,
-        "artifacthub.io/crds lists {listed:?}, crds/ holds {files:?}"
+        "artifacthub.io/crds lists {listed:?}, files/crds holds {files:?}"
     );
 
     // The changes: entries of CHANGELOG.md's section for this version (Unreleased until it has one).

@@ -139,3 +139,23 @@ is false (components/no-secret-reads). */}}
 {{- define "holdfast.readSecrets" -}}
 {{- if and .Values.carvel.enabled .Values.secrets.read }}true{{ end -}}
 {{- end -}}
+
+{{/*
+The proxy environment of both containers (proxy.*): rendered only with a proxy set.
+*/}}
+{{- define "holdfast.proxyEnv" -}}
+{{- if or .Values.proxy.https .Values.proxy.http }}
+{{- with .Values.proxy.https }}
+- name: HTTPS_PROXY
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.proxy.http }}
+- name: HTTP_PROXY
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.proxy.noProxy }}
+- name: NO_PROXY
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- end }}

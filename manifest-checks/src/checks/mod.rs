@@ -6,12 +6,14 @@ mod availability;
 mod containers;
 mod monitoring;
 mod network;
+mod removal;
 mod roles;
 mod served;
 mod webhooks;
 
 use serde_yaml::Value;
 
+pub use self::removal::{CHANGE_GROUP, CHANGE_RULE, WEBHOOK_CONFIGURATIONS_GROUP, check_removal_order};
 pub use self::{
     availability::check_availability, containers::check_containers, monitoring::check_monitoring,
     network::check_network, roles::check_no_wildcards, served::check_served, webhooks::check_webhooks,
@@ -27,6 +29,7 @@ pub fn check_all(objects: &[Value]) -> Vec<String> {
         check_containers(objects),
         check_availability(objects),
         check_network(objects),
+        check_removal_order(objects),
         check_monitoring(objects),
         check_fence(objects),
     ]
