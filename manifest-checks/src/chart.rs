@@ -48,6 +48,9 @@ pub struct Settings {
     pub proxy: Option<Proxy>,
     /// `registryCA.configMap` (components/registry-ca, whose ConfigMap is `holdfast-registry-ca`).
     pub registry_ca: Option<String>,
+    /// `registryCA.secret` instead: `registry_ca` names a Secret (kustomize: the component's
+    /// volume patched to it).
+    pub registry_ca_secret: bool,
     pub policy: Option<Policy>,
     /// More matchExpressions for every webhook's namespaceSelector.
     pub namespace_selector: Vec<Value>,
@@ -406,7 +409,12 @@ impl Settings {
             }
         }
         if let Some(name) = &self.registry_ca {
-            values["registryCA"] = json!({"configMap": name});
+            let key = if self.registry_ca_secret {
+                "secret"
+            } else {
+                "configMap"
+            };
+            values["registryCA"] = json!({key: name});
         }
         if !self.insecure_registries.is_empty() {
             values["insecureRegistries"] = json!(self.insecure_registries);
@@ -593,10 +601,11 @@ impl Settings {
             let mut ops: Vec<Value> = Vec::new();
             // The component's ConfigMap, renamed: its volume comes after the policy's and
             // cert-manager's in the webhook, first in the controller.
-            if let Some(config_map) = self
+            // Or a Secret in its place.
+            if let Some(source) = self
                 .registry_ca
                 .as_deref()
-                .filter(|n| *n != "holdfast-registry-ca")
+                .filter(|n| *n != "holdfast-registry-ca" || self.registry_ca_secret)
             {
                 let index = if controller {
                     0
@@ -605,9 +614,16 @@ impl Settings {
                 };
                 let volume = format!("/spec/template/spec/volumes/{index}");
                 ops.push(json!({"op": "test", "path": format!("{volume}/name"), "value": "registry-ca"}));
-                ops.push(
-                    json!({"op": "replace", "path": format!("{volume}/configMap/name"), "value": config_map}),
-                );
+                if self.registry_ca_secret {
+                    ops.push(json!({"op": "remove", "path": format!("{volume}/configMap")}));
+                    ops.push(
+                        json!({"op": "add", "path": format!("{volume}/secret"), "value": {"secretName": source}}),
+                    );
+                } else {
+                    ops.push(
+                        json!({"op": "replace", "path": format!("{volume}/configMap/name"), "value": source}),
+                    );
+                }
             }
             if controller {
                 if let Some(r) = self.refresh_seconds {

@@ -161,6 +161,38 @@ fn a_proxy_is_the_environment_of_both_components() -> Result<()> {
     Ok(())
 }
 
+/// registryCA.secret: components/registry-ca with its volume from that Secret; both sources at
+/// once are refused.
+#[test]
+fn the_registry_ca_can_come_from_a_secret() -> Result<()> {
+    let settings = Settings {
+        registry_ca: Some("corp-registry-ca".into()),
+        registry_ca_secret: true,
+        ..Settings::recommended()
+    };
+    let rendered = same_as_kustomize("registryCA.secret", &settings)?;
+    for name in ["holdfast-webhook", "holdfast-controller"] {
+        let deployment = rendered
+            .iter()
+            .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == name)
+            .context(name)?;
+        let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        ensure!(
+            volumes.contains(&json!({"name": "registry-ca", "secret": {"secretName": "corp-registry-ca"}})),
+            "{name}: {volumes:?}"
+        );
+    }
+    let both = json!({"registryCA": {"configMap": "a", "secret": "b"}});
+    ensure!(
+        helm_template(&helm()?, &both).is_err(),
+        "registryCA with both a ConfigMap and a Secret rendered"
+    );
+    Ok(())
+}
+
 /// namespace.create renders the base's Namespace (with its Pod Security labels), in the
 /// release's namespace.
 #[test]

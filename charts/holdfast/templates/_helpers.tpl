@@ -47,14 +47,20 @@ holdfast-policy-{{ $hash }}
 {{- end }}
 {{- end -}}
 
-{{/* registryCA.configMap: the flag, the mount and the volume (components/registry-ca). */}}
+{{/* registryCA.configMap or .secret: the flag, the mount and the volume (components/registry-ca). */}}
+{{- define "holdfast.registryCA" -}}
+{{- if and .Values.registryCA.configMap .Values.registryCA.secret }}
+{{- fail "registryCA: set configMap or secret, not both" }}
+{{- end }}
+{{- or .Values.registryCA.configMap .Values.registryCA.secret }}
+{{- end -}}
 {{- define "holdfast.registryCAArg" -}}
-{{- if .Values.registryCA.configMap }}
+{{- if include "holdfast.registryCA" . }}
 - --registry-ca-file=/etc/holdfast-registry-ca/ca.crt
 {{- end }}
 {{- end -}}
 {{- define "holdfast.registryCAMount" -}}
-{{- if .Values.registryCA.configMap }}
+{{- if include "holdfast.registryCA" . }}
 - mountPath: /etc/holdfast-registry-ca
   name: registry-ca
   readOnly: true
@@ -65,6 +71,10 @@ holdfast-policy-{{ $hash }}
 - configMap:
     name: {{ .Values.registryCA.configMap }}
   name: registry-ca
+{{- else if .Values.registryCA.secret }}
+- name: registry-ca
+  secret:
+    secretName: {{ .Values.registryCA.secret }}
 {{- end }}
 {{- end -}}
 
