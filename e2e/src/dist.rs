@@ -46,7 +46,8 @@ pub fn script(name: &str, args: &[&str]) -> Result<String> {
 pub struct Image {
     /// `<registry>/holdfast`.
     pub repository: String,
-    /// The manifest digest (`sha256:…`), the same in the layout and in the registry.
+    /// The image index's digest (`sha256:…`; linux/amd64 and linux/arm64), the same in the
+    /// layout and in the registry.
     pub digest: String,
     /// The OCI layout scripts/image.sh wrote.
     pub layout: PathBuf,

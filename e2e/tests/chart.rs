@@ -272,19 +272,17 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
     // the CRD (from crds/ it would not, and the API server would prune the field), keeping every
     // entry and its fields.
     let next = next_version(&env, &chart, version)?;
+    let next_chart = next.path().join("holdfast").to_string_lossy().into_owned();
+    let upgrade_to_next = |values: &Value| {
+        helm(
+            &env,
+            &["upgrade", "holdfast", &next_chart, "-n", NAMESPACE],
+            Some(values),
+        )
+    };
     let mut values = upgraded.values();
     values.as_object_mut().context("values")?.remove("image");
-    helm(
-        &env,
-        &[
-            "upgrade",
-            "holdfast",
-            &next.path().join("holdfast").to_string_lossy(),
-            "-n",
-            NAMESPACE,
-        ],
-        Some(&values),
-    )?;
+    upgrade_to_next(&values)?;
     entry_kept("helm upgrade to the next chart version")?;
     env.kubectl_apply(
         NAMESPACE,
@@ -299,17 +297,7 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
 
     // crds.install=false: Helm no longer renders the CRD, and keeps it (crds.keep).
     values["crds"] = json!({"install": false});
-    helm(
-        &env,
-        &[
-            "upgrade",
-            "holdfast",
-            &next.path().join("holdfast").to_string_lossy(),
-            "-n",
-            NAMESPACE,
-        ],
-        Some(&values),
-    )?;
+    upgrade_to_next(&values)?;
     entry_kept("helm upgrade with crds.install=false")?;
 
     // The namespace is not the release's: helm uninstall leaves it, and the CRD with every entry.
