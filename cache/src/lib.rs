@@ -273,7 +273,8 @@ pub struct CacheConfig {
     pub max_age: Duration,
     /// When the registry fails, keep answering with an entry up to this old.
     pub max_staleness: Duration,
-    /// How long a failed lookup of an uncached key is remembered.
+    /// How long a failed lookup of an uncached key is remembered, and how long a held entry
+    /// whose last check failed is served stale before the registry is asked again.
     pub negative_ttl: Duration,
     /// At most this many entries are held; a new key past it is answered but not kept (nor
     /// persisted), so forged reviews or a flood of objects cannot grow memory or etcd unbounded.
@@ -353,6 +354,9 @@ pub struct CacheStats {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub stale_answers: AtomicU64,
+    /// Stale answers given without asking: the registry failed the entry's last check less
+    /// than `negative_ttl` ago.
+    pub registry_backoffs: AtomicU64,
     pub negative_hits: AtomicU64,
     /// Lookups that went to the registry (one per flight, however many callers joined it).
     pub registry_lookups: AtomicU64,
@@ -572,6 +576,20 @@ impl DigestCache {
                 mirrored: self.mirror_of(&entry.key, &entry.digest),
             });
         }
+        // The registry failed this entry's last check a moment ago: serve it stale without
+        // asking again, so that a registry that is down (or coming back) gets one attempt per
+        // key per negative_ttl from each process, not one per lookup. The refresher
+        // (max_age zero) always asks.
+        if let Some(entry) = &held
+            && let Some(error) = &entry.error
+            && !max_age.is_zero()
+            && age(entry.checked_at, now) < self.config.negative_ttl
+            && age(entry.resolved_at, now) <= self.config.max_staleness
+        {
+            self.stats.stale_answers.fetch_add(1, Ordering::Relaxed);
+            self.stats.registry_backoffs.fetch_add(1, Ordering::Relaxed);
+            return Ok(self.stale_answer(entry, error.clone(), now));
+        }
         if held.is_none() {
             if let Some(error) = self.negative(&key) {
                 self.stats.negative_hits.fetch_add(1, Ordering::Relaxed);
@@ -618,16 +636,7 @@ impl DigestCache {
                 match held {
                     Some(entry) if age(entry.resolved_at, checked_at) <= self.config.max_staleness => {
                         self.stats.stale_answers.fetch_add(1, Ordering::Relaxed);
-                        let answer = Answer {
-                            digest: entry.digest.clone(),
-                            tag: entry.tag.clone(),
-                            origin: Origin::Stale {
-                                error: error.to_string(),
-                                age: age(entry.resolved_at, checked_at),
-                            },
-                            resolved_at: entry.resolved_at,
-                            mirrored: self.mirror_of(&entry.key, &entry.digest),
-                        };
+                        let answer = self.stale_answer(&entry, error.to_string(), checked_at);
                         self.store(CacheEntry {
                             checked_at,
                             error: Some(truncated(&error.to_string(), MAX_ERROR_BYTES).into_owned()),
@@ -641,6 +650,20 @@ impl DigestCache {
                     }
                 }
             }
+        }
+    }
+
+    /// `entry`'s digest, served stale after `error`.
+    fn stale_answer(&self, entry: &CacheEntry, error: String, now: SystemTime) -> Answer {
+        Answer {
+            digest: entry.digest.clone(),
+            tag: entry.tag.clone(),
+            origin: Origin::Stale {
+                error,
+                age: age(entry.resolved_at, now),
+            },
+            resolved_at: entry.resolved_at,
+            mirrored: self.mirror_of(&entry.key, &entry.digest),
         }
     }
 
@@ -998,6 +1021,8 @@ mod tests {
         let config = CacheConfig {
             max_age: Duration::ZERO,
             max_staleness: Duration::from_secs(3600),
+            // Every lookup asks (the backoff is the next test's).
+            negative_ttl: Duration::ZERO,
             ..Default::default()
         };
         let (source, cache) = cache(fake(&[(APP, "v1")]), config);
@@ -1024,6 +1049,57 @@ mod tests {
         source.fail(false);
         lookup(&cache, APP, Scope::Anonymous).await.unwrap();
         assert_eq!(cache.staleness(later), Staleness::default());
+    }
+
+    /// A registry that failed an entry's check is asked again only after negative_ttl: the
+    /// lookups in between are stale answers without a registry call; the refresher still asks.
+    #[tokio::test]
+    async fn a_failed_check_is_not_repeated_on_every_lookup_within_the_negative_ttl() {
+        for (ttl, asks) in [(Duration::from_secs(3600), false), (Duration::ZERO, true)] {
+            let config = CacheConfig {
+                max_age: Duration::from_millis(1),
+                max_staleness: Duration::from_secs(3600),
+                negative_ttl: ttl,
+                ..Default::default()
+            };
+            let (source, cache) = cache(fake(&[(APP, "v1")]), config);
+            lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+            source.fail(true);
+            // Older than max_age: asks, fails, serves stale.
+            let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
+            let entry = cache.get(&key).unwrap();
+            cache.remove(&key);
+            cache.insert(CacheEntry {
+                resolved_at: entry.resolved_at - Duration::from_secs(60),
+                checked_at: entry.checked_at - Duration::from_secs(60),
+                ..entry
+            });
+            let first = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+            assert!(matches!(first.origin, Origin::Stale { .. }), "{first:?}");
+            assert_eq!(source.calls(), 2);
+            for _ in 0..5 {
+                let answer = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+                assert_eq!(answer.digest, digest("v1"));
+                assert!(
+                    matches!(answer.origin, Origin::Stale { ref error, .. } if error.contains("no response")),
+                    "{answer:?}"
+                );
+            }
+            let backoffs = cache.stats.registry_backoffs.load(Ordering::Relaxed);
+            if asks {
+                assert_eq!(
+                    (source.calls(), backoffs),
+                    (7, 0),
+                    "negative_ttl 0: every lookup asks"
+                );
+            } else {
+                assert_eq!((source.calls(), backoffs), (2, 5), "within negative_ttl: no call");
+            }
+            // The refresher asks whatever the TTL.
+            source.fail(false);
+            let refreshed = cache.refresh(&key, anonymous).await.unwrap();
+            assert_eq!(refreshed.origin, Origin::Registry);
+        }
     }
 
     #[tokio::test]

@@ -40,7 +40,7 @@ impl Collector for CacheCollector {
         let lookups = ConstCounter::new(0u64);
         let mut family = encoder.encode_descriptor(
             "digest_cache_lookups",
-            "Digest cache lookups by result: hit (fresh entry), miss (asked the registry), stale (registry failed, answered from an older entry), negative (a recent failure remembered)",
+            "Digest cache lookups by result: hit (fresh entry), miss (asked the registry), stale (registry failed, now or within the negative TTL, answered from an older entry), negative (a recent failure remembered)",
             None,
             lookups.metric_type(),
         )?;
@@ -58,6 +58,11 @@ impl Collector for CacheCollector {
                 "registry_lookups",
                 "Registry resolutions started (one per single-flight, however many callers joined it)",
                 &stats.registry_lookups,
+            ),
+            (
+                "registry_backoffs",
+                "Stale answers given without asking the registry, which failed the entry's last check within the negative TTL (one attempt per key per TTL while a registry is down)",
+                &stats.registry_backoffs,
             ),
             (
                 "registry_errors",

@@ -411,12 +411,14 @@ async fn arm(
     tokio::time::sleep(plan.outage).await;
     let after = snapshot(&seen)?;
     let [after_syncs, after_failed] = after.totals();
+    // The last sample while the registry is still down: a restarted registry starts a new
+    // access log, which would read as no requests at all.
+    stop.cancel();
+    let samples = sampler.await?;
+    watch.await?;
     registry.start().await?;
     up.store(true, Ordering::Relaxed);
     pause_all(&api, plan.apps).await?;
-    stop.cancel();
-    watch.await?;
-    let samples = sampler.await?;
     Ok(Arm {
         name,
         requests,
