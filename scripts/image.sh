@@ -163,11 +163,12 @@ build_layout() {
   umoci gc --layout "$LAYOUT"
   # The index (umoci writes images only): each platform's manifest, with its platform, and the
   # release's annotations; written canonically (jq -c), so the same images give the same digest.
-  local manifests='[]' index digest size
+  local manifests='[]' index digest size image
   for arch in "${PLATFORMS[@]}"; do
-    manifests=$(jq -c --argjson d "$(descriptor "$VERSION-$arch")" --arg a "$arch" \
+    image=$(descriptor "$VERSION-$arch")
+    manifests=$(jq -c --argjson d "$image" --arg a "$arch" \
       '. + [$d + {platform: {architecture: $a, os: "linux"}}]' <<<"$manifests")
-    descriptor "$VERSION-$arch" | jq -r .digest >"$OUT/digest-$arch"
+    jq -r .digest <<<"$image" >"$OUT/digest-$arch"
   done
   index=$(printf '%s\n' "${ANNOTATIONS[@]}" | jq -cRn --argjson m "$manifests" \
     '{schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json", manifests: $m,

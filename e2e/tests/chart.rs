@@ -81,27 +81,25 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
         insecure_registries: vec![env.registry().to_string()],
         ..Settings::recommended()
     };
+    // The released chart, into the release's namespace.
+    let released = [
+        chart.as_str(),
+        "--version",
+        version,
+        "--plain-http",
+        "-n",
+        NAMESPACE,
+    ];
     // `helm install` or `helm upgrade` of the chart with these settings, checked.
     let release = |verb: &str, settings: &Settings| -> Result<Vec<Value>> {
-        let mut args = vec![
-            verb,
-            "holdfast",
-            &chart,
-            "--version",
-            version,
-            "--plain-http",
-            "-n",
-            NAMESPACE,
-        ];
+        let mut args = vec![verb, "holdfast"];
+        args.extend(released);
         if verb == "install" {
             // The control plane created holdfast's CRD (as kustomize or `kubectl apply -f
             // manifests/crds` would): the release adopts it, as README says.
             args.extend(["--create-namespace", "--take-ownership"]);
         }
-        // The image is the released chart's default: a user sets none.
-        let mut values = settings.values();
-        values.as_object_mut().context("values")?.remove("image");
-        helm(&env, &args, Some(&values))?;
+        helm(&env, &args, Some(&user_values(settings)?))?;
         let manifest = helm(&env, &["get", "manifest", "holdfast", "-n", NAMESPACE], None)?;
         let installed = check_installed(&env, settings, &manifest)?;
         for object in &installed {
@@ -116,23 +114,12 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
         Ok(installed)
     };
     // Without --take-ownership Helm refuses the CRD it did not create, naming it (README).
-    let refused = helm(
-        &env,
-        &[
-            "install",
-            "holdfast",
-            &chart,
-            "--version",
-            version,
-            "--plain-http",
-            "-n",
-            NAMESPACE,
-            "--create-namespace",
-        ],
-        None,
-    )
-    .err()
-    .context("helm install over a CRD Helm did not create succeeded")?;
+    let mut install = vec!["install", "holdfast"];
+    install.extend(released);
+    install.push("--create-namespace");
+    let refused = helm(&env, &install, None)
+        .err()
+        .context("helm install over a CRD Helm did not create succeeded")?;
     ensure!(
         format!("{refused:#}").contains(CRD),
         "helm install refused, but not for the CRD: {refused:#}"
@@ -280,8 +267,7 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
             Some(values),
         )
     };
-    let mut values = upgraded.values();
-    values.as_object_mut().context("values")?.remove("image");
+    let mut values = user_values(&upgraded)?;
     upgrade_to_next(&values)?;
     entry_kept("helm upgrade to the next chart version")?;
     env.kubectl_apply(
@@ -310,6 +296,13 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
         namespace["status"]
     );
     Ok(())
+}
+
+/// What a user sets: `settings`' values without the image, which is the released chart's default.
+fn user_values(settings: &Settings) -> Result<Value> {
+    let mut values = settings.values();
+    values.as_object_mut().context("values")?.remove("image");
+    Ok(values)
 }
 
 /// The digest cache's CRD.
