@@ -29,11 +29,11 @@
 #   scripts/install-deps.sh --peers [--bench]    only the builds the control plane, the peers and the
 #                                                node (make cluster) need
 #   scripts/install-deps.sh --demo               only what make up / make demo run: the Debian packages,
-#                                                Kubernetes, etcd, kwok, kapp-controller with vendir, ytt,
-#                                                kapp, kbld and helm, and kpack's and Korifi's CRDs read
-#                                                from their module source (no build)
-#   scripts/install-deps.sh --node               only the node's builds (make cluster); no other
-#                                                mode builds them
+#                                                Kubernetes, etcd, kwok, kapp-controller with vendir, ytt
+#                                                and kapp, and kpack's and Korifi's CRDs read from their
+#                                                module source (no build)
+#   scripts/install-deps.sh --node               only the node's builds (make cluster), and helm; no
+#                                                other mode builds the node's
 #   scripts/install-deps.sh --release-tools      only the tools that the image's suites alone need
 #                                                (umoci, cosign, cargo-cyclonedx, cargo-zigbuild, zig)
 # (--peers and --release-tools together are --builds: make test runs them one after the other and
@@ -85,6 +85,8 @@ PEERS_DIR="$CACHE_DIR/peers"
 PACKAGES=(docker-registry skopeo curl openssl shellcheck iproute2 musl-tools jq
   runc containernetworking-plugins nftables conntrack ipset socat prometheus valgrind
   qemu-user-static python3-venv)
+# What make up and make demo run (--demo): the registry; the rest of PACKAGES only for the other modes.
+DEMO_PACKAGES=(docker-registry curl openssl iproute2)
 # The static binaries in the image, one per platform (scripts/image.sh).
 RUST_TARGETS=(x86_64-unknown-linux-musl aarch64-unknown-linux-musl)
 # The Go toolchain of this machine kind (Kubernetes 1.37's go.mod says go 1.26.0).
@@ -98,14 +100,18 @@ as_root() {
 
 missing_packages() {
   local p
-  for p in "${PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || echo "$p"
   done
 }
 
 install_packages() {
   local missing
-  missing=$(missing_packages)
+  if [ "$DO_DEMO" = true ]; then
+    missing=$(missing_packages "${DEMO_PACKAGES[@]}")
+  else
+    missing=$(missing_packages "${PACKAGES[@]}")
+  fi
   if [ -z "$missing" ]; then
     log "Debian packages already installed"
     return
@@ -295,10 +301,11 @@ crds_only() {
   collect_crds "$@"
 }
 
-# What make up and make demo run: kapp-controller with the tools it runs (helm among them), and
-# the CRDs of kpack and Korifi, whose controllers they do not run.
+# What make up and make demo run: kapp-controller with the tools the demo's Apps run (vendir, ytt,
+# kapp; kbld and helm only with the other modes), and the CRDs of kpack and Korifi, whose
+# controllers they do not run.
 build_demo_peers() {
-  build_kapp_controller
+  build_kapp_controller_core
   crds_only kpack github.com/pivotal/kpack 'config/*.yaml'
   crds_only korifi code.cloudfoundry.org/korifi 'helm/korifi/controllers/crds/*.yaml'
 }
@@ -312,13 +319,18 @@ build_carvel() {
 
 # kapp-controller with its CRDs and the tools it runs (helm is a group of its own).
 build_kapp_controller() {
+  build_kapp_controller_core
+  build_peer kbld "-s -w" carvel.dev/kbld/cmd/kbld=kbld
+}
+
+# kapp-controller with its CRDs, vendir, ytt and kapp: what every App runs.
+build_kapp_controller_core() {
   build_peer kapp-controller "-s -w -X carvel.dev/kapp-controller/pkg/version.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
     carvel.dev/kapp-controller/cmd/controller=kapp-controller
   collect_crds kapp-controller carvel.dev/kapp-controller config/config/crds.yml
   build_peer vendir "-s -w" carvel.dev/vendir/cmd/vendir=vendir
   build_peer ytt "-s -w" carvel.dev/ytt/cmd/ytt=ytt
   build_peer kapp "-s -w" carvel.dev/kapp/cmd/kapp=kapp
-  build_peer kbld "-s -w" carvel.dev/kbld/cmd/kbld=kbld
 }
 
 build_kpack() {
@@ -530,7 +542,8 @@ await_all() {
 
 if [ "$DO_PACKAGES" = true ]; then
   install_packages
-  install_rust_targets
+  # The static targets are the image's (make image), which the demo does not build.
+  [ "$DO_DEMO" = true ] || install_rust_targets
 fi
 STARTED=$SECONDS
 if [ "$DO_PEERS" = true ] || [ "$DO_RELEASE_TOOLS" = true ] || [ "$DO_NODE" = true ] || [ "$DO_DEMO" = true ]; then
@@ -540,8 +553,9 @@ fi
 RUN_GROUPS=()
 # Longest first (CONTRIBUTING.md "The test environment" has each build's time).
 [ "$DO_PEERS" = true ] && RUN_GROUPS+=(build_kubernetes build_kpack build_carvel build_korifi build_helm build_cluster_tools)
-[ "$DO_DEMO" = true ] && RUN_GROUPS+=(build_kubernetes build_demo_peers build_helm build_etcd_kwok)
-[ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools)
+[ "$DO_DEMO" = true ] && RUN_GROUPS+=(build_kubernetes build_demo_peers build_etcd_kwok)
+# helm with the node's builds: make cluster installs holdfast with it (make up runs no helm).
+[ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools build_helm)
 [ "$DO_RELEASE_TOOLS" = true ] && RUN_GROUPS+=(build_image_tools install_cyclonedx install_cross)
 if [ "${#RUN_GROUPS[@]}" -gt 0 ]; then
   plan "${RUN_GROUPS[@]}"

@@ -1,4 +1,4 @@
-//! The real kapp-controller (`e2e/peers/kapp-controller`, with vendir, ytt, kapp, kbld and helm on its `PATH`)
+//! The real kapp-controller (`e2e/peers/kapp-controller`, with vendir, ytt, kapp and, once built, kbld and helm on its `PATH`)
 //! as two processes against the local control plane, the way its Deployment runs it: the
 //! controller with its aggregated API server for `data.packaging.carvel.dev` (Package,
 //! PackageMetadata), and the sidecar that runs vendir/ytt/kapp/kbld for it.
@@ -44,14 +44,23 @@ pub struct KappController {
 impl KappController {
     pub(crate) async fn start(env: &Access, dir: &Path) -> Result<Self> {
         let binary = peer_bin("kapp-controller", "kapp-controller")?;
-        let path = tool_path(&[
+        let mut tools = vec![
             peer_bin("vendir", "vendir")?,
             peer_bin("ytt", "ytt")?,
             peer_bin("kapp", "kapp")?,
-            peer_bin("kbld", "kbld")?,
-            // Packages that template a Helm chart (helmTemplate), as holdfast's own does.
-            peer_bin("helm", "helm")?,
-        ])?;
+        ];
+        // kbld (Apps that resolve images with it) and helm (Packages that template a Helm chart,
+        // as holdfast's own does): `make deps` builds them, `make up`'s smaller set does not (no
+        // App of the demo runs them), so an App that needs them fails naming the missing tool.
+        for tool in ["kbld", "helm"] {
+            match peer_bin(tool, tool) {
+                Ok(path) => tools.push(path),
+                Err(_) => eprintln!(
+                    "kapp-controller: {tool} is not built (make deps builds it); Apps that run it fail"
+                ),
+            }
+        }
+        let path = tool_path(&tools)?;
         let api_port = free_port()?;
         for ns in [NAMESPACE, GLOBAL_NAMESPACE] {
             env.kubectl_apply(
