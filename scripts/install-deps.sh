@@ -28,12 +28,15 @@
 #   scripts/install-deps.sh --builds [--bench]   only the Go builds and cargo-cyclonedx
 #   scripts/install-deps.sh --peers [--bench]    only the builds the control plane, the peers and the
 #                                                node (make cluster) need
-#   scripts/install-deps.sh --demo               only what make up / make demo run: the Debian packages,
-#                                                Kubernetes, etcd, kwok, kapp-controller with vendir, ytt
-#                                                and kapp, and kpack's and Korifi's CRDs read from their
-#                                                module source (no build)
-#   scripts/install-deps.sh --node               only the node's builds (make cluster), and helm; no
-#                                                other mode builds the node's
+#   scripts/install-deps.sh --demo               only what make up / make demo run: the registry's Debian
+#                                                packages, kube-apiserver, kube-controller-manager, etcd,
+#                                                kapp-controller with vendir, ytt and kapp, and kpack's and
+#                                                Korifi's CRDs read from their module source (no build);
+#                                                make up runs kube-scheduler and kwok once another mode
+#                                                has built them
+#   scripts/install-deps.sh --node               only the node's builds (make cluster), and what make
+#                                                cluster runs beyond --demo's set (kube-scheduler, kwok,
+#                                                helm); no other mode builds the node's
 #   scripts/install-deps.sh --release-tools      only the tools that the image's suites alone need
 #                                                (umoci, cosign, cargo-cyclonedx, cargo-zigbuild, zig)
 # (--peers and --release-tools together are --builds: make test runs them one after the other and
@@ -149,25 +152,29 @@ check_go() {
   export GONOSUMDB=carvel.dev,github.com/pivotal/kpack GOFLAGS="-mod=readonly -buildvcs=false"
 }
 
-# build_peer NAME LDFLAGS PKG=OUT... : builds the packages of e2e/peers/NAME into the cache.
+# build_peer NAME LDFLAGS PKG=OUT... : builds the packages of e2e/peers/NAME into the cache, each
+# one whose program is not there yet (so a smaller set built first, as --demo's Kubernetes without
+# kube-scheduler, is completed by a later run instead of built again).
 build_peer() {
   local name=$1 ldflags=$2
   shift 2
-  local mod="$ROOT/e2e/peers/$name" key dir
+  local mod="$ROOT/e2e/peers/$name" key dir pair missing=()
   key=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)
   dir="$PEERS_DIR/$name-$key"
-  if [ ! -f "$dir/.built" ]; then
-    local started=$SECONDS pair
-    log "building $name from its Go module $(cd "$mod" && "$GO" list -f '{{.Module.Path}}@{{.Module.Version}}' "${1%%=*}")"
-    rm -rf "$dir.tmp"
-    mkdir -p "$dir.tmp/bin"
-    for pair in "$@"; do
-      (cd "$mod" && "$GO" build -trimpath -ldflags "$ldflags" -o "$dir.tmp/bin/${pair#*=}" "${pair%%=*}") \
-        >"$dir.tmp/build.log" 2>&1 || { tail -40 "$dir.tmp/build.log"; exit 1; }
+  for pair in "$@"; do
+    [ -x "$dir/bin/${pair#*=}" ] || missing+=("$pair")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    local started=$SECONDS out
+    log "building $name (${missing[*]#*=}) from its Go module $(cd "$mod" && "$GO" list -f '{{.Module.Path}}@{{.Module.Version}}' "${1%%=*}")"
+    mkdir -p "$dir/bin"
+    for pair in "${missing[@]}"; do
+      out="$dir/bin/${pair#*=}"
+      # Written under another name and renamed: a program in bin/ is a whole one.
+      (cd "$mod" && "$GO" build -trimpath -ldflags "$ldflags" -o "$out.tmp" "${pair%%=*}") \
+        >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; exit 1; }
+      mv "$out.tmp" "$out"
     done
-    rm -rf "$dir"
-    mv "$dir.tmp" "$dir"
-    touch "$dir/.built"
     log "built $name in $((SECONDS - started)) s"
   fi
   ln -sfn "$name-$key" "$PEERS_DIR/$name"
@@ -257,24 +264,38 @@ install_rust_targets() {
 # --- the groups of builds, each run as one background job (see spawn) ---
 
 build_kubernetes() {
+  build_kubernetes_servers k8s.io/kubernetes/cmd/kube-scheduler=kube-scheduler
+}
+
+# The demo's Kubernetes: no kube-scheduler (the demo runs no pod; make up skips it until built).
+build_kubernetes_demo() {
+  build_kubernetes_servers
+}
+
+# build_kubernetes_servers [PKG=OUT...]: kube-apiserver, kube-controller-manager and those.
+build_kubernetes_servers() {
   local version
   version=$(required_version kubernetes k8s.io/kubernetes)
   build_peer kubernetes "$(k8s_ldflags "$version")" \
     k8s.io/kubernetes/cmd/kube-apiserver=kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager=kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler=kube-scheduler
+    k8s.io/kubernetes/cmd/kube-controller-manager=kube-controller-manager "$@"
 }
 
 build_cluster_tools() {
-  build_etcd_kwok
+  build_etcd
+  build_kwok
   # The dynamic volume provisioner kind ships: kpack's build cache volumes (PVCs) are bound through it.
   build_peer local-path-provisioner "-s -w" github.com/rancher/local-path-provisioner=local-path-provisioner
   collect_manifests local-path-provisioner github.com/rancher/local-path-provisioner deploy/local-path-storage.yaml
 }
 
-# etcd and kwok (the control plane's store and nodes), with kwok's stages.
-build_etcd_kwok() {
+# etcd, the control plane's store.
+build_etcd() {
   build_peer etcd "-s -w" go.etcd.io/etcd/server/v3=etcd
+}
+
+# kwok (the control plane's nodes), with its stages.
+build_kwok() {
   build_peer kwok "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$(required_version kwok sigs.k8s.io/kwok)" \
     sigs.k8s.io/kwok/cmd/kwok=kwok
   # kwok's own node stages (initialize, heartbeat) and pod-ready stage; the harness adds its own
@@ -553,9 +574,10 @@ fi
 RUN_GROUPS=()
 # Longest first (CONTRIBUTING.md "The test environment" has each build's time).
 [ "$DO_PEERS" = true ] && RUN_GROUPS+=(build_kubernetes build_kpack build_carvel build_korifi build_helm build_cluster_tools)
-[ "$DO_DEMO" = true ] && RUN_GROUPS+=(build_kubernetes build_demo_peers build_etcd_kwok)
-# helm with the node's builds: make cluster installs holdfast with it (make up runs no helm).
-[ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools build_helm)
+[ "$DO_DEMO" = true ] && RUN_GROUPS+=(build_kubernetes_demo build_demo_peers build_etcd)
+# With the node's builds, what make cluster runs beyond the demo's set: kube-scheduler, kwok's
+# nodes (for pods that need no container) and helm (it installs holdfast with it).
+[ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools build_kubernetes build_kwok build_helm)
 [ "$DO_RELEASE_TOOLS" = true ] && RUN_GROUPS+=(build_image_tools install_cyclonedx install_cross)
 if [ "${#RUN_GROUPS[@]}" -gt 0 ]; then
   plan "${RUN_GROUPS[@]}"

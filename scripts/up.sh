@@ -30,7 +30,8 @@ echo "$pid" >"$pidfile"
 # The environment writes $state/env last, once every server answers.
 for _ in $(seq 1 600); do
   if [ -f "$state/env" ]; then
-    grep -h 'ready in' "$state/localenv.log" || true
+    # The ready line, and one line for each program make up runs once built (make deps builds it).
+    grep -h -e 'ready in' -e 'not built' "$state/localenv.log" || true
     echo "run: source $state/env && kubectl get ns"
     exit 0
   fi

@@ -28,7 +28,7 @@ use crate::{
     peers::{KappController, Korifi, Kpack, kpack},
     pki::Pki,
     process::{ServerProcess, free_port},
-    tools::Tools,
+    tools::{PodTools, Pods, Tools},
 };
 
 /// How long any one component may take to become ready before the boot fails.
@@ -71,17 +71,32 @@ impl Env {
     /// Boots everything and installs the peers' CRDs (and holdfast's own) before the controller
     /// manager starts, so its garbage collector discovers them on its first sync.
     pub async fn start() -> Result<Self> {
+        Self::start_with(Pods::Required).await
+    }
+
+    /// [`Env::start`] for `make up`: without kube-scheduler and kwok while they are not built
+    /// (`install-deps.sh --demo`), saying so on standard error.
+    pub async fn start_local() -> Result<Self> {
+        Self::start_with(Pods::IfBuilt).await
+    }
+
+    async fn start_with(pods: Pods) -> Result<Self> {
         if let Some(kubeconfig) = std::env::var_os(KUBECONFIG_ENV) {
             return Self::existing(kubeconfig.into());
         }
         // Children are forked from a runtime worker thread: PR_SET_PDEATHSIG follows the forking
         // thread, and workers live as long as the runtime, unlike a short-lived test thread.
-        match tokio::spawn(Self::boot()).await.context("boot task panicked")? {
+        match tokio::spawn(Self::boot(pods))
+            .await
+            .context("boot task panicked")?
+        {
             // A port free when picked can be taken before its server binds it (another suite's
             // process): boot once more on fresh ports. The failed attempt stopped everything.
             Err(e) if format!("{e:#}").contains("address already in use") => {
                 tracing::warn!(error = %format!("{e:#}"), "a port was taken while booting; booting again");
-                tokio::spawn(Self::boot()).await.context("boot task panicked")?
+                tokio::spawn(Self::boot(pods))
+                    .await
+                    .context("boot task panicked")?
             }
             booted => booted,
         }
@@ -127,9 +142,9 @@ impl Env {
         self.dir.is_none()
     }
 
-    async fn boot() -> Result<Self> {
+    async fn boot(pods: Pods) -> Result<Self> {
         let started = Instant::now();
-        let tools = Tools::locate()?;
+        let tools = Tools::locate_for(pods)?;
         let dir = tempfile::Builder::new().prefix("holdfast-env-").tempdir()?;
         let root = dir.path().to_path_buf();
         let mut env = Env::of(Access::new(root.join("kubeconfig"), String::new()), Some(dir));
@@ -225,22 +240,37 @@ impl Env {
                 format!("--secure-port={}", free_port()?),
             ],
         )?;
-        env.spawn(
+        match &tools.pods {
+            Some(pods) => env.start_pods(&client, pods, &kubeconfig).await?,
+            None => eprintln!(
+                "kube-scheduler and kwok are not built yet (make deps builds them): pods stay Pending"
+            ),
+        }
+        env.wait_for_service_account(&client, "default").await?;
+
+        env.boot_time = started.elapsed();
+        tracing::info!(boot_seconds = env.boot_time.as_secs_f64(), dir = %root.display(), "local control plane ready");
+        Ok(env)
+    }
+
+    /// kube-scheduler and kwok with [`KWOK_NODES`] nodes; returns once the nodes are Ready.
+    async fn start_pods(&mut self, client: &Client, tools: &PodTools, kubeconfig: &str) -> Result<()> {
+        self.spawn(
             "kube-scheduler",
             &tools.kube_scheduler,
             &[
-                kubeconfig.clone(),
+                kubeconfig.to_owned(),
                 "--leader-elect=false".into(),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={}", free_port()?),
             ],
         )?;
         let pod_stages = Path::new(env!("CARGO_MANIFEST_DIR")).join("kwok/pod-stages.yaml");
-        env.spawn(
+        self.spawn(
             "kwok",
             &tools.kwok,
             &[
-                kubeconfig,
+                kubeconfig.to_owned(),
                 format!("--config={}", tools.kwok_stages.display()),
                 format!("--config={}", pod_stages.display()),
                 "--manage-all-nodes=false".into(),
@@ -248,13 +278,8 @@ impl Env {
                 format!("--server-address=127.0.0.1:{}", free_port()?),
             ],
         )?;
-        create_kwok_nodes(&client, KWOK_NODES).await?;
-        env.wait_for_service_account(&client, "default").await?;
-        env.wait_for_nodes_ready(&client, KWOK_NODES).await?;
-
-        env.boot_time = started.elapsed();
-        tracing::info!(boot_seconds = env.boot_time.as_secs_f64(), dir = %root.display(), "local control plane ready");
-        Ok(env)
+        create_kwok_nodes(client, KWOK_NODES).await?;
+        self.wait_for_nodes_ready(client, KWOK_NODES).await
     }
 
     fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) -> Result<()> {
@@ -661,10 +686,9 @@ pub struct SpareRegistry {
 
 impl SpareRegistry {
     pub async fn start(&mut self) -> Result<()> {
-        let tools = Tools::locate()?;
+        let registry = crate::tools::registry()?;
         let args = ["serve".to_string(), self.config.display().to_string()];
-        let mut process =
-            ServerProcess::spawn("docker-registry", &tools.registry, &args, &[], self.log.clone())?;
+        let mut process = ServerProcess::spawn("docker-registry", &registry, &args, &[], self.log.clone())?;
         wait_for_registry(&self.addr, || process.check_running()).await?;
         self.process = Some(process);
         Ok(())

@@ -24,6 +24,7 @@ pub mod slow_link;
 pub mod suite;
 pub mod tls_front;
 pub mod tools;
+pub mod upgrade;
 pub mod wait;
 pub mod webhook;
 

@@ -14,24 +14,55 @@ pub struct Tools {
     pub etcd: PathBuf,
     pub kube_apiserver: PathBuf,
     pub kube_controller_manager: PathBuf,
+    /// What pods need; none in a local environment where they are not built yet
+    /// ([`Tools::locate_for`]).
+    pub pods: Option<PodTools>,
+    pub registry: PathBuf,
+}
+
+/// The control plane's programs for pods: the scheduler and kwok, whose nodes run them.
+#[derive(Debug, Clone)]
+pub struct PodTools {
     pub kube_scheduler: PathBuf,
     pub kwok: PathBuf,
     /// kwok's own node and pod-ready stages, collected from its module by the install script.
     pub kwok_stages: PathBuf,
-    pub registry: PathBuf,
+}
+
+/// Whether a control plane may start without [`PodTools`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pods {
+    /// The suites: pods are scheduled and run.
+    Required,
+    /// `make up`: scheduled and run once built (`make deps`); until then it runs without
+    /// (`install-deps.sh --demo` builds neither: the demo runs no pod).
+    IfBuilt,
 }
 
 impl Tools {
     pub fn locate() -> Result<Self> {
+        Self::locate_for(Pods::Required)
+    }
+
+    pub fn locate_for(pods: Pods) -> Result<Self> {
         let k8s = peer_dir("kubernetes")?;
+        let pod_tools = || -> Result<PodTools> {
+            Ok(PodTools {
+                kube_scheduler: existing(k8s.join("bin/kube-scheduler"))?,
+                kwok: peer_bin("kwok", "kwok")?,
+                kwok_stages: existing(peer_dir("kwok")?.join("kwok-stages.yaml"))?,
+            })
+        };
         Ok(Self {
             etcd: peer_bin("etcd", "etcd")?,
             kube_apiserver: existing(k8s.join("bin/kube-apiserver"))?,
             kube_controller_manager: existing(k8s.join("bin/kube-controller-manager"))?,
-            kube_scheduler: existing(k8s.join("bin/kube-scheduler"))?,
-            kwok: peer_bin("kwok", "kwok")?,
-            kwok_stages: existing(peer_dir("kwok")?.join("kwok-stages.yaml"))?,
-            registry: on_path("docker-registry")?,
+            pods: match (pod_tools(), pods) {
+                (Ok(tools), _) => Some(tools),
+                (Err(_), Pods::IfBuilt) => None,
+                (Err(missing), Pods::Required) => return Err(missing),
+            },
+            registry: registry()?,
         })
     }
 }
@@ -64,6 +95,11 @@ pub fn cache_dir() -> PathBuf {
         .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| Path::new(&d).join("holdfast")))
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/holdfast")))
         .unwrap_or_else(|| PathBuf::from("/root/.cache/holdfast"))
+}
+
+/// The OCI registry: Debian's Distribution (`docker-registry`).
+pub fn registry() -> Result<PathBuf> {
+    on_path("docker-registry")
 }
 
 fn on_path(name: &str) -> Result<PathBuf> {

@@ -15,7 +15,10 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
-use holdfast_e2e::{Env, dist, e2e_main};
+use holdfast_e2e::{
+    Env, dist, e2e_main,
+    upgrade::{self, CRD, KeptEntry},
+};
 use holdfast_manifest_checks::{
     chart::{self, HELM_ADDS, Settings, differences},
     load::kubectl,
@@ -164,31 +167,8 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
             &Value::from(ops).to_string(),
         ])?;
     }
-    env.kubectl_apply(
-        NAMESPACE,
-        "apiVersion: holdfast.dev/v1alpha1\nkind: DigestCacheEntry\nmetadata: {name: kept}\nspec: {reference: registry.example/app:1.0.0, scope: anonymous, digest: 'sha256:0000000000000000000000000000000000000000000000000000000000000000', state: Fresh, checkedAt: '2026-01-01T00:00:00Z', resolvedAt: '2026-01-01T00:00:00Z'}\n",
-    )?;
-    // And its status, as the controller writes it (the subresource).
-    let status = json!({"status": {
-        "observedDigest": format!("sha256:{}", "0".repeat(64)),
-        "lastCheckTime": "2026-01-01T00:00:00Z",
-        "usedBy": 2,
-        "conditions": [{"type": "Resolved", "status": "True", "reason": "Resolved", "message": "resolved", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
-        "lastRefresh": {"at": "2026-01-01T00:00:00Z", "request": "r1", "result": "Checked"},
-    }});
-    kubectl_ok(&[
-        "patch",
-        "digestcacheentries.holdfast.dev",
-        "kept",
-        "-n",
-        NAMESPACE,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &status.to_string(),
-    ])?;
+    let kept = KeptEntry::write(&env, NAMESPACE)?;
     let secret_before = env.kubectl_get("secret", "holdfast-webhook-tls", NAMESPACE)?;
-    let entry_before = env.kubectl_get("digestcacheentries.holdfast.dev", "kept", NAMESPACE)?;
 
     // Other settings: one webhook replica, a policy in audit mode allowing one registry.
     let upgraded = Settings {
@@ -222,17 +202,7 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
             );
         }
     }
-    let entry_kept = |when: &str| -> Result<()> {
-        let entry = env.kubectl_get("digestcacheentries.holdfast.dev", "kept", NAMESPACE)?;
-        ensure!(
-            entry["metadata"]["uid"] == entry_before["metadata"]["uid"]
-                && entry["spec"] == entry_before["spec"]
-                && entry["status"] == entry_before["status"]
-                && entry_before["status"]["usedBy"] == 2,
-            "{when} replaced or changed the digest cache entry: {entry_before} -> {entry}"
-        );
-        Ok(())
-    };
+    let entry_kept = |when: &str| kept.check(&env, when);
     entry_kept("helm upgrade")?;
     // The old policy ConfigMap went with the old release revision.
     let configmaps: Value = serde_json::from_str(&kubectl_ok(&[
@@ -270,16 +240,7 @@ async fn helm_install_is_the_kustomize_rendering_and_upgrade_keeps_what_holdfast
     let mut values = user_values(&upgraded)?;
     upgrade_to_next(&values)?;
     entry_kept("helm upgrade to the next chart version")?;
-    env.kubectl_apply(
-        NAMESPACE,
-        &format!("apiVersion: holdfast.dev/v1alpha1\nkind: DigestCacheEntry\nmetadata: {{name: newer}}\nspec: {{reference: registry.example/app:2.0.0, scope: anonymous, digest: 'sha256:{}', state: Fresh, checkedAt: '2026-01-01T00:00:00Z', resolvedAt: '2026-01-01T00:00:00Z', {NEW_FIELD}: written}}\n", "1".repeat(64)),
-    )?;
-    let newer = env.kubectl_get("digestcacheentries.holdfast.dev", "newer", NAMESPACE)?;
-    ensure!(
-        newer["spec"][NEW_FIELD] == "written",
-        "the next version's field was pruned: the CRD was not upgraded ({})",
-        newer["spec"]
-    );
+    upgrade::new_field_is_stored(&env, NAMESPACE)?;
 
     // crds.install=false: Helm no longer renders the CRD, and keeps it (crds.keep).
     values["crds"] = json!({"install": false});
@@ -305,13 +266,8 @@ fn user_values(settings: &Settings) -> Result<Value> {
     Ok(values)
 }
 
-/// The digest cache's CRD.
-const CRD: &str = "digestcacheentries.holdfast.dev";
-/// The field the next chart version's CRD adds to an entry's spec.
-const NEW_FIELD: &str = "addedByTheNextVersion";
-
 /// The released chart pulled and made its next version: Chart.yaml's version and appVersion
-/// bumped, and a string field [`NEW_FIELD`] added to the CRD's spec schema.
+/// bumped, and a string field [`upgrade::NEW_FIELD`] added to the CRD's spec schema.
 fn next_version(env: &Env, chart: &str, version: &str) -> Result<tempfile::TempDir> {
     let dir = tempfile::tempdir()?;
     let out = dir.path().to_string_lossy().into_owned();
@@ -344,15 +300,6 @@ fn next_version(env: &Env, chart: &str, version: &str) -> Result<tempfile::TempD
             &format!("\nversion: {next}\n"),
         ),
     )?;
-    let file = root.join("files/crds").join(format!("{CRD}.yaml"));
-    let mut crd: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(&file)?)?;
-    let properties =
-        &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
-    ensure!(
-        properties.is_mapping(),
-        "the CRD's spec has no properties: {file:?}"
-    );
-    properties[NEW_FIELD] = serde_yaml::from_str("{type: string}")?;
-    std::fs::write(&file, serde_yaml::to_string(&crd)?)?;
+    upgrade::add_field_to_crd(&root.join("files/crds").join(format!("{CRD}.yaml")))?;
     Ok(dir)
 }

@@ -6,6 +6,8 @@
 //! kustomize` renders of manifests/ for the same settings — differing only by what
 //! `chart::PACKAGE_ADDS` lists (kapp's and kbld's labels and annotations) — with the webhook
 //! configurations calling the installed Service and the Deployments running the copied image;
+//! upgrading to the next release (a second Package version from the repository's next bundle,
+//! its CRD with a new field) keeps every digest cache entry and upgrades the CRD;
 //! deleting the PackageInstall deletes the webhook configurations before anything an admission
 //! goes through, and keeps the digest cache's CRD.
 //! (holdfast's pods run on kwok's nodes, without
@@ -18,6 +20,8 @@ use holdfast_e2e::{
     Env, dist, e2e_main,
     objects::{api_for, create_all},
     peers::kapp_controller,
+    tools::peer_bin,
+    upgrade::{self, CRD, KeptEntry},
     webhook::{LocalWebhook, Registration},
 };
 use holdfast_manifest_checks::{
@@ -25,10 +29,13 @@ use holdfast_manifest_checks::{
     load::kubectl,
 };
 use k8s_openapi::jiff::Timestamp;
+use kube::api::DynamicObject;
 
 e2e_main!(a_package_install_of_holdfast_is_the_kustomize_rendering);
 
 const INSTALLER: &str = "holdfast-installer";
+/// Where the package installs holdfast (it creates the namespace).
+const INSTALLED_NAMESPACE: &str = "holdfast-system";
 
 async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>) -> Result<()> {
     env.kapp_controller().await?;
@@ -41,27 +48,7 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     // imgpkg copies the repository bundle, the package bundle and the image together, and what
     // gets installed must name the copies only.
     let private = format!("{}/private/holdfast", env.registry());
-    let copy = std::process::Command::new(holdfast_e2e::tools::peer_bin("imgpkg", "imgpkg")?)
-        .args([
-            "copy",
-            "-b",
-            &packaged.repository_tag,
-            "--to-repo",
-            &private,
-            "--registry-insecure",
-        ])
-        .output()?;
-    ensure!(
-        copy.status.success(),
-        "imgpkg copy: {}",
-        String::from_utf8_lossy(&copy.stderr)
-    );
-    let relocated = |reference: &str| -> Result<String> {
-        let (_, digest) = reference
-            .split_once('@')
-            .context("a release reference without digest")?;
-        Ok(format!("{private}@{digest}"))
-    };
+    imgpkg(&["copy", "-b", &packaged.repository_tag, "--to-repo", &private])?;
     let repository_tag = format!("{private}:{}", env!("CARGO_PKG_VERSION"));
 
     let repository = format!(
@@ -70,7 +57,8 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     let created = create_all(&client, &ns, &repository).await?;
     let stored = &created[0];
     ensure!(
-        stored.data["spec"]["fetch"]["imgpkgBundle"]["image"] == relocated(&packaged.repository)?.as_str(),
+        stored.data["spec"]["fetch"]["imgpkgBundle"]["image"]
+            == relocated(&private, &packaged.repository)?.as_str(),
         "the PackageRepository was stored as {}, not pinned to the copy of {}",
         stored.data["spec"]["fetch"]["imgpkgBundle"]["image"],
         packaged.repository
@@ -93,7 +81,7 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     )?;
     ensure!(
         package["spec"]["template"]["spec"]["fetch"][0]["imgpkgBundle"]["image"]
-            == relocated(&packaged.bundle)?.as_str(),
+            == relocated(&private, &packaged.bundle)?.as_str(),
         "the Package fetches {}, not the copy of the bundle by digest {}",
         package["spec"]["template"]["spec"]["fetch"][0],
         packaged.bundle
@@ -169,7 +157,7 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     let label = app["status"]["deploy"]["kapp"]["associatedResources"]["label"]
         .as_str()
         .context("the App reports no kapp app label")?;
-    let kapp = holdfast_e2e::tools::peer_bin("kapp", "kapp")?;
+    let kapp = peer_bin("kapp", "kapp")?;
     let out = std::process::Command::new(kapp)
         .env("KUBECONFIG", env.kubeconfig())
         .args([
@@ -213,6 +201,72 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
         deployed.difference(&rendered).collect::<Vec<_>>(),
         rendered.difference(&deployed).collect::<Vec<_>>()
     );
+
+    // An upgrade to the next release, as users of the repository get one: the repository's next
+    // bundle adds the next Package version, whose chart's CRD has a field this one's has not; the
+    // PackageRepository moves to its tag (pinned again), the PackageInstall to that version, and
+    // kapp upgrades the CRD and keeps every digest cache entry with its spec and status.
+    let kept = KeptEntry::write(&env, INSTALLED_NAMESPACE)?;
+    let next = NextRelease::push(&private, &packaged, version)?;
+    let repository_patch =
+        serde_json::json!({"spec": {"fetch": {"imgpkgBundle": {"image": next.repository_tag}}}});
+    holdfast_e2e::accounts::kubectl_ok(
+        &env,
+        &[
+            "patch",
+            "packagerepository",
+            "holdfast",
+            "-n",
+            &ns,
+            "--type=merge",
+            "-p",
+            &repository_patch.to_string(),
+        ],
+    )?;
+    let moved = kapp_controller::until_reconciled(&env, &repositories, "holdfast").await?;
+    ensure!(
+        moved.data["spec"]["fetch"]["imgpkgBundle"]["image"] == next.repository.as_str(),
+        "the PackageRepository moved to {} was stored as {}, not pinned to {}",
+        next.repository_tag,
+        moved.data["spec"]["fetch"]["imgpkgBundle"]["image"],
+        next.repository
+    );
+    env.kubectl_get(
+        "packages.data.packaging.carvel.dev",
+        &format!("holdfast.holdfast.dev.{}", next.version),
+        &ns,
+    )
+    .context("the repository's next bundle did not bring the next Package version")?;
+    let install_patch =
+        serde_json::json!({"spec": {"packageRef": {"versionSelection": {"constraints": next.version}}}});
+    holdfast_e2e::accounts::kubectl_ok(
+        &env,
+        &[
+            "patch",
+            "packageinstall",
+            "holdfast",
+            "-n",
+            &ns,
+            "--type=merge",
+            "-p",
+            &install_patch.to_string(),
+        ],
+    )?;
+    let upgraded = kapp_controller::until_reconciled(&env, &installs, "holdfast").await?;
+    ensure!(
+        upgraded.data["status"]["version"] == next.version.as_str(),
+        "the PackageInstall reconciled at version {}, not {}",
+        upgraded.data["status"]["version"],
+        next.version
+    );
+    // The PackageInstall reports the version once it has updated its App; kapp deploys the next
+    // release when that App has reconciled its new spec.
+    let app: DynamicObject =
+        serde_json::from_value(env.kubectl_get("apps.kappctrl.k14s.io", "holdfast", &ns)?)?;
+    let apps = api_for(&client, &app, Some(&ns)).await?;
+    kapp_controller::until_reconciled(&env, &apps, "holdfast").await?;
+    kept.check(&env, "the package upgrade")?;
+    upgrade::new_field_is_stored(&env, INSTALLED_NAMESPACE)?;
 
     // Removal: the PackageInstall deleted, kapp deletes both webhook configurations before
     // anything an admission goes through (their change group and rules; the audit log's
@@ -273,7 +327,141 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
             configurations.iter().map(|e| e.describe()).collect::<Vec<_>>()
         );
     }
-    env.kubectl_get("crd", "digestcacheentries.holdfast.dev", "default")
+    env.kubectl_get("crd", CRD, "default")
         .context("kapp deleted the CRD (the digest cache) with the package")?;
     webhook.stop().await
+}
+
+/// The next release, made from this one as the private registry holds it and pushed there: the
+/// package bundle pulled, its chart's version bumped and [`upgrade::NEW_FIELD`] added to its CRD;
+/// the repository bundle pulled, the next Package version (this one's, naming the next bundle)
+/// added beside this one, its ImagesLock written again by kbld, as `make package` writes it.
+struct NextRelease {
+    version: String,
+    /// `<private>:<version>`, as imgpkg copy tags the repository bundle: what users name.
+    repository_tag: String,
+    /// The repository bundle, by digest.
+    repository: String,
+}
+
+impl NextRelease {
+    fn push(private: &str, packaged: &dist::Packaged, version: &str) -> Result<Self> {
+        let (major_minor, patch) = version.rsplit_once('.').context("a version without patch")?;
+        let next = format!("{major_minor}.{}", patch.parse::<u32>()? + 1);
+        let scratch = tempfile::tempdir()?;
+
+        let bundle_dir = scratch.path().join("package");
+        imgpkg(&[
+            "pull",
+            "-b",
+            &relocated(private, &packaged.bundle)?,
+            "-o",
+            &path(&bundle_dir),
+        ])?;
+        let chart_yaml = bundle_dir.join("config/chart/Chart.yaml");
+        let text = std::fs::read_to_string(&chart_yaml)?;
+        ensure!(
+            text.contains(&format!("\nversion: {version}\n")),
+            "the package's Chart.yaml has no version {version}"
+        );
+        std::fs::write(
+            &chart_yaml,
+            text.replace(
+                &format!("\nversion: {version}\n"),
+                &format!("\nversion: {next}\n"),
+            ),
+        )?;
+        upgrade::add_field_to_crd(
+            &bundle_dir
+                .join("config/chart/files/crds")
+                .join(format!("{CRD}.yaml")),
+        )?;
+        let bundle = pushed(&format!("{private}:package-{next}"), &bundle_dir, scratch.path())?;
+
+        let repository_dir = scratch.path().join("repository");
+        imgpkg(&[
+            "pull",
+            "-b",
+            &relocated(private, &packaged.repository)?,
+            "-o",
+            &path(&repository_dir),
+        ])?;
+        let packages = repository_dir.join("packages/holdfast.holdfast.dev");
+        let text = std::fs::read_to_string(packages.join(format!("{version}.yml")))?;
+        let renamed = [
+            (
+                format!("name: holdfast.holdfast.dev.{version}\n"),
+                format!("name: holdfast.holdfast.dev.{next}\n"),
+            ),
+            (format!("version: {version}\n"), format!("version: {next}\n")),
+            (
+                format!("image: {}\n", packaged.bundle),
+                format!("image: {bundle}\n"),
+            ),
+        ];
+        let mut next_package = text.clone();
+        for (from, to) in &renamed {
+            ensure!(
+                next_package.contains(from.as_str()),
+                "the Package has no {from:?}"
+            );
+            next_package = next_package.replace(from.as_str(), to);
+        }
+        std::fs::write(packages.join(format!("{next}.yml")), next_package)?;
+        let lock = std::process::Command::new(peer_bin("kbld", "kbld")?)
+            .arg("-f")
+            .arg(repository_dir.join("packages"))
+            .args(["--registry-insecure", "--imgpkg-lock-output"])
+            .arg(repository_dir.join(".imgpkg/images.yml"))
+            .output()?;
+        ensure!(
+            lock.status.success(),
+            "kbld: {}",
+            String::from_utf8_lossy(&lock.stderr)
+        );
+        let repository_tag = format!("{private}:{next}");
+        let repository = pushed(&repository_tag, &repository_dir, scratch.path())?;
+        Ok(Self {
+            version: next,
+            repository_tag,
+            repository,
+        })
+    }
+}
+
+/// `reference` as `imgpkg copy` relocated it into the repository `private`: its digest there.
+fn relocated(private: &str, reference: &str) -> Result<String> {
+    let (_, digest) = reference
+        .split_once('@')
+        .context("a release reference without digest")?;
+    Ok(format!("{private}@{digest}"))
+}
+
+fn path(path: &std::path::Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+fn imgpkg(args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new(peer_bin("imgpkg", "imgpkg")?)
+        .args(args)
+        .arg("--registry-insecure")
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "imgpkg {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `imgpkg push` of the bundle in `dir` to `tag`; returns the bundle by digest.
+fn pushed(tag: &str, dir: &std::path::Path, scratch: &std::path::Path) -> Result<String> {
+    let lock = scratch.join("pushed.lock.yml");
+    imgpkg(&["push", "-b", tag, "-f", &path(dir), "--lock-output", &path(&lock)])?;
+    let text = std::fs::read_to_string(&lock)?;
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix("image: "))
+        .map(str::to_owned)
+        .with_context(|| format!("imgpkg's lock names no image: {text}"))
 }

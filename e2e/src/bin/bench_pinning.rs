@@ -23,8 +23,10 @@
 //! `registry_request_ratio=… failed_syncs_without=… failed_syncs_with=… steady_state_ratio=…`,
 //! then the sync rates that say whether kapp-controller kept its schedule (2 per App per
 //! minute), holdfast's own requests (its HEADs) and the with arm's total over its floor:
-//! kapp-controller's first fetch of every App, which its per-App cache makes unavoidable, and the
-//! reaper races of both arms. Each arm's registry requests and syncs every 10 s go to
+//! kapp-controller's first fetch of every App, which its per-App cache makes unavoidable, the
+//! reaper races of both arms, and what holdfast sent the stopped registry during the with arm's
+//! outage (`holdfast_failed_lookups_in_outage`: its lookups that failed there, webhook and
+//! controller together; `holdfast_backoffs_in_outage`: those answered stale without asking). Each arm's registry requests and syncs every 10 s go to
 //! `docs/benchmarks/data/pinning.csv` (`holdfast_e2e::bench_data`).
 
 use std::{
@@ -263,6 +265,8 @@ struct Arm {
     failed_in_outage: u64,
     /// Failed syncs over the whole arm that were kapp-controller's reaper race.
     reaper_races: u64,
+    /// holdfast's lookups during the outage.
+    outage_attempts: Attempts,
     run: Duration,
     samples: Vec<Sample>,
 }
@@ -341,6 +345,7 @@ async fn push_configs(registry: &SpareRegistry, tags: usize) -> Result<Vec<Strin
 }
 
 /// One arm: create the Apps, run until `plan.run` from the first create, then the outage.
+/// `holdfast` reads holdfast's [`Attempts`] (none without it), so that the outage's are counted.
 async fn arm(
     name: &'static str,
     env: &Env,
@@ -348,6 +353,7 @@ async fn arm(
     registry: &mut SpareRegistry,
     urls: &[String],
     plan: &Plan,
+    holdfast: &dyn Fn() -> Result<Attempts>,
 ) -> Result<Arm> {
     let client = env.client().await?;
     kapp_controller::add_deployer(env, namespace)?;
@@ -405,11 +411,13 @@ async fn arm(
     let [syncs, failed_syncs] = snapshot(&seen)?.totals();
     let requests = [requests[0] - before[0], requests[1] - before[1]];
 
+    let attempts_before = holdfast()?;
     registry.stop();
     up.store(false, Ordering::Relaxed);
     eprintln!("  {name}: registry stopped for {} s", plan.outage.as_secs());
     tokio::time::sleep(plan.outage).await;
     let after = snapshot(&seen)?;
+    let attempts_after = holdfast()?;
     let [after_syncs, after_failed] = after.totals();
     // The last sample while the registry is still down: a restarted registry starts a new
     // access log, which would read as no requests at all.
@@ -430,9 +438,44 @@ async fn arm(
         outage_syncs: after_syncs - syncs,
         failed_in_outage: after_failed - failed_syncs,
         reaper_races: after.raced(),
+        outage_attempts: Attempts {
+            failed: attempts_after.failed - attempts_before.failed,
+            backed_off: attempts_after.backed_off - attempts_before.backed_off,
+        },
         run,
         samples,
     })
+}
+
+/// holdfast's registry lookups, the webhook's and the controller's together: those that failed
+/// (what a stopped registry was sent), and the stale answers given without asking because the
+/// entry's last check had failed within `--cache-negative-ttl-seconds` (its backoff).
+#[derive(Debug, Default, Clone, Copy)]
+struct Attempts {
+    failed: u64,
+    backed_off: u64,
+}
+
+impl Attempts {
+    fn of(webhook: &LocalWebhook, controller: &holdfast_controller::metrics::Metrics) -> Result<Self> {
+        let text = controller
+            .encode()
+            .map_err(|e| anyhow::anyhow!("encoding metrics: {e}"))?;
+        let counter = |name: &str| -> Result<u64> {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .with_context(|| format!("the controller exports no {name}"))?
+                .parse()
+                .with_context(|| format!("{name} is not a count"))
+        };
+        let stats = &webhook.cache.stats;
+        Ok(Self {
+            failed: counter("holdfast_controller_registry_errors_total")?
+                + stats.registry_errors.load(Ordering::Relaxed),
+            backed_off: counter("holdfast_controller_registry_backoffs_total")?
+                + stats.registry_backoffs.load(Ordering::Relaxed),
+        })
+    }
 }
 
 #[tokio::main]
@@ -467,6 +510,7 @@ async fn main() -> Result<()> {
         &mut without_registry,
         &without_urls,
         &plan,
+        &|| Ok(Attempts::default()),
     )
     .await?;
     without_registry.stop();
@@ -493,7 +537,17 @@ async fn main() -> Result<()> {
         cancel.clone(),
     ));
     let with_ns = webhook.namespace("with").await?;
-    let with = arm("with", &env, &with_ns, &mut with_registry, &with_urls, &plan).await;
+    let attempts = || Attempts::of(&webhook, &metrics);
+    let with = arm(
+        "with",
+        &env,
+        &with_ns,
+        &mut with_registry,
+        &with_urls,
+        &plan,
+        &attempts,
+    )
+    .await;
     cancel.cancel();
     controller.await??;
     let with = with?;
@@ -574,15 +628,23 @@ async fn main() -> Result<()> {
         total(with.requests),
         with.requests[1]
     );
+    // What holdfast sent the stopped registry: at most one attempt per tag per negative TTL per
+    // process, the other lookups answered stale without asking.
     println!(
-        "registry_request_ratio={ratio:.1} failed_syncs_without={} failed_syncs_with={} steady_state_ratio={steady_ratio:.0} apps={apps} sync_rate_without={:.2} sync_rate_with={:.2} holdfast_requests_with={} with_over_first_fetch_floor={:.3} reaper_races={}",
+        "with: during the outage holdfast's lookups failed {} times at the stopped registry and were answered stale without asking {} times ({} tags)",
+        with.outage_attempts.failed, with.outage_attempts.backed_off, tags
+    );
+    println!(
+        "registry_request_ratio={ratio:.1} failed_syncs_without={} failed_syncs_with={} steady_state_ratio={steady_ratio:.0} apps={apps} sync_rate_without={:.2} sync_rate_with={:.2} holdfast_requests_with={} with_over_first_fetch_floor={:.3} reaper_races={} holdfast_failed_lookups_in_outage={} holdfast_backoffs_in_outage={}",
         without.failed_in_outage,
         with.failed_in_outage,
         without.sync_rate(apps),
         with.sync_rate(apps),
         with.requests[1],
         total(with.requests) as f64 / with.requests[0].max(1) as f64,
-        without.reaper_races + with.reaper_races
+        without.reaper_races + with.reaper_races,
+        with.outage_attempts.failed,
+        with.outage_attempts.backed_off
     );
     Ok(())
 }

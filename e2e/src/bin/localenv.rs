@@ -59,7 +59,7 @@ async fn up(state: &Path, holdfast: bool) -> Result<()> {
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
 
-    let mut env = Env::start().await?;
+    let mut env = Env::start_local().await?;
     // The controller catches up on objects admitted unpinned and follows moved tags.
     let webhook = if holdfast {
         Some(

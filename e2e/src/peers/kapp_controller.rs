@@ -298,9 +298,10 @@ pub fn reconcile_failed(object: &DynamicObject) -> bool {
     has_condition(object, "ReconcileFailed") && !failed_by_reaper_race(object)
 }
 
-/// Waits, on a watch, until kapp-controller reports `name` reconciled; fails at once if it
-/// reports a failure, with its message, except a failure by its reaper race
-/// ([`failed_by_reaper_race`]), which it retries: that one is waited through.
+/// Waits, on a watch, until kapp-controller reports `name` reconciled at its current generation
+/// (so after an update too); fails at once if it reports a failure, with its message, except a
+/// failure by its reaper race ([`failed_by_reaper_race`]), which it retries: that one is waited
+/// through.
 pub async fn until_reconciled(env: &Env, api: &Api<DynamicObject>, name: &str) -> Result<DynamicObject> {
     let limit = crate::wait::DEFAULT_TIMEOUT * 2;
     let raced = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -310,7 +311,12 @@ pub async fn until_reconciled(env: &Env, api: &Api<DynamicObject>, name: &str) -
             if failed_by_reaper_race(o) {
                 seen_race.store(true, std::sync::atomic::Ordering::Relaxed);
             }
-            has_condition(o, "ReconcileSucceeded") || reconcile_failed(o)
+            // Of the object's current spec: after an update the last reconcile's condition
+            // stays until kapp-controller observes the new generation.
+            let current = o.data["status"]["observedGeneration"]
+                .as_i64()
+                .is_none_or(|observed| Some(observed) == o.metadata.generation);
+            current && (has_condition(o, "ReconcileSucceeded") || reconcile_failed(o))
         })
     };
     let object = tokio::time::timeout(
