@@ -15,9 +15,25 @@ pub const CRD: &str = "digestcacheentries.holdfast.dev";
 /// The field the next release's CRD adds to an entry's spec.
 pub const NEW_FIELD: &str = "addedByTheNextVersion";
 
+/// Makes the chart in `chart` (a copy of this release's: Helm's pulled chart, or the Carvel
+/// package bundle's) the next release's: Chart.yaml's `version` becomes `next`, and its CRD gets
+/// [`NEW_FIELD`].
+pub fn make_next_chart(chart: &Path, version: &str, next: &str) -> Result<()> {
+    let chart_yaml = chart.join("Chart.yaml");
+    let text = std::fs::read_to_string(&chart_yaml)?;
+    let (from, to) = (format!("\nversion: {version}\n"), format!("\nversion: {next}\n"));
+    ensure!(
+        text.contains(&from),
+        "{} has no version {version}",
+        chart_yaml.display()
+    );
+    std::fs::write(&chart_yaml, text.replace(&from, &to))?;
+    add_field_to_crd(&chart.join("files/crds").join(format!("{CRD}.yaml")))
+}
+
 /// Adds [`NEW_FIELD`] (a string) to the spec schema of the CRD in `file` (YAML), as the next
 /// release's CRD would.
-pub fn add_field_to_crd(file: &Path) -> Result<()> {
+fn add_field_to_crd(file: &Path) -> Result<()> {
     let mut crd: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(file)?)?;
     let properties =
         &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];

@@ -266,8 +266,8 @@ fn user_values(settings: &Settings) -> Result<Value> {
     Ok(values)
 }
 
-/// The released chart pulled and made its next version: Chart.yaml's version and appVersion
-/// bumped, and a string field [`upgrade::NEW_FIELD`] added to the CRD's spec schema.
+/// The released chart pulled and made the next release's ([`upgrade::make_next_chart`]: its
+/// version `<version>-next`, its CRD with a new field).
 fn next_version(env: &Env, chart: &str, version: &str) -> Result<tempfile::TempDir> {
     let dir = tempfile::tempdir()?;
     let out = dir.path().to_string_lossy().into_owned();
@@ -285,21 +285,6 @@ fn next_version(env: &Env, chart: &str, version: &str) -> Result<tempfile::TempD
         ],
         None,
     )?;
-    let root = dir.path().join("holdfast");
-    let next = format!("{version}-next");
-    let chart_yaml = root.join("Chart.yaml");
-    let text = std::fs::read_to_string(&chart_yaml)?;
-    ensure!(
-        text.contains(&format!("\nversion: {version}\n")),
-        "the pulled Chart.yaml has no version {version}"
-    );
-    std::fs::write(
-        &chart_yaml,
-        text.replace(
-            &format!("\nversion: {version}\n"),
-            &format!("\nversion: {next}\n"),
-        ),
-    )?;
-    upgrade::add_field_to_crd(&root.join("files/crds").join(format!("{CRD}.yaml")))?;
+    upgrade::make_next_chart(&dir.path().join("holdfast"), version, &format!("{version}-next"))?;
     Ok(dir)
 }

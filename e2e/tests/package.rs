@@ -333,7 +333,7 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
 }
 
 /// The next release, made from this one as the private registry holds it and pushed there: the
-/// package bundle pulled, its chart's version bumped and [`upgrade::NEW_FIELD`] added to its CRD;
+/// package bundle pulled and its chart made the next release's ([`upgrade::make_next_chart`]);
 /// the repository bundle pulled, the next Package version (this one's, naming the next bundle)
 /// added beside this one, its ImagesLock written again by kbld, as `make package` writes it.
 struct NextRelease {
@@ -358,24 +358,7 @@ impl NextRelease {
             "-o",
             &path(&bundle_dir),
         ])?;
-        let chart_yaml = bundle_dir.join("config/chart/Chart.yaml");
-        let text = std::fs::read_to_string(&chart_yaml)?;
-        ensure!(
-            text.contains(&format!("\nversion: {version}\n")),
-            "the package's Chart.yaml has no version {version}"
-        );
-        std::fs::write(
-            &chart_yaml,
-            text.replace(
-                &format!("\nversion: {version}\n"),
-                &format!("\nversion: {next}\n"),
-            ),
-        )?;
-        upgrade::add_field_to_crd(
-            &bundle_dir
-                .join("config/chart/files/crds")
-                .join(format!("{CRD}.yaml")),
-        )?;
+        upgrade::make_next_chart(&bundle_dir.join("config/chart"), version, &next)?;
         let bundle = pushed(&format!("{private}:package-{next}"), &bundle_dir, scratch.path())?;
 
         let repository_dir = scratch.path().join("repository");
