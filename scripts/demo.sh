@@ -18,11 +18,16 @@ kubectl apply -f "$rendered/namespace.yaml"
 for f in app-image app-deployed packagerepository package korifi-app; do
   kubectl apply -f "$rendered/$f.yaml"
 done
+# The Image is owned by the BuildWorkload just created, by its uid, as Korifi makes it.
+workload=$(kubectl get -n demo buildworkload 0c9d8e7f-6a5b-4c3d-8e2f-1a0b9c8d7e6f -o jsonpath='{.metadata.uid}')
+sed -i "s|BUILDWORKLOAD_UID|$workload|" "$rendered/korifi-image.yaml"
+kubectl apply -f "$rendered/korifi-image.yaml"
 
 echo
 echo "=== each reference as written (examples/) and as stored after admission ==="
 target/debug/holdfast-localenv show "$rendered/app-image.yaml" "$rendered/app-deployed.yaml" \
-  "$rendered/packagerepository.yaml" "$rendered/package.yaml" "$rendered/korifi-app.yaml"
+  "$rendered/packagerepository.yaml" "$rendered/package.yaml" "$rendered/korifi-app.yaml" \
+  "$rendered/korifi-image.yaml"
 echo
 echo "=== the real kapp-controller reconciles the pinned App demo-deployed ==="
 kubectl wait -n demo app.kappctrl.k14s.io/demo-deployed --for=condition=ReconcileSucceeded --timeout=180s

@@ -44,13 +44,21 @@ async fn crds_accept_the_examples(env: Arc<Env>) -> Result<()> {
     let client = env.client().await?;
     let ns = env.namespace("examples").await?;
     let mut kinds = Vec::new();
+    let mut workload_uid = String::new();
     for file in [
         "app-image.yaml",
         "packagerepository.yaml",
         "package.yaml",
         "korifi-app.yaml",
+        "korifi-image.yaml",
     ] {
-        for object in create_all(&client, &ns, &example(&env, file)?).await? {
+        // The Image is owned by the BuildWorkload korifi-app.yaml made, by its uid (as the demo
+        // script substitutes it).
+        let text = example(&env, file)?.replace("BUILDWORKLOAD_UID", &workload_uid);
+        for object in create_all(&client, &ns, &text).await? {
+            if object.types.as_ref().is_some_and(|t| t.kind == "BuildWorkload") {
+                workload_uid = object.uid().context("no uid")?;
+            }
             let api = api_for(&client, &object, Some(&ns)).await?;
             let stored = api.get(&object.name_any()).await?;
             // Structural schemas prune unknown fields: what we sent must come back intact.
@@ -64,7 +72,15 @@ async fn crds_accept_the_examples(env: Arc<Env>) -> Result<()> {
     }
     kinds.sort();
     ensure!(
-        kinds == ["App", "CFApp", "Image", "Package", "PackageRepository"],
+        kinds
+            == [
+                "App",
+                "BuildWorkload",
+                "CFApp",
+                "Image",
+                "Package",
+                "PackageRepository"
+            ],
         "created {kinds:?}"
     );
     Ok(())
