@@ -208,21 +208,16 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     // kapp upgrades the CRD and keeps every digest cache entry with its spec and status.
     let kept = KeptEntry::write(&env, INSTALLED_NAMESPACE)?;
     let next = NextRelease::push(&private, &packaged, version)?;
-    let repository_patch =
-        serde_json::json!({"spec": {"fetch": {"imgpkgBundle": {"image": next.repository_tag}}}});
-    holdfast_e2e::accounts::kubectl_ok(
-        &env,
-        &[
-            "patch",
-            "packagerepository",
+    let merge = kube::api::PatchParams::default();
+    repositories
+        .patch(
             "holdfast",
-            "-n",
-            &ns,
-            "--type=merge",
-            "-p",
-            &repository_patch.to_string(),
-        ],
-    )?;
+            &merge,
+            &kube::api::Patch::Merge(
+                serde_json::json!({"spec": {"fetch": {"imgpkgBundle": {"image": next.repository_tag}}}}),
+            ),
+        )
+        .await?;
     let moved = kapp_controller::until_reconciled(&env, &repositories, "holdfast").await?;
     ensure!(
         moved.data["spec"]["fetch"]["imgpkgBundle"]["image"] == next.repository.as_str(),
@@ -237,21 +232,13 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
         &ns,
     )
     .context("the repository's next bundle did not bring the next Package version")?;
-    let install_patch =
-        serde_json::json!({"spec": {"packageRef": {"versionSelection": {"constraints": next.version}}}});
-    holdfast_e2e::accounts::kubectl_ok(
-        &env,
-        &[
-            "patch",
-            "packageinstall",
+    installs
+        .patch(
             "holdfast",
-            "-n",
-            &ns,
-            "--type=merge",
-            "-p",
-            &install_patch.to_string(),
-        ],
-    )?;
+            &merge,
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"packageRef": {"versionSelection": {"constraints": next.version}}}})),
+        )
+        .await?;
     let upgraded = kapp_controller::until_reconciled(&env, &installs, "holdfast").await?;
     ensure!(
         upgraded.data["status"]["version"] == next.version.as_str(),
