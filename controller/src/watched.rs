@@ -1,8 +1,8 @@
 //! One watch per pinned kind for a leader's term: a reflector whose store the pinning
 //! controller of the kind is driven by (kube's shared-stream controller: the store is the
-//! controller's, the watch's applied objects its triggers) and the mirror's reference index and
-//! the refresher read, and whose significant events (an object added, deleted or with a new
-//! spec, a re-list done) wake the mirror; plus the namespaces' labels, metadata only, which the
+//! controller's, the watch's significant applied objects its triggers) and the mirror's
+//! reference index and the refresher read, and whose significant events (an object added,
+//! deleted or changed in what a reconcile reads of it, a re-list done) wake the mirror; plus the namespaces' labels, metadata only, which the
 //! pinners and the mirror's selection read instead of asking the API server (a change of a
 //! namespace's labels triggers its objects). Objects are kept with only
 //! what is read of them ([`Stored`]: metadata and the fetch field's OCI sources).
@@ -140,7 +140,7 @@ impl Watched {
                     writer,
                     Handlers {
                         slim: |object: &mut Stored| holdfast_peers::slim_metadata(&mut object.metadata),
-                        fingerprint: spec_fingerprint,
+                        fingerprint: pin_fingerprint,
                         observe: move |event: &watcher::Event<Stored>| syncs.observe(event),
                     },
                     &changed,
@@ -445,16 +445,12 @@ where
                         listed_tx.send_replace(true);
                     }
                     observe(&event);
-                    if significant(&mut seen, &event, fingerprint) {
+                    let significant = significant(&mut seen, &event, fingerprint);
+                    if significant {
                         changed.send_modify(|n| *n = n.wrapping_add(1));
                     }
                     if let Some(trigger) = &trigger {
-                        let triggered = match event {
-                            watcher::Event::Apply(object) => vec![Arc::new(object)],
-                            watcher::Event::InitDone => store.state(),
-                            _ => Vec::new(),
-                        };
-                        for object in triggered {
+                        for object in triggered(event, significant, &store) {
                             // A closed channel: the controller has stopped, with the term.
                             let _ = trigger.send(object).await;
                         }
@@ -465,6 +461,21 @@ where
         }
     });
     listed
+}
+
+/// The objects `event` hands to the controller: an applied object only when it is
+/// [`significant`] (a pinned object's status, which kapp-controller writes on every sync, is
+/// nothing its reconcile reads: reconciling on it re-resolved every pin at every sync), every
+/// object once a re-list is complete.
+fn triggered<K>(event: watcher::Event<K>, significant: bool, store: &Store<K>) -> Vec<Arc<K>>
+where
+    K: kube::Resource<DynamicType = ApiResource> + Clone + 'static,
+{
+    match event {
+        watcher::Event::Apply(object) if significant => vec![Arc::new(object)],
+        watcher::Event::InitDone => store.state(),
+        _ => Vec::new(),
+    }
 }
 
 /// Counts the syncs kapp-controller makes of objects holdfast pinned, for
@@ -573,12 +584,19 @@ fn significant<K: kube::Resource>(
     }
 }
 
-/// A pinned object's fetch references are in its spec. Hashed as text, not read off
-/// `metadata.generation`: Packages are served by kapp-controller's aggregated API, whose objects
-/// need not keep one.
-fn spec_fingerprint(object: &Stored) -> u64 {
+/// What a pinned object's reconcile reads of it: the fetch references (its kept spec, hashed as
+/// text, not read off `metadata.generation`: Packages are served by kapp-controller's aggregated
+/// API, whose objects need not keep one), the labels and annotations (the original refs, the pin
+/// policy), the finalizers (a pin refused by a write in between is retried on it) and whether it
+/// is being deleted. Not its status nor its `resourceVersion`.
+fn pin_fingerprint(object: &Stored) -> u64 {
+    let metadata = &object.metadata;
     let mut hasher = DefaultHasher::new();
     object.spec_text().hash(&mut hasher);
+    metadata.labels.hash(&mut hasher);
+    metadata.annotations.hash(&mut hasher);
+    metadata.finalizers.hash(&mut hasher);
+    metadata.deletion_timestamp.is_some().hash(&mut hasher);
     hasher.finish()
 }
 
@@ -663,7 +681,7 @@ mod tests {
     #[test]
     fn only_spec_changes_additions_deletions_and_relists_wake_the_mirror() {
         let mut seen = HashMap::new();
-        let mut wakes = |event: watcher::Event<Stored>| significant(&mut seen, &event, spec_fingerprint);
+        let mut wakes = |event: watcher::Event<Stored>| significant(&mut seen, &event, pin_fingerprint);
         assert!(!wakes(watcher::Event::Init));
         assert!(!wakes(watcher::Event::InitApply(object("a", "1", "x"))));
         assert!(wakes(watcher::Event::InitDone));
@@ -678,6 +696,64 @@ mod tests {
         assert!(wakes(watcher::Event::Apply(object("b", "1", ""))), "added");
         assert!(wakes(watcher::Event::Delete(object("b", "1", ""))), "deleted");
         assert!(wakes(watcher::Event::Apply(object("b", "1", ""))), "added again");
+    }
+
+    /// kapp-controller writes a pinned App's status on every sync: that reaches the store but
+    /// not the pinning controller, which reconciles an object again only when what it reads of
+    /// it changed, and every object after a re-list.
+    #[test]
+    fn only_what_a_reconcile_reads_triggers_it() {
+        let resource = ApiResource::from_gvk_with_plural(&PinnedKind::App.gvk(), "apps");
+        let mut writer = Writer::new(resource);
+        let store = writer.as_reader();
+        let mut seen = HashMap::new();
+        let mut names = |event: watcher::Event<Stored>| {
+            writer.apply_watcher_event(&event);
+            let significant = significant(&mut seen, &event, pin_fingerprint);
+            triggered(event, significant, &store)
+                .iter()
+                .map(|object| object.metadata.name.clone().unwrap_or_default())
+                .collect::<Vec<_>>()
+        };
+        let annotated = |key: &str| {
+            let mut app = object("a", "1", "reconciled");
+            app.metadata.annotations = Some(BTreeMap::from([(key.to_owned(), "x".to_owned())]));
+            app
+        };
+        assert_eq!(
+            names(watcher::Event::Apply(object("a", "1", "new"))),
+            ["a"],
+            "added"
+        );
+        assert!(
+            names(watcher::Event::Apply(object("a", "1", "syncing"))).is_empty(),
+            "status only"
+        );
+        assert_eq!(
+            names(watcher::Event::Apply(object("a", "2", "syncing"))),
+            ["a"],
+            "spec"
+        );
+        assert_eq!(
+            names(watcher::Event::Apply(annotated("policy"))),
+            ["a"],
+            "annotations"
+        );
+        let mut finalized = annotated("policy");
+        finalized.metadata.finalizers = Some(vec!["finalizers.kapp-ctrl.k14s.io/delete".into()]);
+        assert_eq!(
+            names(watcher::Event::Apply(finalized.clone())),
+            ["a"],
+            "finalizers"
+        );
+        finalized.metadata.resource_version = Some("9".into());
+        assert!(
+            names(watcher::Event::Apply(finalized)).is_empty(),
+            "another version, same content"
+        );
+        assert!(names(watcher::Event::Init).is_empty());
+        assert!(names(watcher::Event::InitApply(object("b", "1", ""))).is_empty());
+        assert_eq!(names(watcher::Event::InitDone), ["b"], "a re-list hands over all");
     }
 
     #[test]
