@@ -1,7 +1,8 @@
 //! holdfast's reconcilers.
 //!
 //! - [`pinning`]: pins App, PackageRepository and Package fetch references admitted unpinned
-//!   (webhook down, registry down) and moves `follow` pins when their tags move.
+//!   (webhook down, registry down) and moves `follow` pins when their tags move;
+//!   [`cached_fetch`] says when such a move cannot reach a bundle kapp-controller has cached.
 //! - [`refresher`]: asks the registry once per unique tag (the digest cache's keys) that the
 //!   watched objects name, on an interval, then has the objects naming a tag that moved
 //!   reconciled from the refreshed cache; deletes the entries no object names.
@@ -28,6 +29,7 @@
 
 pub mod admin;
 mod backoff;
+pub mod cached_fetch;
 pub mod deletable;
 pub mod entry_status;
 pub mod finalizer;

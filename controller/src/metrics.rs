@@ -83,6 +83,7 @@ pub struct Metrics {
     mirror_copied_bytes: Counter,
     mirror_deletions: Family<ResultLabels, Counter>,
     fetches_avoided: Family<FetchKindLabels, Counter>,
+    bundle_moves_cached: Family<FetchKindLabels, Counter>,
     /// The digest cache, once the controller built it.
     cache: Arc<OnceLock<Arc<DigestCache>>>,
 }
@@ -179,6 +180,12 @@ impl Metrics {
             "Fetch sources kapp-controller synced by holdfast's digest instead of resolving a tag at the registry: each sync (status.fetch.startedAt moved) of an App or PackageRepository adds its pins in place; counted by the leader",
             fetches_avoided.clone(),
         );
+        let bundle_moves_cached = Family::<FetchKindLabels, Counter>::default();
+        registry.register(
+            "bundle_moves_cached",
+            "Bundle references the controller moved to another location of the same digest (to the mirror's copy, or back) in an App or PackageRepository kapp-controller had fetched and may keep in its per-object cache with the images' earlier locations (a BundleLocationCached Event each)",
+            bundle_moves_cached.clone(),
+        );
         // Every label value the counters below take, at 0 from the start: a family without
         // samples is not exported, and a series that first appears at 1 shows no `increase()`
         // (the alert on the first mirror copy given up would never fire).
@@ -193,6 +200,7 @@ impl Metrics {
         }
         for kind in ["App", "PackageRepository"] {
             drop(fetches_avoided.get_or_create(&FetchKindLabels { kind }));
+            drop(bundle_moves_cached.get_or_create(&FetchKindLabels { kind }));
         }
         let cache = Arc::new(OnceLock::new());
         registry.register_collector(Box::new(LateCache(cache.clone())));
@@ -210,6 +218,7 @@ impl Metrics {
             mirror_copied_bytes,
             mirror_deletions,
             fetches_avoided,
+            bundle_moves_cached,
             cache,
         }
     }
@@ -318,6 +327,14 @@ impl Metrics {
         self.fetches_avoided
             .get_or_create(&FetchKindLabels { kind })
             .inc_by(count(pins));
+    }
+
+    /// A bundle moved to another location of its digest, in an object kapp-controller fetched
+    /// (`crate::cached_fetch`).
+    pub fn bundle_move_cached(&self, kind: &'static str) {
+        self.bundle_moves_cached
+            .get_or_create(&FetchKindLabels { kind })
+            .inc();
     }
 
     /// The OpenMetrics text of every metric.

@@ -131,6 +131,19 @@ fn changes(counter: watch::Receiver<u64>) -> impl Stream<Item = ()> + Send {
 }
 
 impl Ctx {
+    /// Whether a bundle was relocated at `from` (its images in its repository there), as far
+    /// as this controller knows: every mirror copy is; upstream, what the copy to `to` found.
+    fn relocated(&self, from: &holdfast_registry::Reference, to: &str) -> Option<bool> {
+        let on_mirror = self
+            .pinner
+            .mirror()
+            .is_some_and(|mirror| mirror.location.registry() == from.registry());
+        if on_mirror {
+            return Some(true);
+        }
+        self.pinner.copying().colocated_upstream(to)
+    }
+
     /// The labels of the namespace of an object to pin (they select the mirror); `None` for the
     /// namespaces the webhooks never see: kube-system, holdfast's own, and opted-out ones. Read
     /// from the namespaces' watch; asked of the API server only for a namespace it has not
@@ -183,7 +196,17 @@ async fn pin(object: Arc<Stored>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     for warning in &update.warnings {
         tracing::debug!(kind = ctx.kind.kind(), %namespace, %name, %warning, "unpinned reference");
     }
-    let events = events_for(&update);
+    let mut events = events_for(&update);
+    // kapp-controller fetched it: a bundle moved to another copy of its digest may be cached.
+    let moves = if object.fetch_started().is_some() {
+        crate::cached_fetch::cached_moves(&stored, &update.ops, |from, to| ctx.relocated(from, to))
+    } else {
+        Vec::new()
+    };
+    for moved in &moves {
+        tracing::warn!(kind = ctx.kind.kind(), %namespace, %name, field = %moved.field, from = %moved.from, to = %moved.to, "bundle moved; kapp-controller may keep its cached fetch");
+        events.push(crate::cached_fetch::event(ctx.kind.kind(), moved));
+    }
     if !update.ops.is_empty() {
         let api: Api<Stored> = Api::namespaced_with(ctx.client.clone(), &namespace, &ctx.resource);
         let params = PatchParams {
@@ -204,6 +227,9 @@ async fn pin(object: Arc<Stored>, ctx: Arc<Ctx>) -> Result<Action, Error> {
             Err(error) => return Err(error.into()),
         }
         tracing::info!(kind = ctx.kind.kind(), %namespace, %name, change = ?update.change, "pinned fetch references");
+        for _ in &moves {
+            ctx.metrics.bundle_move_cached(ctx.kind.kind());
+        }
     }
     let reference = object.object_ref(&ctx.resource);
     for event in &events {

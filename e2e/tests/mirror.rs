@@ -49,6 +49,7 @@ e2e_main!(serial:
     a_private_image_is_mirrored_for_its_namespace_only,
     a_bundle_with_a_missing_image_is_reported_and_not_mirrored,
     apps_are_repinned_to_the_mirror_and_sync_without_upstream,
+    apps_fetched_upstream_keep_reconciling_after_a_repin_to_the_mirror,
 );
 
 /// The reference of an App's first fetch entry: `image.url` or `imgpkgBundle.image`.
@@ -1154,4 +1155,197 @@ async fn private_scenario(
         update.unresolved
     );
     Ok(())
+}
+
+/// The App of a colocated bundle in [`apps_fetched_upstream_keep_reconciling_after_a_repin_to_the_mirror`].
+const COLOCATED: &str = "colocated";
+
+/// Apps reconciled from upstream first (kapp-controller's per-App vendir cache warm: it keeps
+/// what it fetched by digest), then re-pinned to the mirror when their namespace is selected,
+/// with upstream stopped: an image App and a bundle App whose images are in other repositories
+/// upstream reconcile from the mirror (the bundle was never cached: not relocated upstream, so
+/// imgpkg does not cache it, and its templates now get the mirror's locations). A bundle whose
+/// images are in its own repository upstream (as `imgpkg copy` leaves it) was cached with its
+/// ImagesLock pointing there, under the digest alone (vendir's cache key): kapp-controller
+/// v0.53.1 reconciles the re-pinned App from that cache, and its templates keep the upstream
+/// image locations. holdfast cannot change that key (every form of the reference has the same
+/// digest), so it says so: a `BundleLocationCached` Warning Event on that App, none on the others,
+/// and re-creating the App (a new vendir cache) deploys the mirror's locations.
+async fn apps_fetched_upstream_keep_reconciling_after_a_repin_to_the_mirror(env: Arc<Env>) -> Result<()> {
+    let mut upstream = env.spare_registry().await?;
+    let mirror = env.spare_registry().await?;
+    let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
+    let pins = MirrorPins {
+        namespaces: format!("{}={}", MIRROR_LABEL.0, MIRROR_LABEL.1).parse()?,
+        ..MirrorPins::new(MirrorLocation::new(&m, PREFIX)?)
+    };
+    let (webhook, controller) = mirroring_with(&env, &up, pins, None, Duration::from_secs(86_400)).await?;
+    let result = warm_cache_scenario(&env, &webhook, &mut upstream, &m).await;
+    controller.stop().await;
+    webhook.stop().await?;
+    result
+}
+
+async fn warm_cache_scenario(
+    env: &Env,
+    webhook: &LocalWebhook,
+    upstream: &mut SpareRegistry,
+    m: &str,
+) -> Result<()> {
+    let up = upstream.addr.clone();
+    let web = Image::with_files(&[(
+        "config/web.yml",
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: web}\ndata: {k: v}\n",
+    )])?;
+    let web_digest = images::push(&up, "apps/warm", "1.0", &web).await?;
+    // Spread: the two locked images in repositories of their own.
+    let (one, two) = holdfast_e2e::mirror::push_locked_images(&up).await?;
+    let spread_lock = [format!("{up}/images/one@{one}"), format!("{up}/images/two@{two}")];
+    let spread = Image::bundle(
+        &[("config/app.yml", image_config("one", &spread_lock[0]).as_bytes())],
+        &spread_lock[..1],
+    )?;
+    let spread_digest = images::push(&up, "bundles/spread", "1.0", &spread).await?;
+    // Colocated: the locked image in the bundle's own repository.
+    let locked = Image::with_files(&[("colocated.yml", b"colocated: 1\n")])?;
+    let locked_digest = images::push(&up, "bundles/colocated", "image", &locked).await?;
+    let colocated_lock = [format!("{up}/bundles/colocated@{locked_digest}")];
+    let colocated = Image::bundle(
+        &[(
+            "config/app.yml",
+            image_config("one", &colocated_lock[0]).as_bytes(),
+        )],
+        &colocated_lock,
+    )?;
+    let colocated_digest = images::push(&up, "bundles/colocated", "1.0", &colocated).await?;
+
+    // Reconciled from upstream in a namespace the mirror does not select.
+    let client = env.client().await?;
+    let ns = webhook.namespace("warm-cache").await?;
+    kapp_controller::add_deployer(env, &ns)?;
+    let apps = [
+        (
+            "web",
+            json!({"image": {"url": format!("{up}/apps/warm:1.0")}}),
+            "apps/warm",
+            &web_digest,
+        ),
+        (
+            "spread",
+            json!({"imgpkgBundle": {"image": format!("{up}/bundles/spread:1.0")}}),
+            "bundles/spread",
+            &spread_digest,
+        ),
+        (
+            COLOCATED,
+            json!({"imgpkgBundle": {"image": format!("{up}/bundles/colocated:1.0")}}),
+            "bundles/colocated",
+            &colocated_digest,
+        ),
+    ];
+    let mut api = None;
+    for (name, fetch, _, _) in &apps {
+        let app = app_object(name, fetch.clone())?;
+        let apps_api = api_for(&client, &app, Some(&ns)).await?;
+        apps_api.create(&PostParams::default(), &app).await?;
+        api = Some(apps_api);
+    }
+    let api = api.context("no App")?;
+    env.kapp_controller().await?;
+    for (name, _, repository, digest) in &apps {
+        let app = kapp_controller::until_reconciled(env, &api, name).await?;
+        ensure!(
+            url_of(Some(&app)) == Some(format!("{up}/{repository}@{digest}")),
+            "{name} not pinned upstream: {:?}",
+            url_of(Some(&app))
+        );
+    }
+    let deployed = |app: &str| {
+        let name = format!("{app}-one");
+        let (client, ns) = (client.clone(), ns.clone());
+        async move { deployed_image(&client, &ns, &name).await }
+    };
+    ensure!(
+        deployed("spread").await?.as_ref() == Some(&spread_lock[0]),
+        "spread from upstream"
+    );
+    ensure!(
+        deployed(COLOCATED).await?.as_ref() == Some(&colocated_lock[0]),
+        "colocated from upstream"
+    );
+
+    // The namespace selected: copied, and every App re-pinned to the mirror.
+    let namespaces = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    let label = json!({"metadata": {"labels": {MIRROR_LABEL.0: MIRROR_LABEL.1}}});
+    namespaces
+        .patch(
+            &ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&label),
+        )
+        .await?;
+    for (name, _, repository, digest) in &apps {
+        let expected = format!("{m}/{}@{digest}", mirrored(&up, repository));
+        wait::until(&api, name, move |a: Option<&DynamicObject>| {
+            url_of(a).as_deref() == Some(expected.as_str())
+        })
+        .await
+        .with_context(|| format!("{name} not re-pinned to the mirror"))?;
+    }
+
+    // Upstream stopped: each App reconciles its new spec (the re-pin) all the same.
+    upstream.stop();
+    for (name, _, _, _) in &apps {
+        kapp_controller::until_reconciled(env, &api, name)
+            .await
+            .with_context(|| format!("{name} after the re-pin, upstream stopped"))?;
+    }
+    deployed_image(&client, &ns, "web-web").await?;
+    let spread_mirrored = format!("{m}/{}@{one}", mirrored(&up, "bundles/spread"));
+    let image = deployed("spread").await?;
+    ensure!(
+        image.as_ref() == Some(&spread_mirrored),
+        "spread: {image:?}, not the mirror's {spread_mirrored} (fetched afresh: never cached)"
+    );
+    let image = deployed(COLOCATED).await?;
+    ensure!(
+        image.as_ref() == Some(&colocated_lock[0]),
+        "colocated: {image:?}; kapp-controller's cache was expected to keep the upstream location {}",
+        colocated_lock[0]
+    );
+
+    // holdfast says so on that App only.
+    let warned = app_events(&client, &ns, "BundleLocationCached").await?;
+    ensure!(warned == [COLOCATED], "BundleLocationCached Events on {warned:?}");
+
+    // Re-created (a new uid, so an empty vendir cache): the mirror's locations.
+    let uid = api.get(COLOCATED).await?.metadata.uid.context("no uid")?;
+    api.delete(COLOCATED, &Default::default()).await?;
+    wait::deleted(&api, COLOCATED, &uid).await?;
+    let again = app_object(COLOCATED, apps[2].1.clone())?;
+    api.create(&PostParams::default(), &again).await?;
+    kapp_controller::until_reconciled(env, &api, COLOCATED).await?;
+    let colocated_mirrored = format!("{m}/{}@{locked_digest}", mirrored(&up, "bundles/colocated"));
+    let image = deployed(COLOCATED).await?;
+    ensure!(
+        image.as_ref() == Some(&colocated_mirrored),
+        "re-created: {image:?}, not the mirror's {colocated_mirrored}"
+    );
+    Ok(())
+}
+
+/// The names of the Apps in `namespace` with an Event of `reason`.
+async fn app_events(client: &kube::Client, namespace: &str, reason: &str) -> Result<Vec<String>> {
+    let events = kube::Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await?;
+    let mut names: Vec<String> = events
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.regarding.and_then(|r| r.name))
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
 }

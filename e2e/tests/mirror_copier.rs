@@ -102,6 +102,10 @@ async fn copies_an_image_and_relocates_a_bundle_byte_for_byte(env: Arc<Env>) -> 
         (report.manifests_copied, report.blobs_copied, report.bundle_images) == (5, 8, 2),
         "bundle + image + index + 2 platform manifests, 4 configs and 4 layers: {report:?}"
     );
+    ensure!(
+        report.colocated_upstream == Some(false),
+        "its images are not in its repository upstream: {report:?}"
+    );
     same_content((up, "bundles/app"), (m, &bundle_repo), &bundle_digest).await?;
     ensure!(same_content((up, "images/one"), (m, &bundle_repo), &one_digest).await? == (1, 2));
     ensure!(same_content((up, "images/two"), (m, &bundle_repo), &two_digest).await? == (3, 4));
@@ -128,9 +132,31 @@ async fn copies_an_image_and_relocates_a_bundle_byte_for_byte(env: Arc<Env>) -> 
         "{report:?}"
     );
     ensure!(
+        report.colocated_upstream.is_none(),
+        "no ImagesLock read: {report:?}"
+    );
+    ensure!(
         mirror.requests_matching("\"PUT ") == puts_before,
         "a second copy wrote to the mirror"
     );
+
+    // A bundle whose images are in its own repository upstream, one locked there by name and
+    // one locked elsewhere but present there too (as `imgpkg copy` leaves a bundle).
+    let here = Image::with_files(&[("here.yml", b"here: 1\n")])?;
+    let here_digest = images::push(up, "bundles/colocated", "here", &here).await?;
+    let both = Image::with_files(&[("both.yml", b"both: 1\n")])?;
+    let both_digest = images::push(up, "images/both", "1", &both).await?;
+    images::push(up, "bundles/colocated", "both", &both).await?;
+    let colocated_lock = [
+        format!("{up}/bundles/colocated@{here_digest}"),
+        format!("{up}/images/both@{both_digest}"),
+    ];
+    let colocated = Image::bundle(&[("config/app.yml", b"app: 2\n")], &colocated_lock)?;
+    let colocated_digest = images::push(up, "bundles/colocated", "1.0", &colocated).await?;
+    let report = copier
+        .copy(&reference(up, "bundles/colocated", &colocated_digest)?, &none)
+        .await?;
+    ensure!(report.colocated_upstream == Some(true), "{report:?}");
 
     // The same image in another upstream repository: its blobs are mounted from the first copy.
     images::push(up, "apps/web-copy", "1.0", &web).await?;

@@ -24,7 +24,7 @@
 //!   waits on its old copy for the new one ([`stays_on_mirror`]).
 
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     fmt,
     str::FromStr,
     sync::RwLock,
@@ -260,7 +260,14 @@ pub fn selects(registries: &[String], source: &Reference) -> bool {
 pub struct Copying {
     registries: Vec<String>,
     given_up: RwLock<HashSet<String>>,
+    /// By mirror location, whether the bundle copied there had its images in its own repository
+    /// upstream ([`Copying::record_colocated`]).
+    colocated: RwLock<HashMap<String, bool>>,
 }
+
+/// Bundle copies whose upstream layout is remembered; the map is cleared when it is full (an
+/// unknown layout is reported as possibly colocated).
+const MAX_REMEMBERED_LAYOUTS: usize = 10_000;
 
 impl Copying {
     /// The copier of `registries` (`--mirror-source-registry`; empty: every registry).
@@ -268,7 +275,28 @@ impl Copying {
         Self {
             registries,
             given_up: RwLock::default(),
+            colocated: RwLock::default(),
         }
+    }
+
+    /// Records whether the bundle copied to `location` had every image of its ImagesLock in its
+    /// own repository upstream (`holdfast_registry::mirror::CopyReport::colocated_upstream`).
+    pub fn record_colocated(&self, location: &str, colocated: bool) {
+        let mut layouts = self.colocated.write().unwrap_or_else(|e| e.into_inner());
+        if layouts.len() >= MAX_REMEMBERED_LAYOUTS {
+            layouts.clear();
+        }
+        layouts.insert(location.to_owned(), colocated);
+    }
+
+    /// Whether the bundle copied to `location` had its images in its own repository upstream;
+    /// `None` when this copier did not see (another leader copied it, or it is not a bundle).
+    pub fn colocated_upstream(&self, location: &str) -> Option<bool> {
+        self.colocated
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(location)
+            .copied()
     }
 
     /// Whether content from `source`'s registry is copied.

@@ -276,6 +276,10 @@ impl Reporter {
         match copied {
             Copied::Copied(report) => {
                 self.metrics.mirror_copy("copied", report.bytes_copied);
+                // Before the record: the record has objects re-pinned, and the pins read this.
+                if let Some(colocated) = report.colocated_upstream {
+                    self.copying.record_colocated(&job.target, colocated);
+                }
                 record(&self.cache, job, SystemTime::now());
                 tracing::info!(
                     source = %job.source,
@@ -286,6 +290,7 @@ impl Reporter {
                     blobs_mounted = report.blobs_mounted,
                     bytes_copied = report.bytes_copied,
                     bundle_images = report.bundle_images,
+                    colocated_upstream = ?report.colocated_upstream,
                     "mirror: copied"
                 );
                 let note = format!(

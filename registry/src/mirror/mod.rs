@@ -130,6 +130,12 @@ pub struct CopyReport {
     pub bytes_copied: u64,
     /// Images listed in the ImagesLocks of the bundles copied (each now in the same repository).
     pub bundle_images: usize,
+    /// For a bundle copied from its ImagesLock: whether every image it locks is in the bundle's
+    /// own repository upstream (imgpkg's test of a relocated bundle, as `imgpkg copy` leaves it,
+    /// which decides whether vendir caches the bundle and whether its images are read from that
+    /// repository). `None`: not a bundle, the mirror had it already (no ImagesLock read), or the
+    /// source did not say.
+    pub colocated_upstream: Option<bool>,
 }
 
 /// Progress of a copy, for metrics or tests ([`Copier::with_events`]).
@@ -635,7 +641,37 @@ impl Job<'_> {
                 self.manifest(image, digest, depth + 1).await?;
             }
         }
+        if depth == 0 {
+            let colocated = self.colocated(source, &images).await;
+            self.count(|r| r.colocated_upstream = colocated);
+        }
         Ok(())
+    }
+
+    /// Whether every image of a bundle's ImagesLock (`images`) is in the bundle's repository on
+    /// its source registry, as imgpkg checks it: by its digest there (a `HEAD` for each image
+    /// locked elsewhere). `None` when the source answers neither found nor not found.
+    async fn colocated(&self, bundle: &Reference, images: &[Reference]) -> Option<bool> {
+        let accept = MANIFEST_MEDIA_TYPES.join(", ");
+        for digest in images.iter().filter_map(Reference::digest) {
+            let there = Reference::parse(&format!("{}@{digest}", bundle.name())).ok()?;
+            if images.contains(&there) {
+                continue;
+            }
+            let source = self.source(&there);
+            let url = source.url(&format!("manifests/{digest}")).ok()?;
+            let head = self
+                .resolver()
+                .send(&source, self.request(Method::HEAD, &url, &accept, Read::Nothing))
+                .await
+                .ok()?;
+            match head.status {
+                status if status.is_success() => {}
+                StatusCode::NOT_FOUND => return Some(false),
+                _ => return None,
+            }
+        }
+        Some(true)
     }
 
     /// Makes sure the mirror repository has the blob; returns what `want` asks for.
