@@ -51,6 +51,7 @@ e2e_main!(serial:
     a_drain_of_the_node_stops_at_the_pod_disruption_budgets,
     the_serving_certificate_rotates_through_the_kubelets_secret_projection,
     the_controller_killed_in_its_pod_restarts_and_loses_nothing,
+    egress_is_restricted_to_the_api_server_and_the_registries,
     helm_uninstall_removes_the_webhooks_before_the_pods,
     kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node,
 );
@@ -338,9 +339,15 @@ fn connects(cluster: &Cluster, namespace: &str, pod: &str, target: &str) -> bool
 }
 
 fn client_pod(cluster: &Cluster, namespace: &str) -> Result<()> {
+    labelled_client_pod(cluster, namespace, "client", &json!({}))
+}
+
+/// An agnhost pod `name` in `namespace`, labelled `labels`, on the real node (Pod Security
+/// `restricted`), Ready.
+fn labelled_client_pod(cluster: &Cluster, namespace: &str, name: &str, labels: &Value) -> Result<()> {
     let pod = json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "client"},
+        "metadata": {"name": name, "labels": labels},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": NODE},
             "tolerations": [{"key": cluster.var("HOLDFAST_NODE_TAINT")?, "operator": "Exists", "effect": "NoSchedule"}],
@@ -360,7 +367,7 @@ fn client_pod(cluster: &Cluster, namespace: &str) -> Result<()> {
             "-n",
             namespace,
             "--for=condition=Ready",
-            "pod/client",
+            &format!("pod/{name}"),
             "--timeout=90s",
         ],
     )?;
@@ -411,6 +418,117 @@ async fn network_policies_let_only_scrapers_reach_the_admin_ports(cluster: Arc<C
         "the webhook port {webhook} is closed to pods"
     );
     Ok(())
+}
+
+/// `networkPolicy.egress` (`components/restrict-egress`) set to this node's API server endpoint
+/// and registry, enforced by kube-router: holdfast keeps working under it (both Deployments roll
+/// out Ready and the in-cluster webhook pins a tag it must ask the registry for), and a pod the
+/// policy selects reaches the registry but not the kubelet's port on the same address, which an
+/// unselected pod reaches. The release gets its egress back afterwards.
+async fn egress_is_restricted_to_the_api_server_and_the_registries(cluster: Arc<Cluster>) -> Result<()> {
+    let node_ip = cluster.var("HOLDFAST_NODE_IP")?.to_owned();
+    let registry = cluster.var("HOLDFAST_CLUSTER_REGISTRY")?.to_owned();
+    let registry_port = registry
+        .rsplit_once(':')
+        .map(|(_, p)| p.to_owned())
+        .context("registry port")?;
+    let slices = kubectl_json(
+        &cluster,
+        &[
+            "get",
+            "endpointslices",
+            "-n",
+            "default",
+            "-l",
+            "kubernetes.io/service-name=kubernetes",
+        ],
+    )?;
+    let api_port = slices["items"][0]["ports"][0]["port"]
+        .as_u64()
+        .context("the kubernetes Service's endpoint port")?;
+    let node = kubectl_json(&cluster, &["get", "node", NODE])?;
+    let kubelet_port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+        .as_u64()
+        .context("the kubelet's port")?;
+    let cidr = format!("{node_ip}/32");
+    let restricted = [
+        "--set".to_owned(),
+        "networkPolicy.egress.enabled=true".to_owned(),
+        "--set".to_owned(),
+        format!("networkPolicy.egress.apiServerCIDRs={{{cidr}}}"),
+        "--set".to_owned(),
+        format!("networkPolicy.egress.apiServerPorts={{{api_port}}}"),
+        "--set".to_owned(),
+        format!("networkPolicy.egress.registryCIDRs={{{cidr}}}"),
+        "--set".to_owned(),
+        format!("networkPolicy.egress.registryPorts={{{registry_port}}}"),
+    ];
+    let restricted: Vec<&str> = restricted.iter().map(String::as_str).collect();
+    helm_upgrade(&cluster, &restricted)?;
+    let result = under_restricted_egress(&cluster, &format!("{node_ip}:{kubelet_port}"), &registry).await;
+    helm_upgrade(&cluster, &["--set", "networkPolicy.egress.enabled=false"])?;
+    result
+}
+
+async fn under_restricted_egress(cluster: &Cluster, kubelet: &str, registry: &str) -> Result<()> {
+    let env = &cluster.env;
+    ensure!(
+        kubectl_json(
+            cluster,
+            &["get", "networkpolicy", "-n", NAMESPACE, "holdfast-egress"]
+        )
+        .is_ok(),
+        "the release has no holdfast-egress policy"
+    );
+    // A tag nothing has resolved yet: the webhook must reach the registry (and the API server).
+    let digest = push_config(cluster, "node/egress", "1.0.0").await?;
+    let namespace = env.namespace("node-egress").await?;
+    env.kubectl_apply(
+        &namespace,
+        &app_yaml("egress", &format!("{}/node/egress:1.0.0", env.registry())),
+    )?;
+    let stored = apps(env.client().await?, &namespace).get("egress").await?;
+    ensure!(
+        fetch_url(&stored) == format!("{}/node/egress@{digest}", env.registry()),
+        "under restricted egress, stored as {}",
+        fetch_url(&stored)
+    );
+    // Enforced: a pod the policy selects, beside one it does not.
+    let other = env.namespace("node-egress-other").await?;
+    client_pod(cluster, &other)?;
+    labelled_client_pod(
+        cluster,
+        NAMESPACE,
+        "egress-client",
+        &json!({"app.kubernetes.io/name": "holdfast"}),
+    )?;
+    let result = async {
+        ensure!(
+            connects(cluster, &other, "client", kubelet),
+            "an unselected pod does not reach the kubelet at {kubelet}: nothing to compare with"
+        );
+        // kube-router takes a new pod into its sets within seconds: until then its traffic is
+        // not yet filtered. Wait for the refusal, then the registry must still be reached.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while connects(cluster, NAMESPACE, "egress-client", kubelet) {
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "a pod under the egress policy still reaches the kubelet at {kubelet} after 60 s"
+            );
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        ensure!(
+            connects(cluster, NAMESPACE, "egress-client", registry),
+            "a pod under the egress policy does not reach the registry {registry}"
+        );
+        Ok(())
+    }
+    .await;
+    cluster.run(
+        "kubectl",
+        &["delete", "pod", "-n", NAMESPACE, "egress-client", "--wait=false"],
+    )?;
+    result
 }
 
 /// What a stream of App creations saw.

@@ -123,7 +123,9 @@ impl Proxy {
 #[derive(Debug, Clone)]
 pub struct Egress {
     pub api_server_cidrs: Vec<String>,
+    pub api_server_ports: Vec<u16>,
     pub registry_cidrs: Vec<String>,
+    pub registry_ports: Vec<u16>,
 }
 
 /// `networkPolicy.webhookPort.restrict` with these values.
@@ -324,7 +326,9 @@ impl Settings {
             policy_fail_closed: true,
             egress: Some(Egress {
                 api_server_cidrs: vec!["10.96.0.1/32".into(), "192.168.10.0/24".into()],
+                api_server_ports: vec![16443],
                 registry_cidrs: vec!["0.0.0.0/0".into()],
+                registry_ports: vec![443, 8443],
             }),
             webhook_port: Some(WebhookPort {
                 pod_cidr: "10.42.0.0/16".into(),
@@ -387,7 +391,7 @@ impl Settings {
             values["secrets"] = json!({"read": false});
         }
         if let Some(e) = &self.egress {
-            values["networkPolicy"]["egress"] = json!({"enabled": true, "apiServerCIDRs": e.api_server_cidrs, "registryCIDRs": e.registry_cidrs});
+            values["networkPolicy"]["egress"] = json!({"enabled": true, "apiServerCIDRs": e.api_server_cidrs, "apiServerPorts": e.api_server_ports, "registryCIDRs": e.registry_cidrs, "registryPorts": e.registry_ports});
         }
         if self.monitoring {
             values["monitoring"] = json!({"podMonitors": true, "prometheusRule": true, "dashboard": true});
@@ -854,12 +858,20 @@ impl Settings {
             let to = |cidrs: &[String]| -> Value {
                 cidrs.iter().map(|c| json!({"ipBlock": {"cidr": c}})).collect()
             };
+            let ports = |ports: &[u16]| -> Value {
+                ports
+                    .iter()
+                    .map(|p| json!({"port": p, "protocol": "TCP"}))
+                    .collect()
+            };
             patches.push(json_patch(
                 "NetworkPolicy",
                 "holdfast-egress",
                 &[
                     json!({"op": "replace", "path": "/spec/egress/1/to", "value": to(&e.api_server_cidrs)}),
+                    json!({"op": "replace", "path": "/spec/egress/1/ports", "value": ports(&e.api_server_ports)}),
                     json!({"op": "replace", "path": "/spec/egress/2/to", "value": to(&e.registry_cidrs)}),
+                    json!({"op": "replace", "path": "/spec/egress/2/ports", "value": ports(&e.registry_ports)}),
                 ],
             )?);
         }
