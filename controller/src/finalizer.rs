@@ -245,7 +245,7 @@ fn dynamic(
         _ => "other",
     };
     Box::pin(
-        Controller::for_stream_with(objects, reader, resource)
+        Controller::for_stream_with(objects, reader.clone(), resource)
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
             .run(
                 move |object, ctx: Arc<Ctx>| async move {
@@ -255,6 +255,7 @@ fn dynamic(
                 error_policy,
                 ctx.clone(),
             )
+            .take_until(crate::shutdown::never_listed(cancel.clone(), reader))
             .for_each(|_| async {}),
     )
 }

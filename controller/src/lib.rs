@@ -41,6 +41,7 @@ pub mod mirror;
 pub mod pinning;
 pub mod refresher;
 pub mod run;
+mod shutdown;
 mod stored;
 pub mod term;
 mod watched;

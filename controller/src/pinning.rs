@@ -101,6 +101,10 @@ pub async fn run(
             .reconcile_all_on(changes(reconcile_all.clone()))
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
             .run(reconcile, error_policy, ctx)
+            .take_until(crate::shutdown::never_listed(
+                cancel.clone(),
+                followed.store.clone(),
+            ))
             .for_each(|result| async move {
                 if let Err(error) = result {
                     tracing::debug!(%error, "pinning reconcile");

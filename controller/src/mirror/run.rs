@@ -104,7 +104,7 @@ impl Mirror {
         let reporter = Reporter {
             cache: cache.clone(),
             copying: copying.clone(),
-            announcer: Arc::new(Announcer::new(client.clone(), &namespace)),
+            announcer: Arc::new(Announcer::new(client.clone(), &namespace, cancel.clone())),
             metrics,
             reconcile,
             grace: settings.retention,
@@ -138,6 +138,7 @@ impl Mirror {
                 _ = cancel.cancelled() => {
                     work.copies.abort_all();
                     work.deletions.abort_all();
+                    reporter.announcer.close().await;
                     return;
                 }
                 changed = changes.changed() => {
