@@ -110,8 +110,9 @@ bench-deletion:
 
 ## bench-pinning: registry requests and failed syncs in a registry outage of 200 Apps over 10 tags (BENCH_PINNING_APPS,
 ## BENCH_PINNING_TAGS) reconciled by the real kapp-controller, BENCH_PINNING_MINUTES (20) + BENCH_PINNING_OUTAGE_MINUTES (5)
-## per arm, without and with holdfast; last line registry_request_ratio=… failed_syncs_without=… failed_syncs_with=…
-## steady_state_ratio=…
+## per arm, without holdfast, with it, and with it and its mirror (an upstream and a mirror registry, the upstream
+## stopped); last line registry_request_ratio=… failed_syncs_without=… failed_syncs_with=… steady_state_ratio=… …
+## upstream_request_ratio_mirror=… failed_syncs_with_mirror=… (about 80 minutes)
 bench-pinning:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-pinning
 

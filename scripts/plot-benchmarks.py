@@ -59,17 +59,24 @@ def save(fig, out, name):
 
 
 def pinning(data, out):
-    """Registry requests and failed syncs over time, with and without holdfast, outage shaded."""
+    """Registry requests and failed syncs over time, without holdfast, with it and with its mirror
+    (upstream requests solid, the mirror's dashed), the (upstream) outage shaded."""
     series = defaultdict(list)
     for r in rows(data / "pinning.csv"):
         series[r["arm"]].append(r)
     fig, (requests, failed) = plt.subplots(2, 1, sharex=True, figsize=(8, 6))
     for arm, samples in series.items():
         t = [float(s["t_s"]) / 60 for s in samples]
-        requests.plot(t, [max(int(s["requests"]), 1) for s in samples], label=arm, color=colour(arm))
+        # An arm with a mirror (a `mirror_requests` column, written since the with-mirror arm, set).
+        mirrored = all(s.get("mirror_requests") not in ("", None) for s in samples)
+        label = f"{arm}: upstream" if mirrored else arm
+        requests.plot(t, [max(int(s["requests"]), 1) for s in samples], label=label, color=colour(arm))
+        if mirrored:
+            mirror = [max(int(s["mirror_requests"]), 1) for s in samples]
+            requests.plot(t, mirror, label=f"{arm}: mirror", color=colour(arm), linestyle="--")
         failed.plot(t, [int(s["failed_syncs"]) for s in samples], label=arm, color=colour(arm))
-    # The outage: from the first sample with the registry down to the next one up (both arms
-    # stop their registry at the same point of their run).
+    # The outage: from the first sample with the registry down to the next one up (every arm
+    # stops its (upstream) registry at the same point of its run).
     samples = next(iter(series.values()), [])
     down = [float(s["t_s"]) / 60 for s in samples if s["registry_up"] == "false"]
     for ax in (requests, failed):

@@ -725,8 +725,14 @@ impl AccessLog {
 
     /// How many requests in it contain each of `patterns`, from one read of the log.
     pub fn matching_each<const N: usize>(&self, patterns: [&str; N]) -> [usize; N] {
-        let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+        let log = self.read();
         patterns.map(|p| log.lines().filter(|l| l.contains(p)).count())
+    }
+
+    /// The whole log, one request a line (the registry's combined log format: the request line,
+    /// then the status, the size, the referrer and the `User-Agent`); empty while there is none.
+    pub fn read(&self) -> String {
+        std::fs::read_to_string(&self.0).unwrap_or_default()
     }
 }
 

@@ -1,11 +1,16 @@
 //! What the mirror suites (`tests/mirror.rs`, with the webhook and the controller, and
-//! `tests/mirror_copier.rs`, the copier alone) share: the mirror's repository prefix, where a copy
-//! of a repository lands, and the byte-for-byte comparison of a copy with its source.
+//! `tests/mirror_copier.rs`, the copier alone) and `make bench-pinning`'s mirror arm share: the
+//! mirror's repository prefix, where a copy of a repository lands, how the webhook and the
+//! controller are wired to a mirror, and the byte-for-byte comparison of a copy with its source.
+
+use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use holdfast_controller::mirror::MirrorSettings;
+use holdfast_pins::MirrorPins;
 use holdfast_registry::{Reference, mirror::host_component};
 
-use crate::images;
+use crate::{images, webhook::Registration};
 
 /// The mirror's repository prefix in both suites (`--mirror-prefix mirror`).
 pub const PREFIX: &str = "mirror";
@@ -13,6 +18,34 @@ pub const PREFIX: &str = "mirror";
 /// The mirror repository of `repository` on `upstream`.
 pub fn mirrored(upstream: &str, repository: &str) -> String {
     format!("{PREFIX}/{}/{repository}", host_component(upstream))
+}
+
+/// holdfast wired to a mirror as `--mirror-registry` and the shipped configurations run it: the
+/// webhook's [`Registration`] (the shipped webhook configurations, pinning to the copies the
+/// controller recorded as `pins` says, plain HTTP to `up` and the mirror) and the controller's
+/// [`MirrorSettings`] (content from `up` copied, two copies at a time as `--mirror-concurrency`
+/// ships, the mirror's credentials in the Secret `secret` of holdfast's namespace, copies no
+/// object references deleted after `retention`). The controller trusts plain HTTP to both
+/// registries too.
+pub fn wiring(
+    up: &str,
+    pins: MirrorPins,
+    secret: Option<String>,
+    retention: Duration,
+) -> (Registration, MirrorSettings) {
+    let mut registration = Registration::shipped();
+    registration.insecure_registries = vec![up.to_owned(), pins.location.registry().to_owned()];
+    registration.mirror = Some(pins.clone());
+    let settings = MirrorSettings {
+        location: pins.location,
+        namespaces: pins.namespaces,
+        pull_secret: pins.pull_secret,
+        registries: vec![up.to_owned()],
+        secret,
+        concurrency: 2,
+        retention,
+    };
+    (registration, settings)
 }
 
 /// `registry/repository@digest`, parsed.

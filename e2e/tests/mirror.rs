@@ -18,18 +18,17 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 use anyhow::{Context, Result, bail, ensure};
 use futures::TryStreamExt;
 use holdfast_cache::{CacheKey, Mirrored, Scope, cluster_store};
-use holdfast_controller::mirror::MirrorSettings;
 use holdfast_e2e::{
     Env,
     control_plane::SpareRegistry,
     controller::LocalController,
     e2e_main,
     images::{self, Image},
-    mirror::{PREFIX, mirrored, same_content},
+    mirror::{PREFIX, mirrored, same_content, wiring},
     objects::api_for,
     peers::kapp_controller,
     wait,
-    webhook::{LocalWebhook, Registration},
+    webhook::LocalWebhook,
 };
 use holdfast_pins::{MirrorPins, ORIGINAL_REFS_ANNOTATION, PinnedKind};
 use holdfast_registry::{
@@ -215,19 +214,9 @@ async fn mirroring_with(
     retention: Duration,
 ) -> Result<(LocalWebhook, LocalController)> {
     let m = pins.location.registry().to_owned();
-    let mut registration = Registration::shipped();
-    registration.insecure_registries = vec![up.to_owned(), m.clone()];
-    registration.mirror = Some(pins.clone());
+    let secret = mirror_user.map(|_| MIRROR_SECRET.to_owned());
+    let (registration, settings) = wiring(up, pins, secret, retention);
     let webhook = LocalWebhook::start(env.clone(), registration).await?;
-    let settings = MirrorSettings {
-        location: pins.location,
-        namespaces: pins.namespaces,
-        pull_secret: pins.pull_secret,
-        registries: vec![up.to_owned()],
-        secret: mirror_user.map(|_| MIRROR_SECRET.to_owned()),
-        concurrency: 2,
-        retention,
-    };
     let controller = async {
         let client = env.client().await?;
         if let Some(user) = mirror_user {

@@ -1,33 +1,52 @@
 //! `make bench-pinning`: registry traffic and outage failures of Apps reconciled by the real
-//! kapp-controller (built from its Go module, `e2e/peers/kapp-controller`), without and with
-//! holdfast, on the local control plane and a real registry.
+//! kapp-controller (built from its Go module, `e2e/peers/kapp-controller`), without holdfast,
+//! with it, and with it and its mirror, on the local control plane and real registries.
 //!
 //! 200 Apps (`BENCH_PINNING_APPS`) fetch images over N/20 tags (`BENCH_PINNING_TAGS`) with
 //! `syncPeriod: 30s`, each deploying a ConfigMap of its own (a ytt overlay prefixes its name with
 //! the App's). Each arm runs `BENCH_PINNING_MINUTES` (20) of real time from the first create, then
-//! `BENCH_PINNING_OUTAGE_MINUTES` (5) with its registry stopped:
+//! `BENCH_PINNING_OUTAGE_MINUTES` (5) with its (upstream) registry stopped:
 //!
 //! - without: the Apps stay on their tags (their namespace is opted out of holdfast), so every
 //!   sync fetches from the registry (vendir caches only digest references);
 //! - with: holdfast's webhook pins the Apps as they are created, and the whole controller runs
 //!   with its shipped refresh interval (600 s, one registry check per unique tag per round);
-//!   vendir's per-App cache then serves each App's digest after its first fetch.
+//!   vendir's per-App cache then serves each App's digest after its first fetch;
+//! - with-mirror: the same with the shipped mirror configuration (`--mirror-registry` on a second
+//!   registry, prefix `mirror`, every namespace, the copier's shipped 2 copies at a time and 24 h
+//!   retention): the webhook pins an App upstream until the controller has copied the tag's
+//!   content and recorded the copy, then to the mirror, and the controller re-pins the Apps
+//!   admitted before the copy. The Apps are created at once, as a user would, not after the
+//!   copy: the Apps admitted before it are first fetched upstream (vendir's cache is per App and
+//!   keyed by digest reference), then from the mirror once re-pinned. The outage stops the
+//!   upstream registry only; the mirror stays up.
 //!
-//! Each arm has a registry of its own; requests are counted from its access log (holdfast's HEADs
-//! included). Syncs and failed syncs come from a watch on the Apps' status
+//! Each arm has a registry of its own (the mirror arm two: upstream and mirror); requests are
+//! counted from its access log (holdfast's HEADs included), and split by sender (holdfast's
+//! `User-Agent` or kapp-controller's) and by what was asked (HEAD or GET of manifests, GET of
+//! blobs). Syncs and failed syncs come from a watch on the Apps' status
 //! (`consecutiveReconcileSuccesses`/`Failures`, which kapp-controller bumps once per reconcile);
 //! a failure by kapp-controller's own reaper race is counted apart (`reaper_races`).
-//! Steady state starts when the watch has seen every App's first successful sync. The arm run
-//! first is paused (`spec.paused`) before the next starts, so it neither loads kapp-controller nor
-//! asks its registry. The last line is
+//! Steady state starts when the watch has seen every App's first successful sync. An arm's Apps
+//! are paused (`spec.paused`) and their namespace opted out of holdfast before the next arm
+//! starts, so they neither load kapp-controller nor ask their registry, and the next arm's
+//! holdfast leaves them alone. The last line is
 //! `registry_request_ratio=… failed_syncs_without=… failed_syncs_with=… steady_state_ratio=…`,
 //! then the sync rates that say whether kapp-controller kept its schedule (2 per App per
 //! minute), holdfast's own requests (its HEADs) and the with arm's total over its floor:
 //! kapp-controller's first fetch of every App, which its per-App cache makes unavoidable, the
 //! reaper races of both arms, and what holdfast sent the stopped registry during the with arm's
 //! outage (`holdfast_failed_lookups_in_outage`: its lookups that failed there, webhook and
-//! controller together; `holdfast_backoffs_in_outage`: those answered stale without asking). Each arm's registry requests and syncs every 10 s go to
-//! `docs/benchmarks/data/pinning.csv` (`holdfast_e2e::bench_data`).
+//! controller together; `holdfast_backoffs_in_outage`: those answered stale without asking), then
+//! the mirror arm's: `upstream_request_ratio_mirror` (the without arm's requests over the mirror
+//! arm's upstream requests, create to outage, first fetches and copies included),
+//! `failed_syncs_with_mirror` (in the upstream outage), its upstream requests split
+//! (`holdfast_heads_…`: tag lookups; `copier_gets_…`: the copies' GETs of manifests and blobs;
+//! `kapp_fetches_…`: kapp-controller's requests, the first fetches of Apps pinned upstream
+//! before the copy), its mirror's requests (every method, the copier's pushes included), the
+//! Apps admitted pinned upstream and those pinned to the mirror when the outage began. Each arm's
+//! registry requests (upstream), mirror requests (the mirror arm's; empty for the others) and
+//! syncs every 10 s go to `docs/benchmarks/data/pinning.csv` (`holdfast_e2e::bench_data`).
 
 use std::{
     collections::BTreeMap,
@@ -40,27 +59,34 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 use futures::{StreamExt, TryStreamExt};
-use holdfast_controller::pinning::IGNORE_LABEL;
+use holdfast_controller::{metrics::Metrics, mirror::MirrorSettings, pinning::IGNORE_LABEL};
 use holdfast_e2e::{
     Env, bench_data,
     control_plane::{AccessLog, SpareRegistry},
     images,
+    mirror::PREFIX,
     objects::{api_for, parse_documents},
     peers::kapp_controller,
     webhook::{LocalWebhook, Registration},
 };
+use holdfast_pins::MirrorPins;
+use holdfast_registry::mirror::MirrorLocation;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client, ResourceExt,
     api::{DynamicObject, Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
 use serde::Serialize;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The Apps' `syncPeriod` (kapp-controller's default for an App).
 const SYNC_PERIOD: Duration = Duration::from_secs(30);
 /// holdfast-controller's shipped `--refresh-seconds`.
 const REFRESH: Duration = Duration::from_secs(600);
+/// holdfast-controller's shipped `--mirror-retention-seconds`.
+const RETENTION: Duration = Duration::from_secs(86_400);
 /// Apps created at once.
 const CREATE_CONCURRENCY: usize = 20;
 /// How often an arm's time series is sampled.
@@ -85,6 +111,92 @@ fn registry_requests(log: &AccessLog) -> [usize; 2] {
 
 fn total(requests: [usize; 2]) -> usize {
     requests[0] + requests[1]
+}
+
+/// Every request to a registry's API in its access log, whatever its method.
+const ANY_REQUEST: &str = " /v2/";
+
+/// A registry's requests (every method) by sender — holdfast (its `User-Agent`, `holdfast/…`:
+/// the webhook's and the controller's tag lookups and the mirror copier) or anyone else
+/// (kapp-controller's vendir: nothing else asks the arm's registries while it runs) — and by
+/// what was asked: HEAD or GET of a manifest, GET of a blob, anything else (`/v2/` pings, HEADs
+/// of blobs, a copy's pushes).
+#[derive(Debug, Default, Clone, Copy)]
+struct Traffic {
+    holdfast: Asked,
+    kapp: Asked,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Asked {
+    manifest_heads: usize,
+    manifest_gets: usize,
+    blob_gets: usize,
+    other: usize,
+}
+
+impl Asked {
+    fn total(&self) -> usize {
+        self.manifest_heads + self.manifest_gets + self.blob_gets + self.other
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            manifest_heads: self.manifest_heads - before.manifest_heads,
+            manifest_gets: self.manifest_gets - before.manifest_gets,
+            blob_gets: self.blob_gets - before.blob_gets,
+            other: self.other - before.other,
+        }
+    }
+}
+
+impl Traffic {
+    /// What `log` holds so far.
+    fn of(log: &AccessLog) -> Self {
+        let mut traffic = Self::default();
+        for line in log.read().lines() {
+            // `"METHOD /v2/… HTTP/1.1"`, and the `User-Agent` last, quoted.
+            let Some((_, request)) = line.split_once('"') else {
+                continue;
+            };
+            let Some((method, path)) = request.split_once(' ') else {
+                continue;
+            };
+            if !path.starts_with("/v2/") {
+                continue;
+            }
+            let path = path.split(' ').next().unwrap_or_default();
+            let sender = if line.contains("\"holdfast/") {
+                &mut traffic.holdfast
+            } else {
+                &mut traffic.kapp
+            };
+            let count = match (method, path.contains("/manifests/"), path.contains("/blobs/")) {
+                ("HEAD", true, _) => &mut sender.manifest_heads,
+                ("GET", true, _) => &mut sender.manifest_gets,
+                ("GET", _, true) => &mut sender.blob_gets,
+                _ => &mut sender.other,
+            };
+            *count += 1;
+        }
+        traffic
+    }
+
+    fn total(&self) -> usize {
+        self.holdfast.total() + self.kapp.total()
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            holdfast: self.holdfast.since(before.holdfast),
+            kapp: self.kapp.since(before.kapp),
+        }
+    }
+}
+
+/// The registry (`host:port`) of the reference `url`.
+fn registry_of(url: &str) -> String {
+    url.split('/').next().unwrap_or_default().to_owned()
 }
 
 /// An App fetching `url`, its ConfigMap named after it.
@@ -137,6 +249,8 @@ impl Counters {
 #[derive(Debug, Default, Clone)]
 struct Seen {
     apps: BTreeMap<String, Counters>,
+    /// The registry each App's fetch names, as last seen.
+    registries: BTreeMap<String, String>,
 }
 
 impl Seen {
@@ -155,6 +269,19 @@ impl Seen {
     fn every_app_synced(&self, apps: usize) -> bool {
         self.apps.len() == apps && self.apps.values().all(|c| c.succeeded > 0)
     }
+
+    /// How many Apps fetch from each registry, as last seen.
+    fn apps_by_registry(&self) -> BTreeMap<String, usize> {
+        count(self.registries.values().cloned())
+    }
+}
+
+fn count(items: impl IntoIterator<Item = String>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for item in items {
+        *counts.entry(item).or_default() += 1;
+    }
+    counts
 }
 
 /// Follows the Apps of `api`'s namespace until `stop`.
@@ -187,11 +314,16 @@ fn watch_apps(
                 counter("consecutiveReconcileFailures"),
             );
             let raced = kapp_controller::failed_by_reaper_race(&app);
+            let registry = app.data["spec"]["fetch"][0]["image"]["url"]
+                .as_str()
+                .map(registry_of)
+                .unwrap_or_default();
             let Ok(mut seen) = out.lock() else { return };
             seen.apps
                 .entry(app.name_any())
                 .or_default()
                 .observe(successes, failures, raced);
+            seen.registries.insert(app.name_any(), registry);
         }
     });
     (seen, task)
@@ -204,21 +336,25 @@ struct Sample {
     /// Seconds since the arm's first create.
     t_s: f64,
     registry_up: bool,
-    /// Registry requests (GET and HEAD) since the arm started.
+    /// Registry requests (GET and HEAD) since the arm started; the upstream's with a mirror.
     requests: usize,
     syncs: u64,
     failed_syncs: u64,
+    /// Requests to the mirror (every method) since the arm started; none without one.
+    mirror_requests: Option<usize>,
 }
 
 /// Samples the arm every `SAMPLE_EVERY` until `stop`, and once more then.
 fn sample(
     arm: &'static str,
     log: AccessLog,
+    mirror: Option<AccessLog>,
     seen: Arc<Mutex<Seen>>,
     up: Arc<AtomicBool>,
     stop: CancellationToken,
-) -> tokio::task::JoinHandle<Vec<Sample>> {
+) -> JoinHandle<Vec<Sample>> {
     let (started, before) = (Instant::now(), total(registry_requests(&log)));
+    let mirror_before = mirror.as_ref().map(|m| m.matching(ANY_REQUEST));
     tokio::spawn(async move {
         let mut samples = Vec::new();
         let mut every = tokio::time::interval(SAMPLE_EVERY);
@@ -235,6 +371,10 @@ fn sample(
                 requests: total(registry_requests(&log)).saturating_sub(before),
                 syncs,
                 failed_syncs,
+                mirror_requests: mirror
+                    .as_ref()
+                    .zip(mirror_before)
+                    .map(|(m, before)| m.matching(ANY_REQUEST).saturating_sub(before)),
             });
             if last {
                 return samples;
@@ -252,8 +392,16 @@ fn snapshot(seen: &Mutex<Seen>) -> Result<Seen> {
 
 struct Arm {
     name: &'static str,
-    /// `[GET, HEAD]` over the run (create to the outage).
+    /// `[GET, HEAD]` over the run (create to the outage); to the upstream with a mirror.
     requests: [usize; 2],
+    /// The same requests by sender and what was asked.
+    upstream: Traffic,
+    /// The mirror's requests over the run, when the arm has one.
+    mirror: Option<Traffic>,
+    /// How many Apps the webhook admitted pinned to each registry (as written without holdfast).
+    admitted: BTreeMap<String, usize>,
+    /// How many Apps fetched from each registry when the outage began.
+    pinned_at_outage: BTreeMap<String, usize>,
     /// Requests from every App's first successful sync to the outage, and that span.
     steady_requests: usize,
     steady: Duration,
@@ -288,28 +436,30 @@ struct Plan {
     outage: Duration,
 }
 
+/// Creates the Apps; their Api, and the registry each was admitted with (pinned or not).
 async fn create_apps(
     client: &Client,
     namespace: &str,
     urls: &[String],
     apps: usize,
-) -> Result<Api<DynamicObject>> {
+) -> Result<(Api<DynamicObject>, Vec<String>)> {
     let template = parse_documents(&app("template", &urls[0]))?.remove(0);
     let api = api_for(client, &template, Some(namespace)).await?;
-    futures::stream::iter(0..apps)
+    let admitted = futures::stream::iter(0..apps)
         .map(|i| {
             let api = api.clone();
             let yaml = app(&format!("app-{i:04}"), &urls[i % urls.len()]);
             async move {
                 let object = parse_documents(&yaml)?.remove(0);
-                api.create(&PostParams::default(), &object).await?;
-                anyhow::Ok(())
+                let created = api.create(&PostParams::default(), &object).await?;
+                let url = created.data["spec"]["fetch"][0]["image"]["url"].as_str();
+                anyhow::Ok(url.map(registry_of).unwrap_or_default())
             }
         })
         .buffer_unordered(CREATE_CONCURRENCY)
-        .try_collect::<Vec<()>>()
+        .try_collect::<Vec<String>>()
         .await?;
-    Ok(api)
+    Ok((api, admitted))
 }
 
 /// Stops kapp-controller reconciling the arm's Apps (`spec.paused`), so the next arm runs alone.
@@ -344,21 +494,36 @@ async fn push_configs(registry: &SpareRegistry, tags: usize) -> Result<Vec<Strin
     Ok(urls)
 }
 
+/// What an arm's Apps name: their namespace, the references they are written with, the registry
+/// those name (stopped for the outage), and the mirror's access log when there is one (the
+/// mirror stays up).
+struct Target<'a> {
+    namespace: &'a str,
+    urls: &'a [String],
+    registry: &'a mut SpareRegistry,
+    mirror: Option<AccessLog>,
+}
+
 /// One arm: create the Apps, run until `plan.run` from the first create, then the outage.
 /// `holdfast` reads holdfast's [`Attempts`] (none without it), so that the outage's are counted.
 async fn arm(
     name: &'static str,
     env: &Env,
-    namespace: &str,
-    registry: &mut SpareRegistry,
-    urls: &[String],
+    target: Target<'_>,
     plan: &Plan,
     holdfast: &dyn Fn() -> Result<Attempts>,
 ) -> Result<Arm> {
+    let Target {
+        namespace,
+        urls,
+        registry,
+        mirror,
+    } = target;
     let client = env.client().await?;
     kapp_controller::add_deployer(env, namespace)?;
     let log = registry.access_log();
     let before = registry_requests(&log);
+    let (upstream_before, mirror_before) = (Traffic::of(&log), mirror.as_ref().map(Traffic::of));
     let started = Instant::now();
     let stop = CancellationToken::new();
     let api: Api<DynamicObject> = Api::namespaced_with(
@@ -371,8 +536,15 @@ async fn arm(
     );
     let (seen, watch) = watch_apps(api, stop.clone());
     let up = Arc::new(AtomicBool::new(true));
-    let sampler = sample(name, log.clone(), seen.clone(), up.clone(), stop.clone());
-    let api = create_apps(&client, namespace, urls, plan.apps).await?;
+    let sampler = sample(
+        name,
+        log.clone(),
+        mirror.clone(),
+        seen.clone(),
+        up.clone(),
+        stop.clone(),
+    );
+    let (api, admitted) = create_apps(&client, namespace, urls, plan.apps).await?;
     eprintln!(
         "  {name}: {} Apps created in {:.1} s",
         plan.apps,
@@ -405,10 +577,16 @@ async fn arm(
     // The benchmark's duration is the measurement, not a wait for a condition.
     tokio::time::sleep(plan.run.saturating_sub(started.elapsed())).await;
     let requests = registry_requests(&log);
+    let upstream = Traffic::of(&log).since(upstream_before);
+    let mirror = mirror
+        .as_ref()
+        .zip(mirror_before)
+        .map(|(m, before)| Traffic::of(m).since(before));
     let steady_requests = total(requests) - steady_before;
     let steady = steady_from.elapsed();
     let run = started.elapsed();
-    let [syncs, failed_syncs] = snapshot(&seen)?.totals();
+    let at_outage = snapshot(&seen)?;
+    let [syncs, failed_syncs] = at_outage.totals();
     let requests = [requests[0] - before[0], requests[1] - before[1]];
 
     let attempts_before = holdfast()?;
@@ -430,6 +608,10 @@ async fn arm(
     Ok(Arm {
         name,
         requests,
+        upstream,
+        mirror,
+        admitted: count(admitted),
+        pinned_at_outage: at_outage.apps_by_registry(),
         steady_requests,
         steady,
         first_syncs,
@@ -457,25 +639,95 @@ struct Attempts {
 }
 
 impl Attempts {
-    fn of(webhook: &LocalWebhook, controller: &holdfast_controller::metrics::Metrics) -> Result<Self> {
-        let text = controller
-            .encode()
-            .map_err(|e| anyhow::anyhow!("encoding metrics: {e}"))?;
-        let counter = |name: &str| -> Result<u64> {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-                .with_context(|| format!("the controller exports no {name}"))?
-                .parse()
-                .with_context(|| format!("{name} is not a count"))
-        };
+    fn of(webhook: &LocalWebhook, controller: &Metrics) -> Result<Self> {
+        let text = encode(controller)?;
         let stats = &webhook.cache.stats;
         Ok(Self {
-            failed: counter("holdfast_controller_registry_errors_total")?
+            failed: metric(&text, "holdfast_controller_registry_errors_total")?
                 + stats.registry_errors.load(Ordering::Relaxed),
-            backed_off: counter("holdfast_controller_registry_backoffs_total")?
+            backed_off: metric(&text, "holdfast_controller_registry_backoffs_total")?
                 + stats.registry_backoffs.load(Ordering::Relaxed),
         })
     }
+}
+
+fn encode(metrics: &Metrics) -> Result<String> {
+    metrics
+        .encode()
+        .map_err(|e| anyhow::anyhow!("encoding metrics: {e}"))
+}
+
+/// The value of the series `series` (its name and labels as exported) in the metrics `text`.
+fn metric(text: &str, series: &str) -> Result<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .with_context(|| format!("the controller exports no {series}"))?
+        .parse()
+        .with_context(|| format!("{series} is not a count"))
+}
+
+/// holdfast as an arm runs it: the webhook registered as `registration` says, and the whole
+/// controller (`run_observed`: the election, the refresher, every loop) with the shipped refresh
+/// interval, plain HTTP to the registration's registries, and the mirror copier when `mirror`
+/// is set.
+struct Holdfast {
+    webhook: LocalWebhook,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+    controller: JoinHandle<Result<(), holdfast_controller::run::Error>>,
+}
+
+impl Holdfast {
+    async fn start(
+        env: &Arc<Env>,
+        registration: Registration,
+        mirror: Option<MirrorSettings>,
+    ) -> Result<Self> {
+        let insecure = registration.insecure_registries.clone();
+        let webhook = LocalWebhook::start(env.clone(), registration).await?;
+        let mut settings = holdfast_e2e::controller::settings(env, &webhook.system_namespace, "bench");
+        settings.refresh = REFRESH;
+        settings.resolver.insecure_registries.extend(insecure);
+        let cancel = CancellationToken::new();
+        let metrics = Arc::new(Metrics::new());
+        let controller = tokio::spawn(holdfast_controller::run::run_observed(
+            env.client().await?,
+            settings,
+            mirror,
+            metrics.clone(),
+            Default::default(),
+            cancel.clone(),
+        ));
+        Ok(Self {
+            webhook,
+            metrics,
+            cancel,
+            controller,
+        })
+    }
+
+    fn attempts(&self) -> Result<Attempts> {
+        Attempts::of(&self.webhook, &self.metrics)
+    }
+
+    /// Stops the controller, then the webhook; the controller's metrics as it stopped.
+    async fn stop(self) -> Result<String> {
+        self.cancel.cancel();
+        self.controller.await??;
+        let metrics = encode(&self.metrics)?;
+        self.webhook.stop().await?;
+        Ok(metrics)
+    }
+}
+
+/// Opts the namespace out of holdfast (`holdfast.dev/ignore=true`), so that the next arm's
+/// controller leaves the Apps of an arm that ended alone.
+async fn opt_out(env: &Env, namespace: &str) -> Result<()> {
+    let patch = serde_json::json!({"metadata": {"labels": {IGNORE_LABEL: "true"}}});
+    Api::<Namespace>::all(env.client().await?)
+        .patch(namespace, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
 }
 
 #[tokio::main]
@@ -491,7 +743,7 @@ async fn main() -> Result<()> {
     let env = Arc::new(Env::start().await?);
     env.kapp_controller().await?;
     println!(
-        "bench-pinning: {apps} Apps over {tags} tags reconciled by the real kapp-controller, syncPeriod {} s, {} min + {} min registry outage per arm, holdfast refresh every {} s",
+        "bench-pinning: {apps} Apps over {tags} tags reconciled by the real kapp-controller, syncPeriod {} s, {} min + {} min registry outage per arm (without, with, with-mirror), holdfast refresh every {} s",
         SYNC_PERIOD.as_secs(),
         plan.run.as_secs() / 60,
         plan.outage.as_secs() / 60,
@@ -506,9 +758,12 @@ async fn main() -> Result<()> {
     let without = arm(
         "without",
         &env,
-        &without_ns,
-        &mut without_registry,
-        &without_urls,
+        Target {
+            namespace: &without_ns,
+            urls: &without_urls,
+            registry: &mut without_registry,
+            mirror: None,
+        },
         &plan,
         &|| Ok(Attempts::default()),
     )
@@ -519,54 +774,64 @@ async fn main() -> Result<()> {
     let with_urls = push_configs(&with_registry, tags).await?;
     let mut registration = Registration::shipped();
     registration.insecure_registries.push(with_registry.addr.clone());
-    let webhook = LocalWebhook::start(env.clone(), registration).await?;
-    let mut settings = holdfast_e2e::controller::settings(&env, &webhook.system_namespace, "bench");
-    settings.refresh = REFRESH;
-    settings
-        .resolver
-        .insecure_registries
-        .insert(with_registry.addr.clone());
-    let cancel = CancellationToken::new();
-    let metrics = Arc::new(holdfast_controller::metrics::Metrics::new());
-    let controller = tokio::spawn(holdfast_controller::run::run_observed(
-        env.client().await?,
-        settings,
-        None,
-        metrics.clone(),
-        Default::default(),
-        cancel.clone(),
-    ));
-    let with_ns = webhook.namespace("with").await?;
-    let attempts = || Attempts::of(&webhook, &metrics);
+    let holdfast = Holdfast::start(&env, registration, None).await?;
+    let with_ns = holdfast.webhook.namespace("with").await?;
     let with = arm(
         "with",
         &env,
-        &with_ns,
-        &mut with_registry,
-        &with_urls,
+        Target {
+            namespace: &with_ns,
+            urls: &with_urls,
+            registry: &mut with_registry,
+            mirror: None,
+        },
         &plan,
-        &attempts,
+        &|| holdfast.attempts(),
     )
     .await;
-    cancel.cancel();
-    controller.await??;
-    let with = with?;
-    let rounds = metrics
-        .encode()
-        .map_err(|e| anyhow::anyhow!("encoding metrics: {e}"))?;
-    let rounds = rounds
-        .lines()
-        .find(|l| l.starts_with("holdfast_controller_refresh_rounds_total{result=\"ok\"}"))
-        .and_then(|l| l.split_whitespace().last())
-        .unwrap_or("0")
-        .to_owned();
-    webhook.stop().await?;
+    let with_metrics = holdfast.stop().await;
+    let (with, with_metrics) = (with?, with_metrics?);
     with_registry.stop();
+    opt_out(&env, &with_ns).await?;
+
+    let mut upstream = env.spare_registry().await?;
+    let mut mirror = env.spare_registry().await?;
+    let mirror_urls = push_configs(&upstream, tags).await?;
+    let pins = MirrorPins::new(MirrorLocation::new(&mirror.addr, PREFIX)?);
+    let (registration, settings) = holdfast_e2e::mirror::wiring(&upstream.addr, pins, None, RETENTION);
+    let holdfast = Holdfast::start(&env, registration, Some(settings)).await?;
+    let mirror_ns = holdfast.webhook.namespace("with-mirror").await?;
+    let with_mirror = arm(
+        "with-mirror",
+        &env,
+        Target {
+            namespace: &mirror_ns,
+            urls: &mirror_urls,
+            registry: &mut upstream,
+            mirror: Some(mirror.access_log()),
+        },
+        &plan,
+        &|| holdfast.attempts(),
+    )
+    .await;
+    let mirror_metrics = holdfast.stop().await;
+    let (with_mirror, mirror_metrics) = (with_mirror?, mirror_metrics?);
+    let rounds = metric(
+        &with_metrics,
+        "holdfast_controller_refresh_rounds_total{result=\"ok\"}",
+    )?;
+    let copies = metric(
+        &mirror_metrics,
+        "holdfast_controller_mirror_copies_total{result=\"copied\"}",
+    )?;
+    let (upstream_addr, mirror_addr) = (upstream.addr.clone(), mirror.addr.clone());
+    upstream.stop();
+    mirror.stop();
     // Everything stopped before the figures, so that no late log line follows the last line.
     drop(env);
 
     println!(
-        "{:<8} {:>9} {:>9} {:>11} {:>12} {:>7} {:>13} {:>7} {:>12} {:>16} {:>13} {:>12}",
+        "{:<11} {:>9} {:>9} {:>11} {:>12} {:>7} {:>13} {:>7} {:>12} {:>16} {:>13} {:>12} {:>10}",
         "arm",
         "GET",
         "HEAD",
@@ -578,11 +843,13 @@ async fn main() -> Result<()> {
         "outage_syncs",
         "failed_in_outage",
         "steady_req/min",
-        "reaper_races"
+        "reaper_races",
+        "mirror_req"
     );
-    for a in [&without, &with] {
+    let arms = [&without, &with, &with_mirror];
+    for a in arms {
         println!(
-            "{:<8} {:>9} {:>9} {:>11} {:>12.1} {:>7} {:>13.2} {:>7} {:>12} {:>16} {:>13.2} {:>12}",
+            "{:<11} {:>9} {:>9} {:>11} {:>12.1} {:>7} {:>13.2} {:>7} {:>12} {:>16} {:>13.2} {:>12} {:>10}",
             a.name,
             a.requests[0],
             a.requests[1],
@@ -594,15 +861,45 @@ async fn main() -> Result<()> {
             a.outage_syncs,
             a.failed_in_outage,
             a.steady_per_minute(),
-            a.reaper_races
+            a.reaper_races,
+            a.mirror.map_or("-".to_owned(), |m| m.total().to_string())
+        );
+    }
+    // Who asked what, create to outage: holdfast (tag lookups, the copier) and kapp-controller.
+    println!(
+        "{:<20} {:>15} {:>6} {:>6} {:>6} {:>11} {:>6} {:>6} {:>6}",
+        "requests by sender",
+        "holdfast:HEAD_m",
+        "GET_m",
+        "GET_b",
+        "other",
+        "kapp:HEAD_m",
+        "GET_m",
+        "GET_b",
+        "other"
+    );
+    let mut traffic: Vec<(String, Traffic)> = arms.iter().map(|a| (a.name.to_owned(), a.upstream)).collect();
+    traffic.extend(
+        with_mirror
+            .mirror
+            .map(|m| (format!("{} (mirror)", with_mirror.name), m)),
+    );
+    for (name, Traffic { holdfast: h, kapp: k }) in &traffic {
+        println!(
+            "{name:<20} {:>15} {:>6} {:>6} {:>6} {:>11} {:>6} {:>6} {:>6}",
+            h.manifest_heads,
+            h.manifest_gets,
+            h.blob_gets,
+            h.other,
+            k.manifest_heads,
+            k.manifest_gets,
+            k.blob_gets,
+            k.other
         );
     }
     bench_data::write(
         "pinning",
-        &[&without, &with]
-            .iter()
-            .flat_map(|a| &a.samples)
-            .collect::<Vec<_>>(),
+        &arms.iter().flat_map(|a| &a.samples).collect::<Vec<_>>(),
     )?;
     let ratio = total(without.requests) as f64 / total(with.requests).max(1) as f64;
     // No request at all in holdfast's steady state: the ratio is against one request.
@@ -634,8 +931,33 @@ async fn main() -> Result<()> {
         "with: during the outage holdfast's lookups failed {} times at the stopped registry and were answered stale without asking {} times ({} tags)",
         with.outage_attempts.failed, with.outage_attempts.backed_off, tags
     );
+    // The mirror arm's upstream requests: holdfast's tag lookups, the copies (one GET per
+    // manifest and blob of each digest) and kapp-controller's first fetches of the Apps admitted
+    // pinned upstream, before the copy was recorded.
+    let up = with_mirror.upstream;
+    let on = |counts: &BTreeMap<String, usize>, registry: &str| counts.get(registry).copied().unwrap_or(0);
+    let admitted_upstream = on(&with_mirror.admitted, &upstream_addr);
+    let on_mirror = on(&with_mirror.pinned_at_outage, &mirror_addr);
     println!(
-        "registry_request_ratio={ratio:.1} failed_syncs_without={} failed_syncs_with={} steady_state_ratio={steady_ratio:.0} apps={apps} sync_rate_without={:.2} sync_rate_with={:.2} holdfast_requests_with={} with_over_first_fetch_floor={:.3} reaper_races={} holdfast_failed_lookups_in_outage={} holdfast_backoffs_in_outage={}",
+        "with-mirror: {admitted_upstream} Apps admitted pinned upstream, {} to the mirror; {on_mirror} fetched from the mirror when the outage began; {copies} copies",
+        on(&with_mirror.admitted, &mirror_addr)
+    );
+    println!(
+        "with-mirror: of {} upstream requests, {} are holdfast's HEADs, {} the copies' GETs ({} of manifests, {} of blobs), {} other of holdfast's, {} kapp-controller's (first fetches of Apps pinned upstream before the copy)",
+        up.total(),
+        up.holdfast.manifest_heads,
+        up.holdfast.manifest_gets + up.holdfast.blob_gets,
+        up.holdfast.manifest_gets,
+        up.holdfast.blob_gets,
+        up.holdfast.other,
+        up.kapp.total()
+    );
+    println!(
+        "with-mirror: during the upstream outage holdfast's lookups failed {} times and were answered stale without asking {} times",
+        with_mirror.outage_attempts.failed, with_mirror.outage_attempts.backed_off
+    );
+    println!(
+        "registry_request_ratio={ratio:.1} failed_syncs_without={} failed_syncs_with={} steady_state_ratio={steady_ratio:.0} apps={apps} sync_rate_without={:.2} sync_rate_with={:.2} holdfast_requests_with={} with_over_first_fetch_floor={:.3} reaper_races={} holdfast_failed_lookups_in_outage={} holdfast_backoffs_in_outage={} upstream_request_ratio_mirror={:.1} failed_syncs_with_mirror={} upstream_requests_with_mirror={} mirror_requests_with_mirror={} holdfast_heads_upstream_with_mirror={} copier_gets_upstream_with_mirror={} holdfast_other_upstream_with_mirror={} kapp_fetches_upstream_with_mirror={} apps_admitted_upstream_with_mirror={admitted_upstream} apps_on_mirror_with_mirror={on_mirror} mirror_copies_with_mirror={copies} sync_rate_with_mirror={:.2} reaper_races_with_mirror={} holdfast_failed_lookups_in_outage_with_mirror={} holdfast_backoffs_in_outage_with_mirror={}",
         without.failed_in_outage,
         with.failed_in_outage,
         without.sync_rate(apps),
@@ -644,7 +966,19 @@ async fn main() -> Result<()> {
         total(with.requests) as f64 / with.requests[0].max(1) as f64,
         without.reaper_races + with.reaper_races,
         with.outage_attempts.failed,
-        with.outage_attempts.backed_off
+        with.outage_attempts.backed_off,
+        total(without.requests) as f64 / total(with_mirror.requests).max(1) as f64,
+        with_mirror.failed_in_outage,
+        total(with_mirror.requests),
+        with_mirror.mirror.map_or(0, |m| m.total()),
+        up.holdfast.manifest_heads,
+        up.holdfast.manifest_gets + up.holdfast.blob_gets,
+        up.holdfast.other,
+        up.kapp.total(),
+        with_mirror.sync_rate(apps),
+        with_mirror.reaper_races,
+        with_mirror.outage_attempts.failed,
+        with_mirror.outage_attempts.backed_off
     );
     Ok(())
 }
