@@ -112,7 +112,9 @@ bench-deletion:
 ## BENCH_PINNING_TAGS) reconciled by the real kapp-controller, BENCH_PINNING_MINUTES (20) + BENCH_PINNING_OUTAGE_MINUTES (5)
 ## per arm, without holdfast, with it, and with it and its mirror (an upstream and a mirror registry, the upstream
 ## stopped); last line registry_request_ratio=… failed_syncs_without=… failed_syncs_with=… steady_state_ratio=… …
-## upstream_request_ratio_mirror=… failed_syncs_with_mirror=… (about 80 minutes)
+## upstream_request_ratio_mirror=… failed_syncs_with_mirror=… … clusters=… upstream_per_tag_per_refresh_…=… (about 80
+## minutes); BENCH_PINNING_CLUSTERS=N: a fleet of N control planes, each with its kapp-controller, holdfast and mirror,
+## sharing one upstream registry (BENCH_PINNING_APPS Apps each)
 bench-pinning:
 	$(CARGO) run --release -q -p holdfast-e2e --bin holdfast-bench-pinning
 

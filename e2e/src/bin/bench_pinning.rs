@@ -47,6 +47,17 @@
 //! Apps admitted pinned upstream and those pinned to the mirror when the outage began. Each arm's
 //! registry requests (upstream), mirror requests (the mirror arm's; empty for the others) and
 //! syncs every 10 s go to `docs/benchmarks/data/pinning.csv` (`holdfast_e2e::bench_data`).
+//!
+//! **A fleet** (`BENCH_PINNING_CLUSTERS`, default 1): that many control planes on this machine,
+//! each with its own kapp-controller, its own holdfast (webhook and controller) and, in the mirror
+//! arm, its own mirror (`--mirror-registry` is a cache registry beside a cluster, which keeps that
+//! cluster's fetches going when the upstream or the link to it is down; one shared mirror would
+//! copy each digest once for the fleet instead of once per cluster, and fail every cluster at
+//! once), all fetching `BENCH_PINNING_APPS` Apps each from one upstream registry per arm. The
+//! arms run in every cluster at once; the figures are the fleet's, and the last line ends with
+//! `clusters=…` and each arm's steady-state upstream requests per unique tag per refresh interval
+//! (`upstream_per_tag_per_refresh_…`): what the upstream registry sees of the fleet once every
+//! App has fetched.
 
 use std::{
     collections::BTreeMap,
@@ -58,7 +69,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail};
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use holdfast_controller::{metrics::Metrics, mirror::MirrorSettings, pinning::IGNORE_LABEL};
 use holdfast_e2e::{
     Env, bench_data,
@@ -140,6 +151,15 @@ impl Asked {
         self.manifest_heads + self.manifest_gets + self.blob_gets + self.other
     }
 
+    fn plus(self, other: Self) -> Self {
+        Self {
+            manifest_heads: self.manifest_heads + other.manifest_heads,
+            manifest_gets: self.manifest_gets + other.manifest_gets,
+            blob_gets: self.blob_gets + other.blob_gets,
+            other: self.other + other.other,
+        }
+    }
+
     fn since(self, before: Self) -> Self {
         Self {
             manifest_heads: self.manifest_heads - before.manifest_heads,
@@ -180,6 +200,14 @@ impl Traffic {
             *count += 1;
         }
         traffic
+    }
+
+    /// What `logs` (the fleet's mirrors) hold so far, together.
+    fn of_all(logs: &[AccessLog]) -> Self {
+        logs.iter().map(Self::of).fold(Self::default(), |sum, one| Self {
+            holdfast: sum.holdfast.plus(one.holdfast),
+            kapp: sum.kapp.plus(one.kapp),
+        })
     }
 
     fn total(&self) -> usize {
@@ -284,14 +312,28 @@ fn count(items: impl IntoIterator<Item = String>) -> BTreeMap<String, usize> {
     counts
 }
 
-/// Follows the Apps of `api`'s namespace until `stop`.
+/// Follows the Apps of each of `apis`' namespaces (one per cluster) until `stop`, into one
+/// record (an App's key is its cluster's index and its name).
 fn watch_apps(
-    api: Api<DynamicObject>,
+    apis: Vec<Api<DynamicObject>>,
     stop: CancellationToken,
 ) -> (Arc<Mutex<Seen>>, tokio::task::JoinHandle<()>) {
     let seen: Arc<Mutex<Seen>> = Arc::default();
-    let out = seen.clone();
-    let task = tokio::spawn(async move {
+    let watches = apis
+        .into_iter()
+        .enumerate()
+        .map(|(cluster, api)| watch_cluster(cluster, api, seen.clone(), stop.clone()));
+    let task = tokio::spawn(futures::future::join_all(watches).map(drop));
+    (seen, task)
+}
+
+async fn watch_cluster(
+    cluster: usize,
+    api: Api<DynamicObject>,
+    out: Arc<Mutex<Seen>>,
+    stop: CancellationToken,
+) {
+    {
         let stream = watcher(api, watcher::Config::default()).applied_objects();
         let mut stream = std::pin::pin!(stream);
         loop {
@@ -319,14 +361,14 @@ fn watch_apps(
                 .map(registry_of)
                 .unwrap_or_default();
             let Ok(mut seen) = out.lock() else { return };
+            let key = format!("{cluster}/{}", app.name_any());
             seen.apps
-                .entry(app.name_any())
+                .entry(key.clone())
                 .or_default()
                 .observe(successes, failures, raced);
-            seen.registries.insert(app.name_any(), registry);
+            seen.registries.insert(key, registry);
         }
-    });
-    (seen, task)
+    }
 }
 
 /// One point of an arm's time series.
@@ -348,13 +390,14 @@ struct Sample {
 fn sample(
     arm: &'static str,
     log: AccessLog,
-    mirror: Option<AccessLog>,
+    mirrors: Vec<AccessLog>,
     seen: Arc<Mutex<Seen>>,
     up: Arc<AtomicBool>,
     stop: CancellationToken,
 ) -> JoinHandle<Vec<Sample>> {
     let (started, before) = (Instant::now(), total(registry_requests(&log)));
-    let mirror_before = mirror.as_ref().map(|m| m.matching(ANY_REQUEST));
+    let mirror_requests = |logs: &[AccessLog]| logs.iter().map(|m| m.matching(ANY_REQUEST)).sum::<usize>();
+    let mirror_before = (!mirrors.is_empty()).then(|| mirror_requests(&mirrors));
     tokio::spawn(async move {
         let mut samples = Vec::new();
         let mut every = tokio::time::interval(SAMPLE_EVERY);
@@ -371,10 +414,7 @@ fn sample(
                 requests: total(registry_requests(&log)).saturating_sub(before),
                 syncs,
                 failed_syncs,
-                mirror_requests: mirror
-                    .as_ref()
-                    .zip(mirror_before)
-                    .map(|(m, before)| m.matching(ANY_REQUEST).saturating_sub(before)),
+                mirror_requests: mirror_before.map(|before| mirror_requests(&mirrors).saturating_sub(before)),
             });
             if last {
                 return samples;
@@ -423,6 +463,13 @@ impl Arm {
     /// Successful syncs per App per minute over the run, against the schedule's 2.
     fn sync_rate(&self, apps: usize) -> f64 {
         self.syncs as f64 / apps as f64 / (self.run.as_secs_f64() / 60.0)
+    }
+
+    /// Steady-state requests (the upstream's, the whole fleet's) per unique tag per refresh
+    /// interval: what the registry sees of the fleet once every App has fetched.
+    fn per_tag_per_refresh(&self, tags: usize) -> f64 {
+        let intervals = (self.steady.as_secs_f64() / REFRESH.as_secs_f64()).max(f64::EPSILON);
+        self.steady_requests as f64 / tags as f64 / intervals
     }
 
     fn steady_per_minute(&self) -> f64 {
@@ -494,76 +541,93 @@ async fn push_configs(registry: &SpareRegistry, tags: usize) -> Result<Vec<Strin
     Ok(urls)
 }
 
-/// What an arm's Apps name: their namespace, the references they are written with, the registry
-/// those name (stopped for the outage), and the mirror's access log when there is one (the
-/// mirror stays up).
+/// What an arm's Apps name: in each cluster their namespace and the mirror's access log when
+/// there is one (the mirror stays up); the references they are written with and the registry
+/// those name, one for the whole fleet (stopped for the outage).
 struct Target<'a> {
-    namespace: &'a str,
+    clusters: Vec<ClusterTarget<'a>>,
     urls: &'a [String],
     registry: &'a mut SpareRegistry,
+}
+
+struct ClusterTarget<'a> {
+    env: &'a Env,
+    namespace: String,
     mirror: Option<AccessLog>,
 }
 
-/// One arm: create the Apps, run until `plan.run` from the first create, then the outage.
-/// `holdfast` reads holdfast's [`Attempts`] (none without it), so that the outage's are counted.
+/// One arm, in every cluster of the fleet at once: create the Apps, run until `plan.run` from
+/// the first create, then the outage. `holdfast` reads holdfast's [`Attempts`] (none without
+/// it; the fleet's together), so that the outage's are counted.
 async fn arm(
     name: &'static str,
-    env: &Env,
     target: Target<'_>,
     plan: &Plan,
     holdfast: &dyn Fn() -> Result<Attempts>,
 ) -> Result<Arm> {
     let Target {
-        namespace,
+        clusters,
         urls,
         registry,
-        mirror,
     } = target;
-    let client = env.client().await?;
-    kapp_controller::add_deployer(env, namespace)?;
+    let mirrors: Vec<AccessLog> = clusters.iter().filter_map(|c| c.mirror.clone()).collect();
+    let apps = plan.apps * clusters.len();
+    let mut clients = Vec::with_capacity(clusters.len());
+    for cluster in &clusters {
+        kapp_controller::add_deployer(cluster.env, &cluster.namespace)?;
+        clients.push(cluster.env.client().await?);
+    }
     let log = registry.access_log();
     let before = registry_requests(&log);
-    let (upstream_before, mirror_before) = (Traffic::of(&log), mirror.as_ref().map(Traffic::of));
+    let (upstream_before, mirror_before) = (
+        Traffic::of(&log),
+        (!mirrors.is_empty()).then(|| Traffic::of_all(&mirrors)),
+    );
     let started = Instant::now();
     let stop = CancellationToken::new();
-    let api: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        namespace,
-        &kube::discovery::ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("kappctrl.k14s.io", "v1alpha1", "App"),
-            "apps",
-        ),
+    let resource = kube::discovery::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("kappctrl.k14s.io", "v1alpha1", "App"),
+        "apps",
     );
-    let (seen, watch) = watch_apps(api, stop.clone());
+    let watched = clusters
+        .iter()
+        .zip(&clients)
+        .map(|(cluster, client)| Api::namespaced_with(client.clone(), &cluster.namespace, &resource))
+        .collect();
+    let (seen, watch) = watch_apps(watched, stop.clone());
     let up = Arc::new(AtomicBool::new(true));
     let sampler = sample(
         name,
         log.clone(),
-        mirror.clone(),
+        mirrors.clone(),
         seen.clone(),
         up.clone(),
         stop.clone(),
     );
-    let (api, admitted) = create_apps(&client, namespace, urls, plan.apps).await?;
+    let mut created = Vec::with_capacity(clusters.len());
+    let mut admitted = Vec::new();
+    for (cluster, client) in clusters.iter().zip(&clients) {
+        let (api, registries) = create_apps(client, &cluster.namespace, urls, plan.apps).await?;
+        created.push(api);
+        admitted.extend(registries);
+    }
     eprintln!(
-        "  {name}: {} Apps created in {:.1} s",
-        plan.apps,
+        "  {name}: {apps} Apps created in {:.1} s",
         started.elapsed().as_secs_f64()
     );
 
     // Every App's first successful sync (read from the watch's record every second).
     let first_syncs = loop {
-        if snapshot(&seen)?.every_app_synced(plan.apps) {
+        if snapshot(&seen)?.every_app_synced(apps) {
             break started.elapsed();
         }
         if started.elapsed() > plan.run {
             let seen = snapshot(&seen)?;
             let synced = seen.apps.values().filter(|c| c.succeeded > 0).count();
             bail!(
-                "{name}: only {synced} of {} Apps synced once within {:?}; kapp-controller:\n{}",
-                plan.apps,
+                "{name}: only {synced} of {apps} Apps synced once within {:?}; kapp-controller (the first cluster's):\n{}",
                 plan.run,
-                env.kapp_controller_log(20)
+                clusters[0].env.kapp_controller_log(20)
             );
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -578,10 +642,7 @@ async fn arm(
     tokio::time::sleep(plan.run.saturating_sub(started.elapsed())).await;
     let requests = registry_requests(&log);
     let upstream = Traffic::of(&log).since(upstream_before);
-    let mirror = mirror
-        .as_ref()
-        .zip(mirror_before)
-        .map(|(m, before)| Traffic::of(m).since(before));
+    let mirror = mirror_before.map(|before| Traffic::of_all(&mirrors).since(before));
     let steady_requests = total(requests) - steady_before;
     let steady = steady_from.elapsed();
     let run = started.elapsed();
@@ -604,7 +665,9 @@ async fn arm(
     watch.await?;
     registry.start().await?;
     up.store(true, Ordering::Relaxed);
-    pause_all(&api, plan.apps).await?;
+    for api in &created {
+        pause_all(api, plan.apps).await?;
+    }
     Ok(Arm {
         name,
         requests,
@@ -639,6 +702,17 @@ struct Attempts {
 }
 
 impl Attempts {
+    /// The fleet's, every cluster's holdfast together.
+    fn of_fleet(fleet: &[Holdfast]) -> Result<Self> {
+        fleet.iter().try_fold(Self::default(), |sum, holdfast| {
+            let one = holdfast.attempts()?;
+            Ok(Self {
+                failed: sum.failed + one.failed,
+                backed_off: sum.backed_off + one.backed_off,
+            })
+        })
+    }
+
     fn of(webhook: &LocalWebhook, controller: &Metrics) -> Result<Self> {
         let text = encode(controller)?;
         let stats = &webhook.cache.stats;
@@ -655,6 +729,11 @@ fn encode(metrics: &Metrics) -> Result<String> {
     metrics
         .encode()
         .map_err(|e| anyhow::anyhow!("encoding metrics: {e}"))
+}
+
+/// The sum of the series `series` over the fleet's controllers' metrics `texts`.
+fn metrics_sum(texts: &[String], series: &str) -> Result<u64> {
+    texts.iter().map(|text| metric(text, series)).sum()
 }
 
 /// The value of the series `series` (its name and labels as exported) in the metrics `text`.
@@ -710,6 +789,15 @@ impl Holdfast {
         Attempts::of(&self.webhook, &self.metrics)
     }
 
+    /// Stops every cluster's holdfast; their controllers' metrics as they stopped.
+    async fn stop_fleet(fleet: Vec<Self>) -> Result<Vec<String>> {
+        let mut metrics = Vec::with_capacity(fleet.len());
+        for holdfast in fleet {
+            metrics.push(holdfast.stop().await?);
+        }
+        Ok(metrics)
+    }
+
     /// Stops the controller, then the webhook; the controller's metrics as it stopped.
     async fn stop(self) -> Result<String> {
         self.cancel.cancel();
@@ -740,29 +828,42 @@ async fn main() -> Result<()> {
         run: Duration::from_secs(60 * knob("BENCH_PINNING_MINUTES", 20)? as u64),
         outage: Duration::from_secs(60 * knob("BENCH_PINNING_OUTAGE_MINUTES", 5)? as u64),
     };
-    let env = Arc::new(Env::start().await?);
-    env.kapp_controller().await?;
+    let clusters = knob("BENCH_PINNING_CLUSTERS", 1)?;
+    let mut envs = Vec::with_capacity(clusters);
+    for _ in 0..clusters {
+        let env = Arc::new(Env::start().await?);
+        env.kapp_controller().await?;
+        envs.push(env);
+    }
+    let env = &envs[0];
     println!(
-        "bench-pinning: {apps} Apps over {tags} tags reconciled by the real kapp-controller, syncPeriod {} s, {} min + {} min registry outage per arm (without, with, with-mirror), holdfast refresh every {} s",
+        "bench-pinning: {apps} Apps over {tags} tags in each of {clusters} cluster(s), reconciled by the real kapp-controller, syncPeriod {} s, {} min + {} min registry outage per arm (without, with, with-mirror), holdfast refresh every {} s",
         SYNC_PERIOD.as_secs(),
         plan.run.as_secs() / 60,
         plan.outage.as_secs() / 60,
         REFRESH.as_secs()
     );
 
+    // One upstream registry per arm for the whole fleet (on the first cluster's machine: every
+    // cluster's kapp-controller and holdfast reach it).
     let mut without_registry = env.spare_registry().await?;
     let without_urls = push_configs(&without_registry, tags).await?;
-    let without_ns = env
-        .namespace_with_labels("without", &[(IGNORE_LABEL, "true")])
-        .await?;
+    let mut targets = Vec::with_capacity(clusters);
+    for env in &envs {
+        targets.push(ClusterTarget {
+            env,
+            namespace: env
+                .namespace_with_labels("without", &[(IGNORE_LABEL, "true")])
+                .await?,
+            mirror: None,
+        });
+    }
     let without = arm(
         "without",
-        &env,
         Target {
-            namespace: &without_ns,
+            clusters: targets,
             urls: &without_urls,
             registry: &mut without_registry,
-            mirror: None,
         },
         &plan,
         &|| Ok(Attempts::default()),
@@ -772,63 +873,88 @@ async fn main() -> Result<()> {
 
     let mut with_registry = env.spare_registry().await?;
     let with_urls = push_configs(&with_registry, tags).await?;
-    let mut registration = Registration::shipped();
-    registration.insecure_registries.push(with_registry.addr.clone());
-    let holdfast = Holdfast::start(&env, registration, None).await?;
-    let with_ns = holdfast.webhook.namespace("with").await?;
+    let mut fleet = Vec::with_capacity(clusters);
+    let mut targets = Vec::with_capacity(clusters);
+    for env in &envs {
+        let mut registration = Registration::shipped();
+        registration.insecure_registries.push(with_registry.addr.clone());
+        let holdfast = Holdfast::start(env, registration, None).await?;
+        targets.push(ClusterTarget {
+            env,
+            namespace: holdfast.webhook.namespace("with").await?,
+            mirror: None,
+        });
+        fleet.push(holdfast);
+    }
+    let with_namespaces: Vec<String> = targets.iter().map(|t| t.namespace.clone()).collect();
     let with = arm(
         "with",
-        &env,
         Target {
-            namespace: &with_ns,
+            clusters: targets,
             urls: &with_urls,
             registry: &mut with_registry,
-            mirror: None,
         },
         &plan,
-        &|| holdfast.attempts(),
+        &|| Attempts::of_fleet(&fleet),
     )
     .await;
-    let with_metrics = holdfast.stop().await;
+    let with_metrics = Holdfast::stop_fleet(fleet).await;
     let (with, with_metrics) = (with?, with_metrics?);
     with_registry.stop();
-    opt_out(&env, &with_ns).await?;
+    for (env, namespace) in envs.iter().zip(&with_namespaces) {
+        opt_out(env, namespace).await?;
+    }
 
+    // Each cluster its own mirror, as `--mirror-registry` is deployed: a cache registry beside
+    // the cluster, which keeps its fetches working when the upstream (or the link to it) is down.
     let mut upstream = env.spare_registry().await?;
-    let mut mirror = env.spare_registry().await?;
     let mirror_urls = push_configs(&upstream, tags).await?;
-    let pins = MirrorPins::new(MirrorLocation::new(&mirror.addr, PREFIX)?);
-    let (registration, settings) = holdfast_e2e::mirror::wiring(&upstream.addr, pins, None, RETENTION);
-    let holdfast = Holdfast::start(&env, registration, Some(settings)).await?;
-    let mirror_ns = holdfast.webhook.namespace("with-mirror").await?;
+    let mut mirrors = Vec::with_capacity(clusters);
+    let mut fleet = Vec::with_capacity(clusters);
+    let mut targets = Vec::with_capacity(clusters);
+    for env in &envs {
+        let mirror = env.spare_registry().await?;
+        let pins = MirrorPins::new(MirrorLocation::new(&mirror.addr, PREFIX)?);
+        let (registration, settings) = holdfast_e2e::mirror::wiring(&upstream.addr, pins, None, RETENTION);
+        let holdfast = Holdfast::start(env, registration, Some(settings)).await?;
+        targets.push(ClusterTarget {
+            env,
+            namespace: holdfast.webhook.namespace("with-mirror").await?,
+            mirror: Some(mirror.access_log()),
+        });
+        fleet.push(holdfast);
+        mirrors.push(mirror);
+    }
     let with_mirror = arm(
         "with-mirror",
-        &env,
         Target {
-            namespace: &mirror_ns,
+            clusters: targets,
             urls: &mirror_urls,
             registry: &mut upstream,
-            mirror: Some(mirror.access_log()),
         },
         &plan,
-        &|| holdfast.attempts(),
+        &|| Attempts::of_fleet(&fleet),
     )
     .await;
-    let mirror_metrics = holdfast.stop().await;
+    let mirror_metrics = Holdfast::stop_fleet(fleet).await;
     let (with_mirror, mirror_metrics) = (with_mirror?, mirror_metrics?);
-    let rounds = metric(
+    let rounds = metrics_sum(
         &with_metrics,
         "holdfast_controller_refresh_rounds_total{result=\"ok\"}",
     )?;
-    let copies = metric(
+    let copies = metrics_sum(
         &mirror_metrics,
         "holdfast_controller_mirror_copies_total{result=\"copied\"}",
     )?;
-    let (upstream_addr, mirror_addr) = (upstream.addr.clone(), mirror.addr.clone());
+    let upstream_addr = upstream.addr.clone();
+    let mirror_addrs: Vec<String> = mirrors.iter().map(|m| m.addr.clone()).collect();
     upstream.stop();
-    mirror.stop();
+    for mut mirror in mirrors {
+        mirror.stop();
+    }
     // Everything stopped before the figures, so that no late log line follows the last line.
-    drop(env);
+    drop(envs);
+    let fleet_apps = apps * clusters;
 
     println!(
         "{:<11} {:>9} {:>9} {:>11} {:>12} {:>7} {:>13} {:>7} {:>12} {:>16} {:>13} {:>12} {:>10}",
@@ -856,7 +982,7 @@ async fn main() -> Result<()> {
             a.steady_requests,
             a.first_syncs.as_secs_f64(),
             a.syncs,
-            a.sync_rate(apps),
+            a.sync_rate(fleet_apps),
             a.failed_syncs,
             a.outage_syncs,
             a.failed_in_outage,
@@ -937,10 +1063,12 @@ async fn main() -> Result<()> {
     let up = with_mirror.upstream;
     let on = |counts: &BTreeMap<String, usize>, registry: &str| counts.get(registry).copied().unwrap_or(0);
     let admitted_upstream = on(&with_mirror.admitted, &upstream_addr);
-    let on_mirror = on(&with_mirror.pinned_at_outage, &mirror_addr);
+    let on_mirrors =
+        |counts: &BTreeMap<String, usize>| mirror_addrs.iter().map(|m| on(counts, m)).sum::<usize>();
+    let on_mirror = on_mirrors(&with_mirror.pinned_at_outage);
     println!(
         "with-mirror: {admitted_upstream} Apps admitted pinned upstream, {} to the mirror; {on_mirror} fetched from the mirror when the outage began; {copies} copies",
-        on(&with_mirror.admitted, &mirror_addr)
+        on_mirrors(&with_mirror.admitted)
     );
     println!(
         "with-mirror: of {} upstream requests, {} are holdfast's HEADs, {} the copies' GETs ({} of manifests, {} of blobs), {} other of holdfast's, {} kapp-controller's (first fetches of Apps pinned upstream before the copy)",
@@ -957,11 +1085,11 @@ async fn main() -> Result<()> {
         with_mirror.outage_attempts.failed, with_mirror.outage_attempts.backed_off
     );
     println!(
-        "registry_request_ratio={ratio:.1} failed_syncs_without={} failed_syncs_with={} steady_state_ratio={steady_ratio:.0} apps={apps} sync_rate_without={:.2} sync_rate_with={:.2} holdfast_requests_with={} with_over_first_fetch_floor={:.3} reaper_races={} holdfast_failed_lookups_in_outage={} holdfast_backoffs_in_outage={} upstream_request_ratio_mirror={:.1} failed_syncs_with_mirror={} upstream_requests_with_mirror={} mirror_requests_with_mirror={} holdfast_heads_upstream_with_mirror={} copier_gets_upstream_with_mirror={} holdfast_other_upstream_with_mirror={} kapp_fetches_upstream_with_mirror={} apps_admitted_upstream_with_mirror={admitted_upstream} apps_on_mirror_with_mirror={on_mirror} mirror_copies_with_mirror={copies} sync_rate_with_mirror={:.2} reaper_races_with_mirror={} holdfast_failed_lookups_in_outage_with_mirror={} holdfast_backoffs_in_outage_with_mirror={}",
+        "registry_request_ratio={ratio:.1} failed_syncs_without={} failed_syncs_with={} steady_state_ratio={steady_ratio:.0} apps={apps} sync_rate_without={:.2} sync_rate_with={:.2} holdfast_requests_with={} with_over_first_fetch_floor={:.3} reaper_races={} holdfast_failed_lookups_in_outage={} holdfast_backoffs_in_outage={} upstream_request_ratio_mirror={:.1} failed_syncs_with_mirror={} upstream_requests_with_mirror={} mirror_requests_with_mirror={} holdfast_heads_upstream_with_mirror={} copier_gets_upstream_with_mirror={} holdfast_other_upstream_with_mirror={} kapp_fetches_upstream_with_mirror={} apps_admitted_upstream_with_mirror={admitted_upstream} apps_on_mirror_with_mirror={on_mirror} mirror_copies_with_mirror={copies} sync_rate_with_mirror={:.2} reaper_races_with_mirror={} holdfast_failed_lookups_in_outage_with_mirror={} holdfast_backoffs_in_outage_with_mirror={} clusters={clusters} upstream_per_tag_per_refresh_without={:.2} upstream_per_tag_per_refresh_with={:.2} upstream_per_tag_per_refresh_with_mirror={:.2}",
         without.failed_in_outage,
         with.failed_in_outage,
-        without.sync_rate(apps),
-        with.sync_rate(apps),
+        without.sync_rate(fleet_apps),
+        with.sync_rate(fleet_apps),
         with.requests[1],
         total(with.requests) as f64 / with.requests[0].max(1) as f64,
         without.reaper_races + with.reaper_races,
@@ -975,10 +1103,13 @@ async fn main() -> Result<()> {
         up.holdfast.manifest_gets + up.holdfast.blob_gets,
         up.holdfast.other,
         up.kapp.total(),
-        with_mirror.sync_rate(apps),
+        with_mirror.sync_rate(fleet_apps),
         with_mirror.reaper_races,
         with_mirror.outage_attempts.failed,
-        with_mirror.outage_attempts.backed_off
+        with_mirror.outage_attempts.backed_off,
+        without.per_tag_per_refresh(tags),
+        with.per_tag_per_refresh(tags),
+        with_mirror.per_tag_per_refresh(tags)
     );
     Ok(())
 }
