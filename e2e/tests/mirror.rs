@@ -567,6 +567,14 @@ async fn until_webhook_record(
 /// The namespace label the selection test selects on.
 const MIRROR_LABEL: (&str, &str) = ("holdfast.dev/mirror", "true");
 
+/// The mirror `m` for the namespaces labelled [`MIRROR_LABEL`] only.
+fn selected_mirror(m: &str) -> Result<MirrorPins> {
+    Ok(MirrorPins {
+        namespaces: format!("{}={}", MIRROR_LABEL.0, MIRROR_LABEL.1).parse()?,
+        ..MirrorPins::new(MirrorLocation::new(m, PREFIX)?)
+    })
+}
+
 /// Webhook and controller with `--mirror-namespace-selector holdfast.dev/mirror=true`: the same
 /// tagged image in a labelled and an unlabelled namespace. After the copy, the labelled
 /// namespace's App is re-pinned to the mirror and a new App there is admitted pinned to it; in
@@ -579,10 +587,7 @@ async fn only_selected_namespaces_are_pinned_to_the_mirror(env: Arc<Env>) -> Res
     let web = Image::with_files(&[("config/web.yml", b"kind: selected\n")])?;
     let digest = images::push(&up, "apps/selected", "1.0", &web).await?;
     let client = env.client().await?;
-    let pins = MirrorPins {
-        namespaces: format!("{}={}", MIRROR_LABEL.0, MIRROR_LABEL.1).parse()?,
-        ..MirrorPins::new(MirrorLocation::new(&m, PREFIX)?)
-    };
+    let pins = selected_mirror(&m)?;
     let (webhook, controller) = mirroring_with(&env, &up, pins, None, Duration::from_secs(86_400)).await?;
     let result = selection(&webhook, &controller, &client, &up, &m, &digest).await;
     controller.stop().await;
@@ -1012,9 +1017,8 @@ async fn a_private_image_is_mirrored_for_its_namespace_only(env: Arc<Env>) -> Re
     let digest = images::push_as(&up, Some(puller), "team/private", "1.0.0", &image).await?;
     let client = env.client().await?;
     let pins = MirrorPins {
-        namespaces: format!("{}={}", MIRROR_LABEL.0, MIRROR_LABEL.1).parse()?,
         pull_secret: Some(PULL_SECRET.into()),
-        ..MirrorPins::new(MirrorLocation::new(&m, PREFIX)?)
+        ..selected_mirror(&m)?
     };
     let (webhook, controller) =
         mirroring_with(&env, &up, pins, Some(mirror_user), Duration::from_secs(86_400)).await?;
@@ -1164,10 +1168,7 @@ async fn apps_fetched_upstream_keep_reconciling_after_a_repin_to_the_mirror(env:
     let mut upstream = env.spare_registry().await?;
     let mirror = env.spare_registry().await?;
     let (up, m) = (upstream.addr.clone(), mirror.addr.clone());
-    let pins = MirrorPins {
-        namespaces: format!("{}={}", MIRROR_LABEL.0, MIRROR_LABEL.1).parse()?,
-        ..MirrorPins::new(MirrorLocation::new(&m, PREFIX)?)
-    };
+    let pins = selected_mirror(&m)?;
     let (webhook, controller) = mirroring_with(&env, &up, pins, None, Duration::from_secs(86_400)).await?;
     let result = warm_cache_scenario(&env, &webhook, &mut upstream, &m).await;
     controller.stop().await;

@@ -692,6 +692,19 @@ async fn arm(
     })
 }
 
+/// [`arm`] with holdfast in every cluster (`fleet`), stopped afterwards whatever the arm's
+/// outcome; the arm and the controllers' metrics as they stopped.
+async fn arm_with_holdfast(
+    name: &'static str,
+    fleet: Vec<Holdfast>,
+    target: Target<'_>,
+    plan: &Plan,
+) -> Result<(Arm, Vec<String>)> {
+    let ran = arm(name, target, plan, &|| Attempts::of_fleet(&fleet)).await;
+    let metrics = Holdfast::stop_fleet(fleet).await;
+    Ok((ran?, metrics?))
+}
+
 /// holdfast's registry lookups, the webhook's and the controller's together: those that failed
 /// (what a stopped registry was sent), and the stale answers given without asking because the
 /// entry's last check had failed within `--cache-negative-ttl-seconds` (its backoff).
@@ -887,19 +900,17 @@ async fn main() -> Result<()> {
         fleet.push(holdfast);
     }
     let with_namespaces: Vec<String> = targets.iter().map(|t| t.namespace.clone()).collect();
-    let with = arm(
+    let (with, with_metrics) = arm_with_holdfast(
         "with",
+        fleet,
         Target {
             clusters: targets,
             urls: &with_urls,
             registry: &mut with_registry,
         },
         &plan,
-        &|| Attempts::of_fleet(&fleet),
     )
-    .await;
-    let with_metrics = Holdfast::stop_fleet(fleet).await;
-    let (with, with_metrics) = (with?, with_metrics?);
+    .await?;
     with_registry.stop();
     for (env, namespace) in envs.iter().zip(&with_namespaces) {
         opt_out(env, namespace).await?;
@@ -925,19 +936,17 @@ async fn main() -> Result<()> {
         fleet.push(holdfast);
         mirrors.push(mirror);
     }
-    let with_mirror = arm(
+    let (with_mirror, mirror_metrics) = arm_with_holdfast(
         "with-mirror",
+        fleet,
         Target {
             clusters: targets,
             urls: &mirror_urls,
             registry: &mut upstream,
         },
         &plan,
-        &|| Attempts::of_fleet(&fleet),
     )
-    .await;
-    let mirror_metrics = Holdfast::stop_fleet(fleet).await;
-    let (with_mirror, mirror_metrics) = (with_mirror?, mirror_metrics?);
+    .await?;
     let rounds = metrics_sum(
         &with_metrics,
         "holdfast_controller_refresh_rounds_total{result=\"ok\"}",
