@@ -63,11 +63,13 @@ CONTAINERD_SOCK="$DIR/containerd/containerd.sock"
 log() { printf '[node %(%H:%M:%S)T] %s\n' -1 "$*"; }
 die() { echo "node: $*" >&2; exit 1; }
 
-# A loopback port nothing listens on or connects from now.
+# A free port for the node's daemons, below the NodePort range (30000-32767): kube-router accepts
+# any local traffic to that range ("allow LOCAL traffic to node ports"), so a kubelet listening
+# there would be reachable from every pod whatever the NetworkPolicies say.
 free_port() {
   local port
   while :; do
-    port=$((20000 + RANDOM % 12000))
+    port=$((20000 + RANDOM % 10000))
     if [ -z "$(ss -Htan "sport = :$port")" ]; then echo "$port"; return; fi
   done
 }

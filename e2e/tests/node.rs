@@ -450,6 +450,11 @@ async fn egress_is_restricted_to_the_api_server_and_the_registries(cluster: Arc<
     let kubelet_port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
         .as_u64()
         .context("the kubelet's port")?;
+    // kube-router lets any pod reach a local port in the NodePort range whatever the policies.
+    ensure!(
+        !(30000..=32767).contains(&kubelet_port),
+        "the kubelet listens on {kubelet_port}, in the NodePort range kube-router always allows"
+    );
     let cidr = format!("{node_ip}/32");
     let restricted = [
         "--set".to_owned(),
