@@ -44,6 +44,8 @@ pub fn settings(env: &Env, namespace: &str, identity: &str) -> holdfast_controll
             ..Default::default()
         },
         cache: CacheConfig::default(),
+        // The parameters are cluster-scoped: only the suites of the pinning policy publish them.
+        publish_pins: false,
     }
 }
 

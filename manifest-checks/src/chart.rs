@@ -560,21 +560,21 @@ impl Settings {
         if !self.create_namespace {
             patches.push(delete("Namespace", "v1", crate::HOLDFAST_NAMESPACE, false)?);
         }
-        let cache = holdfast_cache::cluster_store::resource();
-        let crd = format!("{}.{}", cache.plural, cache.group);
-        if self.without_crds {
-            patches.push(delete(
-                "CustomResourceDefinition",
-                "apiextensions.k8s.io/v1",
-                &crd,
-                false,
-            )?);
-        } else if self.crds_not_kept {
-            patches.push(json_patch(
-                "CustomResourceDefinition",
-                &crd,
-                &[json!({"op": "remove", "path": "/metadata/annotations"})],
-            )?);
+        for crd in crate::HOLDFAST_CRDS {
+            if self.without_crds {
+                patches.push(delete(
+                    "CustomResourceDefinition",
+                    "apiextensions.k8s.io/v1",
+                    crd,
+                    false,
+                )?);
+            } else if self.crds_not_kept {
+                patches.push(json_patch(
+                    "CustomResourceDefinition",
+                    crd,
+                    &[json!({"op": "remove", "path": "/metadata/annotations"})],
+                )?);
+            }
         }
         let container = "/spec/template/spec/containers/0";
         for (name, resources, pods, count, extra) in [
@@ -630,9 +630,10 @@ impl Settings {
                     ops.push(json!({"op": "test", "path": format!("{container}/args/0"), "value": "--refresh-seconds=600"}));
                     ops.push(json!({"op": "replace", "path": format!("{container}/args/0"), "value": format!("--refresh-seconds={r}")}));
                 }
-                // Only the Carvel half reads Secrets.
+                // Only the Carvel half reads Secrets and publishes pins.
                 if !carvel {
                     ops.push(json!({"op": "add", "path": format!("{container}/args/-"), "value": "--read-secrets=false"}));
+                    ops.push(json!({"op": "add", "path": format!("{container}/args/-"), "value": "--publish-pins=false"}));
                 }
             }
             let args = self
@@ -790,7 +791,8 @@ impl Settings {
             ops.push(json!({"op": "remove", "path": format!("/rules/{i}")}));
         };
         if !carvel {
-            rule(&mut controller_rules, 9, "events");
+            rule(&mut controller_rules, 10, "events");
+            rule(&mut controller_rules, 9, "clusterdigestpins");
         }
         if !korifi {
             rule(&mut controller_rules, 8, "pods");

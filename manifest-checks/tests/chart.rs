@@ -55,8 +55,8 @@ fn without_match_conditions_the_chart_is_the_base() -> Result<()> {
     same_as_kustomize("matchConditions=false", &Settings::default()).map(drop)
 }
 
-/// The CRD is a template (upgraded by `helm upgrade`), kept when the release goes (crds.keep,
-/// as the base annotates it), left out with crds.install=false; each the kustomize overlay of
+/// The CRDs are templates (upgraded by `helm upgrade`), kept when the release goes (crds.keep,
+/// as the base annotates them), left out with crds.install=false; each the kustomize overlay of
 /// the same choice.
 #[test]
 fn the_crd_is_a_template_kept_on_removal_or_left_out() -> Result<()> {
@@ -68,16 +68,25 @@ fn the_crd_is_a_template_kept_on_removal_or_left_out() -> Result<()> {
             .collect()
     };
     let kept = crds(&same_as_kustomize("defaults", &Settings::recommended())?);
-    ensure!(kept.len() == 1, "{} CRDs rendered", kept.len());
+    let names: Vec<&str> = kept
+        .iter()
+        .filter_map(|crd| crd["metadata"]["name"].as_str())
+        .collect();
+    ensure!(
+        names == holdfast_manifest_checks::HOLDFAST_CRDS,
+        "CRDs rendered: {names:?}"
+    );
     for (annotation, value) in [
         ("helm.sh/resource-policy", "keep"),
         ("kapp.k14s.io/delete-strategy", "orphan"),
     ] {
-        ensure!(
-            kept[0]["metadata"]["annotations"][annotation] == value,
-            "the CRD is not kept on removal: {}",
-            kept[0]["metadata"]
-        );
+        for crd in &kept {
+            ensure!(
+                crd["metadata"]["annotations"][annotation] == value,
+                "the CRD is not kept on removal: {}",
+                crd["metadata"]
+            );
+        }
     }
     // Not from crds/, which Helm never upgrades.
     let chart = holdfast_manifest_checks::chart::chart();
@@ -92,7 +101,10 @@ fn the_crd_is_a_template_kept_on_removal_or_left_out() -> Result<()> {
     };
     let rendered = crds(&same_as_kustomize("crds.keep=false", &not_kept)?);
     ensure!(
-        rendered.len() == 1 && rendered[0]["metadata"].get("annotations").is_none(),
+        rendered.len() == holdfast_manifest_checks::HOLDFAST_CRDS.len()
+            && rendered
+                .iter()
+                .all(|crd| crd["metadata"].get("annotations").is_none()),
         "crds.keep=false: {rendered:?}"
     );
     let without = Settings {

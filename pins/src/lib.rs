@@ -105,6 +105,7 @@ mod original_refs;
 pub mod other_sources;
 mod patch;
 mod policy;
+pub mod policy_params;
 pub mod repin;
 pub mod resolve;
 mod sites;
