@@ -67,6 +67,8 @@ pub struct Settings {
     pub delete_org_spaces: bool,
     /// `secrets.read: false` (components/no-secret-reads).
     pub no_secret_reads: bool,
+    /// `pinningPolicy.enabled: false` (components/no-pinning-policy).
+    pub no_pinning_policy: bool,
     /// `policy.failClosed` (components/policy-fail-closed).
     pub policy_fail_closed: bool,
     /// `networkPolicy.egress` (components/restrict-egress).
@@ -321,6 +323,7 @@ impl Settings {
             cert_manager: true,
             delete_org_spaces: true,
             no_secret_reads: true,
+            no_pinning_policy: true,
             policy_fail_closed: true,
             egress: Some(Egress {
                 api_server_cidrs: vec!["10.96.0.1/32".into(), "192.168.10.0/24".into()],
@@ -385,6 +388,9 @@ impl Settings {
         }
         if self.no_secret_reads {
             values["secrets"] = json!({"read": false});
+        }
+        if self.no_pinning_policy {
+            values["pinningPolicy"] = json!({"enabled": false});
         }
         if let Some(e) = &self.egress {
             values["networkPolicy"]["egress"] = json!({"enabled": true, "apiServerCIDRs": e.api_server_cidrs, "registryCIDRs": e.registry_cidrs});
@@ -516,6 +522,8 @@ impl Settings {
             (self.policy_fail_closed && carvel, "policy-fail-closed"),
             (self.delete_org_spaces && korifi, "fast-org-deletion"),
             (self.no_secret_reads && carvel, "no-secret-reads"),
+            // The pinning policy is the Carvel half's.
+            (self.no_pinning_policy || !carvel, "no-pinning-policy"),
             (self.egress.is_some(), "restrict-egress"),
             (self.webhook_port.is_some(), "restrict-webhook-port"),
             (self.monitoring, "monitoring"),
@@ -630,10 +638,9 @@ impl Settings {
                     ops.push(json!({"op": "test", "path": format!("{container}/args/0"), "value": "--refresh-seconds=600"}));
                     ops.push(json!({"op": "replace", "path": format!("{container}/args/0"), "value": format!("--refresh-seconds={r}")}));
                 }
-                // Only the Carvel half reads Secrets and publishes pins.
+                // Only the Carvel half reads Secrets (and publishes pins: no-pinning-policy).
                 if !carvel {
                     ops.push(json!({"op": "add", "path": format!("{container}/args/-"), "value": "--read-secrets=false"}));
-                    ops.push(json!({"op": "add", "path": format!("{container}/args/-"), "value": "--publish-pins=false"}));
                 }
             }
             let args = self
@@ -781,6 +788,17 @@ impl Settings {
             }
             if ops.len() > hooks.len() {
                 patches.push(json_patch(kind, "holdfast", &ops)?);
+            }
+        }
+        // The pinning policy's bindings serve the namespaces pin-fetch-refs serves.
+        if carvel && !self.no_pinning_policy && !self.namespace_selector.is_empty() {
+            let ops: Vec<Value> = self
+                .namespace_selector
+                .iter()
+                .map(|e| json!({"op": "add", "path": "/spec/matchResources/namespaceSelector/matchExpressions/-", "value": e}))
+                .collect();
+            for binding in crate::policies::PINNING_POLICIES {
+                patches.push(json_patch("MutatingAdmissionPolicyBinding", binding, &ops)?);
             }
         }
         // The half that is off: its RBAC rows (by index in manifests/base/rbac/, last first,

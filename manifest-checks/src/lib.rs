@@ -30,6 +30,7 @@ pub mod checks;
 pub mod fence;
 pub mod finalizer;
 pub mod load;
+pub mod policies;
 pub mod relocation;
 pub mod report;
 pub mod tables;

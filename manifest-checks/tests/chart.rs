@@ -252,6 +252,8 @@ fn everything_goes_to_the_release_namespace() -> Result<()> {
                 "ValidatingWebhookConfiguration",
                 "ValidatingAdmissionPolicy",
                 "ValidatingAdmissionPolicyBinding",
+                "MutatingAdmissionPolicy",
+                "MutatingAdmissionPolicyBinding",
             ];
             if !cluster_wide.contains(&kind) {
                 ensure!(
@@ -327,6 +329,7 @@ fn every_component_is_a_value() -> Result<()> {
         ("fast-org-deletion", Some("holdfast-controller-cfspaces")),
         ("match-conditions", Some("not-being-deleted")),
         ("no-secret-reads", Some("holdfast-mirror-secret")),
+        ("no-pinning-policy", Some("--publish-pins=false")),
         ("policy-all-namespaces", None),
         ("policy-fail-closed", Some("\"failurePolicy\":\"Fail\"")),
         ("restrict-egress", Some("holdfast-egress")),
@@ -343,7 +346,7 @@ fn every_component_is_a_value() -> Result<()> {
         }
     }
     ensure!(
-        components.len() == 10,
+        components.len() == 11,
         "manifests/components/ has {components:?}: give a new one its chart value and list it here"
     );
     // SECURITY.md's promises name holdfast-system: checked with it named back.

@@ -146,6 +146,11 @@ priorityClassName: {{ . }}
 
 {{/* Whether the controller reads tenant Secrets: only for the Carvel half, unless secrets.read
 is false (components/no-secret-reads). */}}
+{{- /* The pinning policy is on: the Carvel half, and pinningPolicy.enabled. */}}
+{{- define "holdfast.pinningPolicy" -}}
+{{- if and .Values.carvel.enabled .Values.pinningPolicy.enabled }}true{{ end -}}
+{{- end -}}
+
 {{- define "holdfast.readSecrets" -}}
 {{- if and .Values.carvel.enabled .Values.secrets.read }}true{{ end -}}
 {{- end -}}
