@@ -414,3 +414,27 @@ fn the_webhook_cannot_write_the_digest_cache() -> Result<()> {
     );
     Ok(())
 }
+
+/// Issue 31: the webhook's something-to-pin skips an object whose annotation entries are in
+/// place, reading each entry's reference with `holdfast_pins::PLAIN_REFERENCE_PATTERN` (whose
+/// references pin as CEL expects: `holdfast-pins`,
+/// `what_the_webhooks_condition_takes_for_in_place_is`). The condition holds that pattern, not
+/// another.
+#[test]
+fn the_in_place_check_reads_references_with_the_plain_pattern() -> Result<()> {
+    let component = holdfast_manifest_checks::tables::settings::match_conditions_component()?;
+    let condition = component
+        .iter()
+        .flat_map(|c| items(c, "webhooks"))
+        .filter(|w| text(w, "name") == "pin-fetch-refs.holdfast.dev")
+        .flat_map(|w| items(w, "matchConditions"))
+        .find(|c| text(c, "name") == "something-to-pin")
+        .map(|c| text(c, "expression").to_owned())
+        .context("no something-to-pin condition")?;
+    let pattern = holdfast_pins::PLAIN_REFERENCE_PATTERN;
+    ensure!(
+        condition.contains(&format!("\"ref\":\"{pattern}\"$'")),
+        "something-to-pin does not read references with PLAIN_REFERENCE_PATTERN"
+    );
+    Ok(())
+}

@@ -405,3 +405,62 @@ fn the_pins_are_sharded_by_size_and_a_key_stays_in_its_shard() {
         assert_eq!(changed, 1);
     }
 }
+
+/// The repository part of a reference as the webhook's `matchConditions` take it in CEL: up to
+/// the last `:` when the text after it has no `/`.
+fn cel_repository(reference: &str) -> &str {
+    match reference.rfind(':') {
+        Some(colon) if !reference[colon..].contains('/') => &reference[..colon],
+        _ => reference,
+    }
+}
+
+proptest::proptest! {
+    // The pattern's repetitions are unbounded: most generated references pass the length bound.
+    #![proptest_config(proptest::test_runner::Config {
+        cases: 64,
+        max_global_rejects: 5_000,
+        ..proptest::test_runner::Config::default()
+    })]
+
+    /// Every reference `PLAIN_REFERENCE_PATTERN` matches (and the CEL check's length bound
+    /// admits) is one the webhook would keep pinned as the CEL check expects: it parses, has no
+    /// digest, and its pin is its repository part as written, `@`, the digest. So an annotation
+    /// entry the condition takes for in place is one the webhook leaves alone.
+    #[test]
+    fn what_the_webhooks_condition_takes_for_in_place_is(
+        reference in proptest::string::string_regex(crate::PLAIN_REFERENCE_PATTERN).unwrap(),
+        seed in 0u8..=255,
+    ) {
+        proptest::prop_assume!(reference.len() <= 240);
+        let parsed = holdfast_registry::Reference::parse(&reference);
+        proptest::prop_assert!(parsed.is_ok(), "{reference}: {parsed:?}");
+        let parsed = parsed.unwrap();
+        proptest::prop_assert!(!parsed.is_pinned());
+        let digest = digest(seed);
+        proptest::prop_assert_eq!(
+            parsed.pinned(&digest),
+            format!("{}@{digest}", cel_repository(&reference))
+        );
+    }
+}
+
+/// The pattern is wide enough for what people write (else their pinned objects still go to the
+/// webhook after the policy pinned them: correct, only slower).
+#[test]
+fn the_references_people_write_are_plain() {
+    let pattern = regex::Regex::new(&format!("^{}$", crate::PLAIN_REFERENCE_PATTERN)).unwrap();
+    for reference in [
+        "nginx",
+        "nginx:1.25",
+        "docker.io/library/nginx:1.25",
+        "index.docker.io/bitnami/nginx:1.25.3-debian-12-r0",
+        "ghcr.io/carvel-dev/kapp-controller-bundle:v0.53.1",
+        "registry.corp.com:5000/team/app-config:v1.2.0",
+        "localhost:5000/team/app:1",
+        "127.0.0.1:33033/demo/app-config:1.0.0",
+        "my-registry.example/a/b/c__d---e.f:latest",
+    ] {
+        assert!(pattern.is_match(reference), "{reference} is not plain");
+    }
+}
