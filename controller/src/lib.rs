@@ -9,6 +9,8 @@
 //! - [`entry_status`]: the `DigestCacheEntry` objects' status (conditions, observed digest,
 //!   objects naming it), and the refreshes asked for with their annotation, run beside the
 //!   refresher;
+//! - [`publisher`]: the digest cache published as the pinning policies' parameters
+//!   (`ClusterDigestPins`, `DigestPins`), so the API server pins cached tags without the webhook;
 //! - [`finalizer`]: the fast finalizer: deletes an app's kpack Image as soon as the app (or its
 //!   last BuildWorkload, or its namespace) is being deleted, and the pods of terminating Builds;
 //!   [`deletable`] is the one table of what it may delete and when.
@@ -39,6 +41,7 @@ pub mod leader;
 pub mod metrics;
 pub mod mirror;
 pub mod pinning;
+pub mod publisher;
 pub mod refresher;
 pub mod run;
 mod shutdown;

@@ -61,6 +61,10 @@ struct Args {
     /// mirror before the controller deletes it (the mirror must allow deletes).
     #[arg(long, env = "HOLDFAST_MIRROR_RETENTION_SECONDS", default_value_t = 86_400)]
     mirror_retention_seconds: u64,
+    /// Publish the digest cache as the parameters of the pinning policies (ClusterDigestPins,
+    /// DigestPins), so the API server pins cached tags without calling the webhook.
+    #[arg(long, env = "HOLDFAST_PUBLISH_PINS", default_value_t = true, action = clap::ArgAction::Set)]
+    publish_pins: bool,
     /// Address of the plain-HTTP admin port (/healthz, /readyz, /metrics).
     #[arg(long, env = "HOLDFAST_ADMIN_ADDR", default_value = "0.0.0.0:8081")]
     admin_addr: SocketAddr,
@@ -115,6 +119,7 @@ async fn main() -> Result<()> {
         },
         resolver: args.registry.resolver_config(&cancel)?,
         cache: args.registry.cache_config(),
+        publish_pins: args.publish_pins,
     };
     let stop = cancel.clone();
     tokio::spawn(async move {

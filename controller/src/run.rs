@@ -41,6 +41,8 @@ pub struct Settings {
     pub finalizer: crate::finalizer::Options,
     pub resolver: ResolverConfig,
     pub cache: CacheConfig,
+    /// Publish the digest cache as the pinning policies' parameters (`--publish-pins`).
+    pub publish_pins: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +123,7 @@ impl Settings {
             cache_gc_grace: self.cache_gc_grace,
             finalizer: self.finalizer,
             resolver: self.resolver.clone(),
+            publish_pins: self.publish_pins,
         }
     }
 

@@ -23,6 +23,7 @@ use crate::{
     metrics::Metrics,
     mirror::{Mirror, MirrorSettings},
     pinning,
+    publisher::Publisher,
     refresher::{self, Refresher},
     watched::Watched,
 };
@@ -42,6 +43,8 @@ pub struct TermSettings {
     pub finalizer: finalizer::Options,
     /// The registry client's settings (the mirror copier builds its own from them).
     pub resolver: ResolverConfig,
+    /// Publish the digest cache as the pinning policies' parameters.
+    pub publish_pins: bool,
 }
 
 /// The digest cache shared by every term of this process, followed from `namespace`'s
@@ -140,7 +143,28 @@ impl Term {
             self.pinning(),
             self.finalizer(),
             self.mirror(),
+            self.publishing(),
         );
+    }
+
+    /// The publisher's passes, when the settings say to publish.
+    async fn publishing(&self) {
+        if self.settings.publish_pins {
+            self.publisher().run(self.leading.clone()).await;
+        }
+    }
+
+    /// The publisher of the pinning policies' parameters for this term, its passes to be run
+    /// (by [`Term::run`], or by a test).
+    pub fn publisher(&self) -> Publisher {
+        Publisher::start(
+            &self.client,
+            &self.settings.namespace,
+            self.pinner.cache().clone(),
+            self.watched.clone(),
+            self.mirror.is_some(),
+            &self.leading,
+        )
     }
 
     /// The pinning reconcilers of every pinned kind (catch-up and `follow` re-pins).

@@ -78,6 +78,15 @@ impl Namespaces {
             .map(|found| found.metadata.labels.clone().unwrap_or_default())
     }
 
+    /// When a namespace was created, as last seen; `None` while the watch has not seen it.
+    pub fn created(&self, namespace: &str) -> Option<std::time::SystemTime> {
+        let found = self
+            .store
+            .get(&ObjectRef::new_with(namespace, self.resource.clone()))?;
+        let created = found.metadata.creation_timestamp.as_ref()?;
+        Some(std::time::SystemTime::from(created.0))
+    }
+
     /// A store holding `namespaces` (name, labels), for tests of the readers.
     #[cfg(test)]
     pub(crate) fn of(namespaces: &[(&str, &[(&str, &str)])]) -> Self {

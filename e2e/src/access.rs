@@ -93,6 +93,18 @@ impl Access {
     /// `kubectl apply <args> -f -` with `yaml` on stdin (e.g. `--server-side`, or no namespace
     /// for documents that name their own).
     pub fn kubectl_apply_with(&self, args: &[&str], yaml: &str) -> Result<()> {
+        self.kubectl_apply_out(args, yaml).map(drop)
+    }
+
+    /// `kubectl apply -n <namespace> -o json -f -`: the object as the API server stored it, out
+    /// of the request itself (what admission made of it, before any controller).
+    pub fn kubectl_apply_stored(&self, namespace: &str, yaml: &str) -> Result<serde_json::Value> {
+        let out = self.kubectl_apply_out(&["-n", namespace, "-o", "json"], yaml)?;
+        Ok(serde_json::from_slice(&out)?)
+    }
+
+    /// `kubectl apply <args> -f -` with `yaml` on stdin; its standard output.
+    fn kubectl_apply_out(&self, args: &[&str], yaml: &str) -> Result<Vec<u8>> {
         use std::io::Write as _;
         let mut child = self
             .kubectl()
@@ -112,7 +124,7 @@ impl Access {
         if !out.status.success() {
             bail!("kubectl apply failed: {}", String::from_utf8_lossy(&out.stderr));
         }
-        Ok(())
+        Ok(out.stdout)
     }
 
     /// `kubectl get <resource> <name> -n <namespace> -o json`.

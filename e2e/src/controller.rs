@@ -1,7 +1,8 @@
 //! holdfast's pinning controller run in-process against the local control plane: the
 //! controller's own [`Term`] over a digest cache persisted in its own namespace (a resolver for
 //! the test registries, Secrets read for `secretRef`s), running its pinning reconcilers and,
-//! optionally, the mirror copier; refresh rounds one at a time, when a test asks.
+//! optionally, the mirror copier or the publisher of the pinning policy's parameters; refresh
+//! rounds one at a time, when a test asks.
 
 use std::{sync::Arc, time::Duration};
 
@@ -44,6 +45,8 @@ pub fn settings(env: &Env, namespace: &str, identity: &str) -> holdfast_controll
             ..Default::default()
         },
         cache: CacheConfig::default(),
+        // The parameters are cluster-scoped: only the suites of the pinning policy publish them.
+        publish_pins: false,
     }
 }
 
@@ -84,7 +87,7 @@ impl LocalController {
                 },
             )
             .await?;
-        Self::launch(env, client, namespace, insecure_registries, None, cache).await
+        Self::launch(env, client, namespace, insecure_registries, None, cache, false).await
     }
 
     /// [`start`](Self::start) sharing the digest cache kept in `namespace` (e.g. a
@@ -115,8 +118,16 @@ impl LocalController {
             insecure_registries,
             mirror,
             CacheConfig::default(),
+            false,
         )
         .await
+    }
+
+    /// [`start_in`](Self::start_in), also publishing the digest cache as the pinning policy's
+    /// parameters (`--publish-pins`): they are cluster-scoped, so one such controller at a time
+    /// per environment.
+    pub async fn start_publishing(env: &Env, client: Client, namespace: String) -> Result<Self> {
+        Self::launch(env, client, namespace, &[], None, CacheConfig::default(), true).await
     }
 
     async fn launch(
@@ -126,6 +137,7 @@ impl LocalController {
         insecure_registries: &[String],
         mirror: Option<MirrorSettings>,
         cache: CacheConfig,
+        publish: bool,
     ) -> Result<Self> {
         let cancel = CancellationToken::new();
         let mut settings = settings(env, &namespace, "local-controller").term();
@@ -154,8 +166,15 @@ impl LocalController {
             .await,
         );
         let (pinner, refresher) = (term.pinner().clone(), term.refresher().into());
+        let publisher = publish.then(|| term.publisher());
+        let leading = cancel.clone();
         let task = tokio::spawn(async move {
-            tokio::join!(term.pinning(), term.mirror());
+            let publishing = async move {
+                if let Some(publisher) = publisher {
+                    publisher.run(leading).await;
+                }
+            };
+            tokio::join!(term.pinning(), term.mirror(), publishing);
         });
         Ok(Self {
             namespace,

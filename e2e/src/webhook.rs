@@ -52,6 +52,78 @@ pub struct LocalWebhook {
     pub addr: SocketAddr,
     env: Arc<Env>,
     cancel: CancellationToken,
+    /// What serving again needs ([`LocalWebhook::serve_again`]).
+    serving: Serving,
+}
+
+/// How the webhook serves: its client, holdfast's namespace, its port and its rules' settings.
+struct Serving {
+    client: kube::Client,
+    namespace: String,
+    port: u16,
+    cache: CacheConfig,
+    policy: Policy,
+    mirror: Option<MirrorPins>,
+    insecure_registries: Vec<String>,
+}
+
+impl Serving {
+    /// The admission server, its digest cache, and what stops the watches they run on; once
+    /// its caches are complete, as readiness would gate it in a cluster.
+    async fn start(
+        &self,
+        env: &Env,
+        store: &KubeCertStore,
+    ) -> Result<(Running, Arc<DigestCache>, CancellationToken)> {
+        let cancel = CancellationToken::new();
+        let cluster = Cluster::start(self.client.clone(), cancel.clone()).await?;
+        let resolver = Resolver::new(ResolverConfig {
+            insecure_registries: self
+                .insecure_registries
+                .iter()
+                .cloned()
+                .chain([env.registry().to_string()])
+                .collect(),
+            ..Default::default()
+        })?;
+        let (cache, mut cache_synced) = holdfast_webhook::digest_cache::follow(
+            self.client.clone(),
+            &self.namespace,
+            resolver,
+            self.cache.clone(),
+            cancel.clone(),
+        );
+        let context = RuleContext::new(
+            Arc::new(cluster.clone()),
+            cache.clone(),
+            self.policy.clone(),
+            self.mirror.clone(),
+        );
+        let synced = {
+            let cluster = cluster.clone();
+            async move {
+                cluster.synced().await;
+                let _ = cache_synced.wait_for(|s| *s).await;
+            }
+        };
+        let settings = Settings {
+            addr: SocketAddr::from(([127, 0, 0, 1], self.port)),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            deadline: DEFAULT_DEADLINE,
+            limits: Limits::default(),
+            handshake_timeout: Duration::from_secs(5),
+        };
+        let running = server::start(settings, context, synced, store.resolver()).await?;
+        let readiness = running.readiness.clone();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while !readiness.blockers().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .context("webhook never became ready")?;
+        Ok((running, cache, cancel))
+    }
 }
 
 /// What the test's webhook configuration routes to holdfast.
@@ -371,54 +443,16 @@ impl LocalWebhook {
         .await
         .context("bootstrapping the certificate store")?;
         let store = Arc::new(store);
-        let cancel = CancellationToken::new();
-        let cluster = Cluster::start(holdfast.clone(), cancel.clone()).await?;
-        let resolver = Resolver::new(ResolverConfig {
-            insecure_registries: registration
-                .insecure_registries
-                .iter()
-                .cloned()
-                .chain([env.registry().to_string()])
-                .collect(),
-            ..Default::default()
-        })?;
-        let (cache, mut cache_synced) = holdfast_webhook::digest_cache::follow(
-            holdfast,
-            &tls_namespace,
-            resolver,
-            registration.cache,
-            cancel.clone(),
-        );
-        let context = RuleContext::new(
-            Arc::new(cluster.clone()),
-            cache.clone(),
-            registration.policy,
-            registration.mirror,
-        );
-        let synced = {
-            let cluster = cluster.clone();
-            async move {
-                cluster.synced().await;
-                let _ = cache_synced.wait_for(|s| *s).await;
-            }
+        let serving = Serving {
+            client: holdfast,
+            namespace: tls_namespace.clone(),
+            port,
+            cache: registration.cache,
+            policy: registration.policy,
+            mirror: registration.mirror,
+            insecure_registries: registration.insecure_registries,
         };
-        let settings = Settings {
-            addr: SocketAddr::from(([127, 0, 0, 1], port)),
-            admin_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            deadline: DEFAULT_DEADLINE,
-            limits: Limits::default(),
-            handshake_timeout: Duration::from_secs(5),
-        };
-        let running = server::start(settings, context, synced, store.resolver()).await?;
-        // Serve only once the caches are complete, as readiness would gate it in a cluster.
-        let readiness = running.readiness.clone();
-        tokio::time::timeout(Duration::from_secs(30), async {
-            while !readiness.blockers().is_empty() {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await
-        .context("webhook never became ready")?;
+        let (running, cache, cancel) = serving.start(&env, &store).await?;
         let addr = running.addr;
         Ok(Self {
             running: Some(running),
@@ -430,7 +464,28 @@ impl LocalWebhook {
             addr,
             env,
             cancel,
+            serving,
         })
+    }
+
+    /// Stops serving, as a webhook whose pods are all gone: its configurations stay, and the API
+    /// server's calls fail (the failure policy applies) until [`LocalWebhook::serve_again`].
+    pub async fn stop_serving(&mut self) {
+        if let Some(running) = self.running.take() {
+            running.shutdown(Duration::ZERO, Duration::from_secs(5)).await;
+        }
+        self.cancel.cancel();
+    }
+
+    /// Serves again on the same port with the same certificate, as a restarted webhook: a
+    /// digest cache followed afresh from holdfast's namespace.
+    pub async fn serve_again(&mut self) -> Result<()> {
+        self.stop_serving().await;
+        let (running, cache, cancel) = self.serving.start(&self.env, &self.store).await?;
+        self.running = Some(running);
+        self.cache = cache;
+        self.cancel = cancel;
+        Ok(())
     }
 
     /// A namespace this webhook serves.

@@ -49,9 +49,18 @@ fn app_yaml(name: &str, source: &str) -> String {
     )
 }
 
+/// An App of one image source holding `url`, annotated `holdfast.dev/original-refs: refs`, with
+/// `extra` appended to its spec.
+fn annotated_app_yaml(name: &str, url: &str, refs: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: kappctrl.k14s.io/v1alpha1\nkind: App\nmetadata:\n  name: {name}\n  annotations:\n    holdfast.dev/original-refs: '{refs}'\nspec:\n  serviceAccountName: default\n  fetch: [{{image: {{url: {url}}}}}]\n  template: [{{ytt: {{}}}}]\n  deploy: [{{kapp: {{}}}}]{extra}\n"
+    )
+}
+
 /// With the shipped configurations (`components/match-conditions`' `something-to-pin`), the API
 /// server calls the pinning rule only where it could change something: a tag, a tagSelection, a
-/// changed spec or `holdfast.dev/original-refs` annotation — and not for a metadata-only update
+/// changed spec or `holdfast.dev/original-refs` annotation, unless every entry of that
+/// annotation is in place (what the pinning policy writes) — and not for a metadata-only update
 /// of a pinned App, nor for an object that names digests only. Each expectation is a count of
 /// the rule's reviews, so a condition that skipped too much (a tag left unpinned) or too little
 /// fails here; every branch of the expression (App, PackageRepository; CREATE, UPDATE) is taken.
@@ -96,6 +105,13 @@ async fn the_shipped_match_conditions_send_only_what_the_pin_rule_could_change(e
             "--overwrite".into(),
         ]
     };
+    // holdfast.dev/original-refs as the webhook and the pinning policy write it, in place; and one
+    // whose digest is not the field's.
+    let entry = |digest: &str| {
+        serde_json::json!({"/spec/fetch/0/image/url": {"digest": digest, "ref": tag}}).to_string()
+    };
+    let in_place = entry(&digest);
+    let not_in_place = entry(&format!("sha256:{}", "b".repeat(64)));
     let repository = format!(
         "apiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageRepository\nmetadata: {{name: repo}}\nspec:\n  fetch: {{imgpkgBundle: {{image: {tag}}}}}\n"
     );
@@ -131,6 +147,26 @@ async fn the_shipped_match_conditions_send_only_what_the_pin_rule_could_change(e
                 "selection",
                 &format!("image: {{url: {pinned}, tagSelection: {{semver: {{constraints: '>=1.0.0'}}}}}}"),
             )),
+            1,
+        ),
+        (
+            "a CREATE carrying its pins in place (as the pinning policy writes them) is not sent",
+            apply(annotated_app_yaml("in-place", &pinned, &in_place, "")),
+            0,
+        ),
+        (
+            "a spec change that keeps the pins in place is not sent",
+            apply(annotated_app_yaml(
+                "in-place",
+                &pinned,
+                &in_place,
+                "\n  syncPeriod: 5m",
+            )),
+            0,
+        ),
+        (
+            "a CREATE carrying an entry not in place is sent (the rule drops it)",
+            apply(annotated_app_yaml("not-in-place", &pinned, &not_in_place, "")),
             1,
         ),
         ("a PackageRepository's tag is pinned", apply(repository), 1),

@@ -157,8 +157,10 @@ impl Holdfast {
         let cancel = CancellationToken::new();
         // Renewed every second within the scenarios, so the renewal's permissions are
         // exercised too.
+        // Publishing the pinning policies' parameters, as the manifests run it.
         let settings = Settings {
             lease: LEASE.into(),
+            publish_pins: true,
             ..holdfast_e2e::controller::settings(env, NAMESPACE, "controller")
         };
         let run = holdfast_controller::run::run(controller_client, settings, cancel.clone());

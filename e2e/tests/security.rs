@@ -47,6 +47,7 @@ e2e_main!(
     forged_reviews_with_fresh_tags_persist_nothing,
     the_fence_lets_the_controllers_token_delete_only_what_the_fast_finalizer_deletes,
     the_fence_lets_the_controllers_token_change_only_fetch_references,
+    the_fence_lets_the_controllers_token_delete_only_the_pins_it_published,
     with_fast_org_deletion_the_fence_lets_cfspaces_go_only_from_namespaces_being_deleted,
     packages_are_out_of_the_fences_sight,
     a_tenant_churning_tag_selections_keeps_the_cache_objects_within_their_bound,
@@ -592,6 +593,57 @@ async fn pin_as_the_controller(
         }
     }
     bail!("{name} kept changing under the controller's pin patch")
+}
+
+/// The pinning policy's parameters: RBAC lets the controller delete any `DigestPins` and
+/// `ClusterDigestPins` (its publisher deletes those no longer wanted); the fence only those it
+/// published, labelled `app.kubernetes.io/managed-by: holdfast-controller`.
+async fn the_fence_lets_the_controllers_token_delete_only_the_pins_it_published(env: Arc<Env>) -> Result<()> {
+    use holdfast_pins::policy_params::crd::{ClusterDigestPins, DigestPins, MANAGED_BY, MANAGED_LABEL};
+    fenced(&env).await?;
+    let admin = env.client().await?;
+    let controller = service_account_client(&env, CONTROLLER, &Forbidden::new()).await?;
+    let namespace = env.namespace("fence-pins").await?;
+    let suffix = namespace.rsplit('-').next().unwrap_or_default().to_owned();
+    let labelled =
+        |published: bool| published.then(|| [(MANAGED_LABEL.to_owned(), MANAGED_BY.to_owned())].into());
+    for published in [false, true] {
+        let name = if published { "published" } else { "foreign" };
+        let mut pins = DigestPins::new(name, Default::default());
+        pins.metadata.labels = labelled(published);
+        Api::<DigestPins>::namespaced(admin.clone(), &namespace)
+            .create(&PostParams::default(), &pins)
+            .await?;
+        let mut pins = ClusterDigestPins::new(&format!("{name}-{suffix}"), Default::default());
+        pins.metadata.labels = labelled(published);
+        Api::<ClusterDigestPins>::all(admin.clone())
+            .create(&PostParams::default(), &pins)
+            .await?;
+    }
+    let private = Api::<DigestPins>::namespaced(controller.clone(), &namespace);
+    let cluster = Api::<ClusterDigestPins>::all(controller);
+    refused_by_fence(
+        "a DigestPins it did not publish",
+        private.delete("foreign", &DeleteParams::default()).await,
+    )?;
+    refused_by_fence(
+        "a ClusterDigestPins it did not publish",
+        cluster
+            .delete(&format!("foreign-{suffix}"), &DeleteParams::default())
+            .await,
+    )?;
+    private
+        .delete("published", &DeleteParams::default())
+        .await
+        .context("the fence refused the delete of a DigestPins the controller published")?;
+    cluster
+        .delete(&format!("published-{suffix}"), &DeleteParams::default())
+        .await
+        .context("the fence refused the delete of a ClusterDigestPins the controller published")?;
+    Api::<ClusterDigestPins>::all(admin)
+        .delete(&format!("foreign-{suffix}"), &DeleteParams::default())
+        .await?;
+    Ok(())
 }
 
 async fn the_fence_lets_the_controllers_token_change_only_fetch_references(env: Arc<Env>) -> Result<()> {

@@ -67,6 +67,8 @@ pub struct Settings {
     pub delete_org_spaces: bool,
     /// `secrets.read: false` (components/no-secret-reads).
     pub no_secret_reads: bool,
+    /// `pinningPolicy.enabled: false` (components/no-pinning-policy).
+    pub no_pinning_policy: bool,
     /// `policy.failClosed` (components/policy-fail-closed).
     pub policy_fail_closed: bool,
     /// `networkPolicy.egress` (components/restrict-egress).
@@ -323,6 +325,7 @@ impl Settings {
             cert_manager: true,
             delete_org_spaces: true,
             no_secret_reads: true,
+            no_pinning_policy: true,
             policy_fail_closed: true,
             egress: Some(Egress {
                 api_server_cidrs: vec!["10.96.0.1/32".into(), "192.168.10.0/24".into()],
@@ -389,6 +392,9 @@ impl Settings {
         }
         if self.no_secret_reads {
             values["secrets"] = json!({"read": false});
+        }
+        if self.no_pinning_policy {
+            values["pinningPolicy"] = json!({"enabled": false});
         }
         if let Some(e) = &self.egress {
             values["networkPolicy"]["egress"] = json!({"enabled": true, "apiServerCIDRs": e.api_server_cidrs, "apiServerPorts": e.api_server_ports, "registryCIDRs": e.registry_cidrs, "registryPorts": e.registry_ports});
@@ -520,6 +526,8 @@ impl Settings {
             (self.policy_fail_closed && carvel, "policy-fail-closed"),
             (self.delete_org_spaces && korifi, "fast-org-deletion"),
             (self.no_secret_reads && carvel, "no-secret-reads"),
+            // The pinning policy is the Carvel half's.
+            (self.no_pinning_policy || !carvel, "no-pinning-policy"),
             (self.egress.is_some(), "restrict-egress"),
             (self.webhook_port.is_some(), "restrict-webhook-port"),
             (self.monitoring, "monitoring"),
@@ -564,21 +572,21 @@ impl Settings {
         if !self.create_namespace {
             patches.push(delete("Namespace", "v1", crate::HOLDFAST_NAMESPACE, false)?);
         }
-        let cache = holdfast_cache::cluster_store::resource();
-        let crd = format!("{}.{}", cache.plural, cache.group);
-        if self.without_crds {
-            patches.push(delete(
-                "CustomResourceDefinition",
-                "apiextensions.k8s.io/v1",
-                &crd,
-                false,
-            )?);
-        } else if self.crds_not_kept {
-            patches.push(json_patch(
-                "CustomResourceDefinition",
-                &crd,
-                &[json!({"op": "remove", "path": "/metadata/annotations"})],
-            )?);
+        for crd in crate::HOLDFAST_CRDS {
+            if self.without_crds {
+                patches.push(delete(
+                    "CustomResourceDefinition",
+                    "apiextensions.k8s.io/v1",
+                    crd,
+                    false,
+                )?);
+            } else if self.crds_not_kept {
+                patches.push(json_patch(
+                    "CustomResourceDefinition",
+                    crd,
+                    &[json!({"op": "remove", "path": "/metadata/annotations"})],
+                )?);
+            }
         }
         let container = "/spec/template/spec/containers/0";
         for (name, resources, pods, count, extra) in [
@@ -634,7 +642,7 @@ impl Settings {
                     ops.push(json!({"op": "test", "path": format!("{container}/args/0"), "value": "--refresh-seconds=600"}));
                     ops.push(json!({"op": "replace", "path": format!("{container}/args/0"), "value": format!("--refresh-seconds={r}")}));
                 }
-                // Only the Carvel half reads Secrets.
+                // Only the Carvel half reads Secrets (and publishes pins: no-pinning-policy).
                 if !carvel {
                     ops.push(json!({"op": "add", "path": format!("{container}/args/-"), "value": "--read-secrets=false"}));
                 }
@@ -786,6 +794,17 @@ impl Settings {
                 patches.push(json_patch(kind, "holdfast", &ops)?);
             }
         }
+        // The pinning policy's bindings serve the namespaces pin-fetch-refs serves.
+        if carvel && !self.no_pinning_policy && !self.namespace_selector.is_empty() {
+            let ops: Vec<Value> = self
+                .namespace_selector
+                .iter()
+                .map(|e| json!({"op": "add", "path": "/spec/matchResources/namespaceSelector/matchExpressions/-", "value": e}))
+                .collect();
+            for binding in crate::policies::PINNING_POLICIES {
+                patches.push(json_patch("MutatingAdmissionPolicyBinding", binding, &ops)?);
+            }
+        }
         // The half that is off: its RBAC rows (by index in manifests/base/rbac/, last first,
         // each tested), and the fence's rows of what the fast finalizer may delete.
         let mut controller_rules = Vec::new();
@@ -794,7 +813,8 @@ impl Settings {
             ops.push(json!({"op": "remove", "path": format!("/rules/{i}")}));
         };
         if !carvel {
-            rule(&mut controller_rules, 9, "events");
+            rule(&mut controller_rules, 10, "events");
+            rule(&mut controller_rules, 9, "clusterdigestpins");
         }
         if !korifi {
             rule(&mut controller_rules, 8, "pods");
@@ -952,13 +972,25 @@ pub fn helm_template(helm: &Path, values: &Value) -> Result<Vec<Value>> {
 /// parsed: the release's objects, without its hooks ([`helm_hooks`]), which `helm install`
 /// creates only when their event comes and which kustomize has no counterpart of.
 pub fn helm_template_in(helm: &Path, namespace: &str, values: &Value) -> Result<Vec<Value>> {
-    let all = render(helm, namespace, values)?;
+    let all = render(helm, namespace, values, SERVED)?;
+    Ok(all.into_iter().filter(|o| !is_hook(o)).collect())
+}
+
+/// The API versions the chart asks `.Capabilities` about (`pinningPolicy.enabled: auto`) that a
+/// Kubernetes >= 1.36 API server serves (1.37 is the tested one) and `helm template`'s offline
+/// defaults lack: every rendering but [`helm_template_serving`]'s is that of such a cluster.
+const SERVED: &[&str] = &["admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"];
+
+/// [`helm_template`] for an API server that serves, of the versions the chart asks about, only
+/// `served` (none: Kubernetes 1.30 to 1.35).
+pub fn helm_template_serving(helm: &Path, values: &Value, served: &[&str]) -> Result<Vec<Value>> {
+    let all = render(helm, crate::HOLDFAST_NAMESPACE, values, served)?;
     Ok(all.into_iter().filter(|o| !is_hook(o)).collect())
 }
 
 /// The chart's hooks (objects annotated `helm.sh/hook`) for these values, in holdfast-system.
 pub fn helm_hooks(helm: &Path, values: &Value) -> Result<Vec<Value>> {
-    let all = render(helm, crate::HOLDFAST_NAMESPACE, values)?;
+    let all = render(helm, crate::HOLDFAST_NAMESPACE, values, SERVED)?;
     Ok(all.into_iter().filter(is_hook).collect())
 }
 
@@ -966,15 +998,20 @@ fn is_hook(object: &Value) -> bool {
     !object["metadata"]["annotations"]["helm.sh/hook"].is_null()
 }
 
-fn render(helm: &Path, namespace: &str, values: &Value) -> Result<Vec<Value>> {
+fn render(helm: &Path, namespace: &str, values: &Value, served: &[&str]) -> Result<Vec<Value>> {
     let scratch = tempfile::tempdir()?;
     let file = scratch.path().join("values.json");
     std::fs::write(&file, serde_json::to_vec(values)?)?;
-    let out = Command::new(helm)
+    let mut command = Command::new(helm);
+    command
         .args(["template", "holdfast"])
         .arg(chart())
         .args(["--namespace", namespace])
-        .arg("--include-crds")
+        .arg("--include-crds");
+    for version in served {
+        command.args(["--api-versions", version]);
+    }
+    let out = command
         .arg("--values")
         .arg(&file)
         .output()

@@ -30,6 +30,7 @@ pub mod checks;
 pub mod fence;
 pub mod finalizer;
 pub mod load;
+pub mod policies;
 pub mod relocation;
 pub mod report;
 pub mod tables;
@@ -40,6 +41,13 @@ pub use checks::check_all;
 
 /// holdfast's namespace: every webhook must exclude it (and `kube-system`).
 pub const HOLDFAST_NAMESPACE: &str = "holdfast-system";
+
+/// holdfast's CRDs (`manifests/crds/`): the digest cache's and the pinning policies' parameters.
+pub const HOLDFAST_CRDS: [&str; 3] = [
+    "clusterdigestpins.holdfast.dev",
+    "digestcacheentries.holdfast.dev",
+    "digestpins.holdfast.dev",
+];
 
 /// The opt-out label every webhook's namespaceSelector honours.
 pub const IGNORE_LABEL: &str = "holdfast.dev/ignore";

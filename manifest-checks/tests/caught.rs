@@ -479,3 +479,59 @@ fn a_removal_kapp_would_do_out_of_order_is_caught() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn a_pinning_policy_that_could_cross_namespaces_or_drift_is_caught() -> Result<()> {
+    use holdfast_manifest_checks::policies::check_pinning_policy;
+    assert_clean("the base's pinning policy", &check_pinning_policy(&base()?));
+    // The private parameters read from one namespace for every object.
+    let mut objects = base()?;
+    let binding = find_mut(
+        &mut objects,
+        "MutatingAdmissionPolicyBinding",
+        "holdfast-pin-cached-private",
+    )?;
+    at_mut(binding, "spec.paramRef")?
+        .as_mapping_mut()
+        .context("paramRef")?
+        .insert("namespace".into(), "holdfast-system".into());
+    expect_caught(
+        "a private binding with a paramRef namespace",
+        check_pinning_policy(&objects),
+        "name no namespace",
+    );
+    // One body changed: the two policies no longer pin alike.
+    let mut objects = base()?;
+    let policy = find_mut(&mut objects, "MutatingAdmissionPolicy", "holdfast-pin-cached")?;
+    *at_mut(policy, "spec.failurePolicy")? = "Fail".into();
+    expect_caught(
+        "policies of two bodies",
+        check_pinning_policy(&objects),
+        "differ in more than their parameters",
+    );
+    // A binding serving holdfast's own namespace.
+    let mut objects = base()?;
+    let binding = find_mut(
+        &mut objects,
+        "MutatingAdmissionPolicyBinding",
+        "holdfast-pin-cached",
+    )?;
+    at_mut(binding, "spec.matchResources")?
+        .as_mapping_mut()
+        .context("matchResources")?
+        .remove("namespaceSelector");
+    expect_caught(
+        "a binding without the webhook's namespaceSelector",
+        check_pinning_policy(&objects),
+        "namespaceSelector is not the one",
+    );
+    // The policy off, the controller still publishing.
+    let mut objects = base()?;
+    objects.retain(|o| !text(o, "kind").starts_with("MutatingAdmissionPolicy"));
+    expect_caught(
+        "no policy, parameters published",
+        check_pinning_policy(&objects),
+        "yet the controller publishes",
+    );
+    Ok(())
+}

@@ -8,7 +8,7 @@
 
 use anyhow::{Context, Result, ensure};
 use holdfast_manifest_checks::{
-    chart::{Budget, Settings, differences, helm, helm_template, helm_template_in},
+    chart::{Budget, Settings, differences, helm, helm_template, helm_template_in, helm_template_serving},
     check_all,
     load::kubectl,
     report::assert_clean,
@@ -55,8 +55,8 @@ fn without_match_conditions_the_chart_is_the_base() -> Result<()> {
     same_as_kustomize("matchConditions=false", &Settings::default()).map(drop)
 }
 
-/// The CRD is a template (upgraded by `helm upgrade`), kept when the release goes (crds.keep,
-/// as the base annotates it), left out with crds.install=false; each the kustomize overlay of
+/// The CRDs are templates (upgraded by `helm upgrade`), kept when the release goes (crds.keep,
+/// as the base annotates them), left out with crds.install=false; each the kustomize overlay of
 /// the same choice.
 #[test]
 fn the_crd_is_a_template_kept_on_removal_or_left_out() -> Result<()> {
@@ -68,16 +68,25 @@ fn the_crd_is_a_template_kept_on_removal_or_left_out() -> Result<()> {
             .collect()
     };
     let kept = crds(&same_as_kustomize("defaults", &Settings::recommended())?);
-    ensure!(kept.len() == 1, "{} CRDs rendered", kept.len());
+    let names: Vec<&str> = kept
+        .iter()
+        .filter_map(|crd| crd["metadata"]["name"].as_str())
+        .collect();
+    ensure!(
+        names == holdfast_manifest_checks::HOLDFAST_CRDS,
+        "CRDs rendered: {names:?}"
+    );
     for (annotation, value) in [
         ("helm.sh/resource-policy", "keep"),
         ("kapp.k14s.io/delete-strategy", "orphan"),
     ] {
-        ensure!(
-            kept[0]["metadata"]["annotations"][annotation] == value,
-            "the CRD is not kept on removal: {}",
-            kept[0]["metadata"]
-        );
+        for crd in &kept {
+            ensure!(
+                crd["metadata"]["annotations"][annotation] == value,
+                "the CRD is not kept on removal: {}",
+                crd["metadata"]
+            );
+        }
     }
     // Not from crds/, which Helm never upgrades.
     let chart = holdfast_manifest_checks::chart::chart();
@@ -92,7 +101,10 @@ fn the_crd_is_a_template_kept_on_removal_or_left_out() -> Result<()> {
     };
     let rendered = crds(&same_as_kustomize("crds.keep=false", &not_kept)?);
     ensure!(
-        rendered.len() == 1 && rendered[0]["metadata"].get("annotations").is_none(),
+        rendered.len() == holdfast_manifest_checks::HOLDFAST_CRDS.len()
+            && rendered
+                .iter()
+                .all(|crd| crd["metadata"].get("annotations").is_none()),
         "crds.keep=false: {rendered:?}"
     );
     let without = Settings {
@@ -240,6 +252,8 @@ fn everything_goes_to_the_release_namespace() -> Result<()> {
                 "ValidatingWebhookConfiguration",
                 "ValidatingAdmissionPolicy",
                 "ValidatingAdmissionPolicyBinding",
+                "MutatingAdmissionPolicy",
+                "MutatingAdmissionPolicyBinding",
             ];
             if !cluster_wide.contains(&kind) {
                 ensure!(
@@ -299,6 +313,37 @@ fn a_budget_is_rendered_only_when_a_drain_can_satisfy_it() -> Result<()> {
     same_as_kustomize("podDisruptionBudget.enabled=false", &off).map(drop)
 }
 
+/// `pinningPolicy.enabled: auto` (the default) follows the API server: on one that serves no
+/// MutatingAdmissionPolicy v1 (Kubernetes 1.30 to 1.35) the release is exactly that of `false`
+/// (components/no-pinning-policy), so no install there fails on an unknown kind; on one that does,
+/// the policy is rendered.
+#[test]
+fn the_pinning_policy_follows_the_api_server() -> Result<()> {
+    let helm = helm()?;
+    let older = helm_template_serving(&helm, &json!({}), &[])?;
+    let off = helm_template(&helm, &json!({"pinningPolicy": {"enabled": false}}))?;
+    let diff = differences(&off, &older);
+    ensure!(
+        diff.is_empty(),
+        "auto without MutatingAdmissionPolicy v1 differs from false: {diff:#?}"
+    );
+    let policies = |objects: &[serde_json::Value]| {
+        objects
+            .iter()
+            .filter(|o| o["kind"] == "MutatingAdmissionPolicy")
+            .count()
+    };
+    ensure!(
+        policies(&older) == 0,
+        "a policy rendered for an API server without the kind"
+    );
+    ensure!(
+        policies(&helm_template(&helm, &json!({}))?) == 2,
+        "auto on an API server serving MutatingAdmissionPolicy v1 rendered no pinning policy"
+    );
+    Ok(())
+}
+
 /// Every component of manifests/components/ at once, each as its chart value, with every other
 /// value changed too, in a namespace the chart creates.
 #[test]
@@ -315,6 +360,7 @@ fn every_component_is_a_value() -> Result<()> {
         ("fast-org-deletion", Some("holdfast-controller-cfspaces")),
         ("match-conditions", Some("not-being-deleted")),
         ("no-secret-reads", Some("holdfast-mirror-secret")),
+        ("no-pinning-policy", Some("--publish-pins=false")),
         ("policy-all-namespaces", None),
         ("policy-fail-closed", Some("\"failurePolicy\":\"Fail\"")),
         ("restrict-egress", Some("holdfast-egress")),
@@ -331,7 +377,7 @@ fn every_component_is_a_value() -> Result<()> {
         }
     }
     ensure!(
-        components.len() == 10,
+        components.len() == 11,
         "manifests/components/ has {components:?}: give a new one its chart value and list it here"
     );
     // SECURITY.md's promises name holdfast-system: checked with it named back.

@@ -106,6 +106,7 @@ fn the_artifact_hub_metadata_is_the_charts() -> Result<()> {
             )
         })
         .collect();
+    files.sort();
     ensure!(
         listed == files,
         "artifacthub.io/crds lists {listed:?}, files/crds holds {files:?}"

@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail, ensure};
 use holdfast_manifest_checks::{
     HOLDFAST_NAMESPACE,
     load::{base, load_kustomization, manifests, read, repo, subdirectories},
+    policies::{policies_from_doc, policies_from_manifests},
     report::assert_clean,
     tables::{
         rbac::{COMPONENT_RBAC_TABLE, RBAC_TABLE, compare_rbac, rbac_from_doc, rbac_from_manifests},
@@ -56,6 +57,18 @@ fn the_webhook_table_in_security_md_is_the_webhooks_of_the_manifests() -> Result
     assert_eq!(
         doc, manifests,
         "SECURITY.md's webhook table (left) vs the manifests (right)"
+    );
+    Ok(())
+}
+
+#[test]
+fn the_policy_table_in_security_md_is_the_pinning_policy_of_the_manifests() -> Result<()> {
+    let doc = policies_from_doc(&security_md()?)?;
+    let manifests = policies_from_manifests(&base()?);
+    ensure!(!manifests.is_empty(), "the base has no pinning policy");
+    assert_eq!(
+        doc, manifests,
+        "SECURITY.md's pinning policy table (left) vs the manifests (right)"
     );
     Ok(())
 }

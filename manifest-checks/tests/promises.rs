@@ -361,6 +361,37 @@ fn the_egress_component_allows_dns_the_api_server_and_registries() -> Result<()>
     Ok(())
 }
 
+/// Issue 31: the pinning policies' parameters decide, for every namespace, which digest a cached
+/// tag is pinned to by the API server itself: only the controller's roles may write them, and
+/// no role aggregates into the built-in ones a tenant is given.
+#[test]
+fn only_the_controller_may_write_the_digest_pins() -> Result<()> {
+    let objects = base()?;
+    let writes: Vec<RbacRow> = rbac_from_manifests(&objects)
+        .into_iter()
+        .filter(|(role, group, resources, _, verbs)| {
+            !role.ends_with("holdfast-controller")
+                && (group == "holdfast.dev" || group == "*")
+                && (resources.contains("digestpins")
+                    || resources.contains("clusterdigestpins")
+                    || resources.contains("*"))
+                && verbs
+                    .iter()
+                    .any(|v| !["get", "list", "watch"].contains(&v.as_str()))
+        })
+        .collect();
+    ensure!(writes.is_empty(), "others may write the digest pins: {writes:?}");
+    for role in of_kind(&objects, "ClusterRole") {
+        let labels = at(role, "metadata.labels");
+        let aggregated = labels.and_then(Value::as_mapping).is_some_and(|l| {
+            l.keys()
+                .any(|k| k.as_str().is_some_and(|k| k.contains("aggregate-to")))
+        });
+        ensure!(!aggregated, "{} aggregates into a built-in role", id(role));
+    }
+    Ok(())
+}
+
 /// Issue 15, items 1-2: the webhook's ServiceAccount could create and patch DigestCacheEntry
 /// objects, so its token (or any pod reaching port 8443, through forged reviews) could plant
 /// entries naming another namespace's Secret and grow etcd. It may only read them now.
@@ -380,6 +411,30 @@ fn the_webhook_cannot_write_the_digest_cache() -> Result<()> {
     ensure!(
         writes.is_empty(),
         "the webhook may write digest cache entries: {writes:?}"
+    );
+    Ok(())
+}
+
+/// Issue 31: the webhook's something-to-pin skips an object whose annotation entries are in
+/// place, reading each entry's reference with `holdfast_pins::PLAIN_REFERENCE_PATTERN` (whose
+/// references pin as CEL expects: `holdfast-pins`,
+/// `what_the_webhooks_condition_takes_for_in_place_is`). The condition holds that pattern, not
+/// another.
+#[test]
+fn the_in_place_check_reads_references_with_the_plain_pattern() -> Result<()> {
+    let component = holdfast_manifest_checks::tables::settings::match_conditions_component()?;
+    let condition = component
+        .iter()
+        .flat_map(|c| items(c, "webhooks"))
+        .filter(|w| text(w, "name") == "pin-fetch-refs.holdfast.dev")
+        .flat_map(|w| items(w, "matchConditions"))
+        .find(|c| text(c, "name") == "something-to-pin")
+        .map(|c| text(c, "expression").to_owned())
+        .context("no something-to-pin condition")?;
+    let pattern = holdfast_pins::PLAIN_REFERENCE_PATTERN;
+    ensure!(
+        condition.contains(&format!("\"ref\":\"{pattern}\"$'")),
+        "something-to-pin does not read references with PLAIN_REFERENCE_PATTERN"
     );
     Ok(())
 }

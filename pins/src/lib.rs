@@ -105,6 +105,7 @@ mod original_refs;
 pub mod other_sources;
 mod patch;
 mod policy;
+pub mod policy_params;
 pub mod repin;
 pub mod resolve;
 mod sites;
@@ -115,7 +116,9 @@ use holdfast_registry::{Reference, ReferenceError, VersionSelection};
 use serde_json::Value;
 
 pub use mirror_scope::{Copying, MirrorPins, NamespaceSelector};
-pub use original_refs::{ORIGINAL_REFS_ANNOTATION, OriginalRef, OriginalRefs, OriginalRefsError};
+pub use original_refs::{
+    ORIGINAL_REFS_ANNOTATION, OriginalRef, OriginalRefs, OriginalRefsError, PLAIN_REFERENCE_PATTERN,
+};
 pub use patch::{PinOutcome, Resolution, pin_patch};
 pub use policy::{PIN_KEY, PinPolicy, UnknownPinPolicy};
 pub use resolve::{Pinner, SecretScoped};

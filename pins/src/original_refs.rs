@@ -14,6 +14,15 @@ use super::{FetchSite, Resolution, sites::secret_name_pointer};
 /// docs).
 pub const ORIGINAL_REFS_ANNOTATION: &str = "holdfast.dev/original-refs";
 
+/// The references (a regular expression, unanchored, in the syntax both RE2 and Rust's regex
+/// crate read) whose pin holdfast writes as the reference up to its tag (the text after the last
+/// `:` when it has no `/`) followed by `@` and the digest: a part of what
+/// [`Reference::parse`] accepts, wide enough for the references people write. The webhook's
+/// `matchConditions` (`manifests/components/match-conditions`) check with it, in CEL, that each
+/// `holdfast.dev/original-refs` entry of an object is in place, so that an object the pinning
+/// policy pinned, with nothing left to do, is not sent to the webhook.
+pub const PLAIN_REFERENCE_PATTERN: &str = "(([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?([.][a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)+(:([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?|[a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?:([0-9]{1,4}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))/([a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)+|([a-z0-9]{2,}|[a-z0-9]+([._]|__|-+)[a-z0-9]+)(([._]|__|-+)[a-z0-9]+)*)|([a-z0-9]+((_|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)+|([a-z0-9]{2,}|[a-z0-9]+(_|__|-+)[a-z0-9]+)((_|__|-+)[a-z0-9]+)*))(:[a-zA-Z0-9_][a-zA-Z0-9._-]{0,126})?";
+
 /// One entry of the annotation: the original of the reference at one JSON pointer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OriginalRef {

@@ -144,6 +144,17 @@ priorityClassName: {{ . }}
 {{- end -}}
 {{- end -}}
 
+{{- /* The pinning policy is on: the Carvel half, and pinningPolicy.enabled (auto: when the API
+server serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy, Kubernetes >= 1.36, so that
+no install on 1.30 to 1.35 fails on a kind its API server does not know). */}}
+{{- define "holdfast.pinningPolicy" -}}
+{{- $on := .Values.pinningPolicy.enabled -}}
+{{- if eq (toString $on) "auto" -}}
+{{- $on = .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
+{{- end -}}
+{{- if and .Values.carvel.enabled $on }}true{{ end -}}
+{{- end -}}
+
 {{/* Whether the controller reads tenant Secrets: only for the Carvel half, unless secrets.read
 is false (components/no-secret-reads). */}}
 {{- define "holdfast.readSecrets" -}}

@@ -18,7 +18,7 @@ pub use self::{
     availability::check_availability, containers::check_containers, monitoring::check_monitoring,
     network::check_network, roles::check_no_wildcards, served::check_served, webhooks::check_webhooks,
 };
-use crate::fence::check_fence;
+use crate::{fence::check_fence, policies::check_pinning_policy};
 
 /// Everything SECURITY.md promises of any rendering of the manifests.
 pub fn check_all(objects: &[Value]) -> Vec<String> {
@@ -32,6 +32,7 @@ pub fn check_all(objects: &[Value]) -> Vec<String> {
         check_removal_order(objects),
         check_monitoring(objects),
         check_fence(objects),
+        check_pinning_policy(objects),
     ]
     .concat()
 }

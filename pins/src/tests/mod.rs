@@ -16,6 +16,7 @@ mod mirror;
 mod needs;
 mod patches;
 mod policy;
+mod policy_params;
 mod routing;
 
 const ANNOTATION_PATH: &str = "/metadata/annotations/holdfast.dev~1original-refs";
