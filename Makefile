@@ -87,10 +87,12 @@ bench-admission:
 
 ## bench-apiserver: App CREATE/UPDATE, kpack Build CREATE and build-pod CREATE through the real kube-apiserver at
 ## concurrency 1, 16, 64: holdfast (the release holdfast-webhook, shipped configurations) vs a bare allow-all webhook
-## with the same configurations vs that webhook answering App CREATE with holdfast's patch vs no webhook, in
-## alternating turns; last line create_p50_overhead_ms=… throughput_ratio_c16=… vs_bare_webhook_c16=… p99_c64_ms=…
+## with the same configurations vs that webhook answering App CREATE with holdfast's patch vs no webhook vs the
+## pinning policy (App CREATE pinned inside the API server), in alternating turns; last line create_p50_overhead_ms=…
+## throughput_ratio_c16=… vs_bare_webhook_c16=… p99_c64_ms=… … policy_vs_none_c16=… policy_vs_patch_floor_c16=…
+## policy_create_p50_overhead_ms=…
 bench-apiserver: deps
-	$(CARGO) build --release -q -p holdfast-webhook -p holdfast-e2e --bin holdfast-webhook --bin holdfast-bench-apiserver
+	$(CARGO) build --release -q -p holdfast-webhook -p holdfast-controller -p holdfast-e2e --bin holdfast-webhook --bin holdfast-controller --bin holdfast-bench-apiserver
 	target/release/holdfast-bench-apiserver
 
 ## bench-scale: RSS, CPU per write, restart-to-ready and admission p99 of the release holdfast-webhook and

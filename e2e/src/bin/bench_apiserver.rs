@@ -13,7 +13,13 @@
 //! - `patch` (App CREATE only): the same bare handler answering each App CREATE with a constant
 //!   JSON patch equal to holdfast's (the digest and the `original-refs` annotation of the pinned
 //!   App) — what any webhook that pins costs, the floor for holdfast's App CREATE;
-//! - `none`: a namespace no webhook serves.
+//! - `none`: a namespace no webhook serves;
+//! - `policy` (App CREATE only): the shipped configuration with the pinning policy on
+//!   (`manifests/base/policy/pin-cached.yaml`, its bindings also scoped to this arm's namespace,
+//!   which holdfast's webhooks serve too): the controller published the cached tag as the
+//!   policy's parameters during set-up and was then stopped (its catch-up would write to the other
+//!   arms' Apps), so the API server pins each CREATE itself and the webhook's `something-to-pin`
+//!   matchCondition leaves it uncalled — checked: no webhook call in this arm.
 //!
 //! Four requests, each at concurrency 1, 16 and 64: App CREATE (a tag the digest cache holds:
 //! holdfast patches it to the digest), App UPDATE (a label on a pinned App, as kapp-controller's
@@ -28,7 +34,9 @@
 //! The last line is `create_p50_overhead_ms=… throughput_ratio_c16=… vs_bare_webhook_c16=…
 //! p99_c64_ms=…` (App CREATE against `none` at concurrency 1 and 16; the lowest holdfast/bare
 //! throughput ratio of the four requests at 16; holdfast's App CREATE p99 at 64), then more
-//! fields: among them App CREATE against `patch` (`vs_patch_floor_*`, `create_p50_over_patch_floor_ms`).
+//! fields: among them App CREATE against `patch` (`vs_patch_floor_*`, `create_p50_over_patch_floor_ms`),
+//! and the `policy` arm's (`policy_vs_none_c16`, `policy_vs_patch_floor_c16`,
+//! `policy_create_p50_overhead_ms`, `policy_apiserver_cpu_us_c16`).
 //! The table's rows go to `docs/benchmarks/data/apiserver.csv` (`holdfast_e2e::bench_data`).
 
 use std::{
@@ -49,9 +57,11 @@ use holdfast_e2e::{
     images::{self, Image},
     installed::{self, Installed},
     latency,
+    objects::{api_for, parse_documents},
     process::{TICKS_PER_SECOND, Usage},
     webhook::{SCOPE_LABEL, create_configurations, shipped_configurations},
 };
+use holdfast_pins::policy_params::crd::ClusterDigestPins;
 use k8s_openapi::{
     api::{
         admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
@@ -90,6 +100,7 @@ enum Arm {
     Bare,
     Patch,
     None,
+    Policy,
 }
 
 impl Arm {
@@ -99,6 +110,7 @@ impl Arm {
             Arm::Bare => "bare",
             Arm::Patch => "patch",
             Arm::None => "none",
+            Arm::Policy => "policy",
         }
     }
 }
@@ -115,7 +127,7 @@ impl Request {
     /// The arms a request is measured in: `patch` differs from `bare` only for App CREATE.
     fn arms(self) -> &'static [Arm] {
         match self {
-            Request::AppCreate => &[Arm::Holdfast, Arm::Bare, Arm::Patch, Arm::None],
+            Request::AppCreate => &[Arm::Holdfast, Arm::Bare, Arm::Patch, Arm::None, Arm::Policy],
             _ => &[Arm::Holdfast, Arm::Bare, Arm::None],
         }
     }
@@ -170,14 +182,12 @@ fn main() -> Result<()> {
         &mut env,
         installed::Options {
             scope: Some(scope_requirement(&scope)),
-            controller: None,
+            // Publishes the policy's parameters during set-up, then stopped.
+            controller: Some(Vec::new()),
             webhook: Vec::new(),
         },
     ))?;
-    let env = Arc::new(env);
-    let result = run(&servers, &load, env.clone(), &holdfast, &scope);
-    drop(env);
-    result
+    run(&servers, &load, &mut env, &holdfast, &scope)
 }
 
 fn scope_requirement(scope: &str) -> LabelSelectorRequirement {
@@ -203,7 +213,7 @@ struct Setup {
 fn run(
     servers: &tokio::runtime::Runtime,
     load: &tokio::runtime::Runtime,
-    env: Arc<Env>,
+    env: &mut Env,
     holdfast: &Installed,
     scope: &str,
 ) -> Result<()> {
@@ -214,15 +224,29 @@ fn run(
     for (arm, answer) in [(Arm::Bare, None), (Arm::Patch, Some(patch.clone()))] {
         let (addr, ca) = servers.block_on(bare_server(answer))?;
         let scope = unique_name(arm.name());
-        configs.push(servers.block_on(register_bare(&env, &scope, addr, &ca))?);
+        configs.push(servers.block_on(register_bare(env, &scope, addr, &ca))?);
         scopes.insert(arm, scope);
     }
-    let outcome = load.block_on(async {
+    let setup = load.block_on(async {
         let client = env.client().await?;
-        let setup = set_up(&env, &client, scope, &scopes).await?;
+        let setup = set_up(env, &client, scope, &scopes).await?;
         patch
             .set(pin_patch(&setup.pinned)?)
             .map_err(|_| anyhow::anyhow!("the patch arm's patch was set twice"))?;
+        until_published(&client, &setup.app_tag).await?;
+        anyhow::Ok(setup)
+    });
+    // Once published, the parameters stay as they are without a controller (README, "The
+    // pinning policy"); a running one would pin the `none` arm's Apps behind the load's back.
+    let setup = setup.and_then(|setup| {
+        env.stop_process(installed::CONTROLLER, Duration::from_secs(30))?;
+        Ok(setup)
+    });
+    let env = &*env;
+    let outcome = load.block_on(async {
+        let setup = setup?;
+        let client = env.client().await?;
+        until_the_policy_pins(&client, holdfast, &setup).await?;
         let pids = Pids {
             holdfast: env
                 .pid_of(installed::WEBHOOK)
@@ -402,6 +426,16 @@ async fn set_up(
         );
     }
     namespaces.insert(Arm::None, env.namespace("bench-none").await?);
+    let policy_scope = unique_name("policy");
+    namespaces.insert(
+        Arm::Policy,
+        env.namespace_with_labels(
+            "bench-policy",
+            &[(SCOPE_LABEL, scope), (POLICY_SCOPE_LABEL, &policy_scope)],
+        )
+        .await?,
+    );
+    install_policy(client, &policy_scope).await?;
     // The first App holdfast pins resolves the tag: after it, every CREATE is a cache hit.
     let pinned = create(
         client,
@@ -455,6 +489,81 @@ async fn set_up(
         app_tag,
         pinned,
     })
+}
+
+/// Labels the `policy` arm's namespace: the pinning policy's bindings require it.
+const POLICY_SCOPE_LABEL: &str = "bench.holdfast.dev/policy";
+
+/// The pinning policy as the base ships it, its bindings also requiring `POLICY_SCOPE_LABEL`
+/// `scope` of a namespace, so that it pins in the `policy` arm alone.
+async fn install_policy(client: &Client, scope: &str) -> Result<()> {
+    let path = holdfast_e2e::dist::repo().join("manifests/base/policy/pin-cached.yaml");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    for mut object in parse_documents(&text)? {
+        let kind = object.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
+        if kind == "MutatingAdmissionPolicyBinding" {
+            let expressions = object.data["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]
+                .as_array_mut()
+                .context("a binding of the pinning policy has no namespaceSelector expressions")?;
+            expressions.push(json!({"key": POLICY_SCOPE_LABEL, "operator": "In", "values": [scope]}));
+        }
+        api_for(client, &object, None)
+            .await?
+            .create(&PostParams::default(), &object)
+            .await
+            .with_context(|| format!("creating the pinning policy's {kind}"))?;
+    }
+    Ok(())
+}
+
+/// Returns once the controller published `tag` (what the webhook cached in set-up) as a
+/// parameter of the pinning policy, at most 60 s.
+async fn until_published(client: &Client, tag: &str) -> Result<()> {
+    let pins = Api::<ClusterDigestPins>::all(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !pins
+        .list(&Default::default())
+        .await?
+        .items
+        .iter()
+        .any(|p| p.spec.pins.contains_key(tag))
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the controller did not publish {tag} within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+/// Returns once an App CREATE in the `policy` arm is pinned with no webhook call (the API
+/// server's informers have the policy, its bindings and parameters), at most 30 s.
+async fn until_the_policy_pins(client: &Client, holdfast: &Installed, setup: &Setup) -> Result<()> {
+    let namespace = &setup.namespaces[&Arm::Policy];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut attempt = 0u32;
+    loop {
+        attempt += 1;
+        let before = holdfast_calls(holdfast).await?;
+        let stored = create(
+            client,
+            namespace,
+            &app_resource(),
+            &app(&format!("probe-{attempt}"), &setup.app_tag),
+        )
+        .await?;
+        let pinned =
+            stored["spec"]["fetch"][0]["image"]["url"] == setup.pinned["spec"]["fetch"][0]["image"]["url"];
+        if pinned && holdfast_calls(holdfast).await? == before {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the pinning policy did not pin an App CREATE by itself within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Calls holdfast has answered so far (every rule and operation), from its own metrics.
@@ -527,7 +636,12 @@ async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setu
                     for (sum, (after, before)) in sum.iter_mut().zip(after.iter().zip(cpu)) {
                         *sum += after - before;
                     }
-                    *calls.entry(arm).or_default() += holdfast_calls(holdfast).await? - before;
+                    let answered = holdfast_calls(holdfast).await? - before;
+                    *calls.entry(arm).or_default() += answered;
+                    ensure!(
+                        arm != Arm::Policy || answered == 0,
+                        "the webhook answered {answered} calls in the policy arm: the policy left them"
+                    );
                     latencies.entry(arm).or_default().extend(turn);
                 }
             }
@@ -613,7 +727,7 @@ async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setu
         / get(Request::AppCreate, 16, Arm::Bare)?.per_second;
     // The pin the CREATEs got is the pinned App's, through holdfast and through the constant
     // patch: both arms measured what they claim.
-    for arm in [Arm::Holdfast, Arm::Patch] {
+    for arm in [Arm::Holdfast, Arm::Patch, Arm::Policy] {
         let created =
             Api::<DynamicObject>::namespaced_with(client.clone(), &setup.namespaces[&arm], &app_resource())
                 .list(&Default::default())
@@ -634,6 +748,20 @@ async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setu
             setup.app_tag
         );
     }
+    // The pinning policy against the no-webhook arm and a webhook that pins (the issue's target:
+    // >= 0.9x `none` at 16, <= +0.6 ms p50 at 1).
+    let policy_vs_none_c16 = get(Request::AppCreate, 16, Arm::Policy)?.per_second
+        / get(Request::AppCreate, 16, Arm::None)?.per_second;
+    let policy_vs_patch_floor_c16 = get(Request::AppCreate, 16, Arm::Policy)?.per_second
+        / get(Request::AppCreate, 16, Arm::Patch)?.per_second;
+    let policy_create_p50_overhead_ms =
+        get(Request::AppCreate, 1, Arm::Policy)?.p50_ms - get(Request::AppCreate, 1, Arm::None)?.p50_ms;
+    let apiserver_cpu_us = |arm: Arm| {
+        rows.iter()
+            .find(|r| r.request == Request::AppCreate.name() && r.concurrency == 16 && r.arm == arm.name())
+            .map_or(f64::NAN, |r| r.apiserver_cpu_us)
+    };
+    let (policy_cpu, none_cpu) = (apiserver_cpu_us(Arm::Policy), apiserver_cpu_us(Arm::None));
     bench_data::write("apiserver", &rows)?;
     println!(
         "create_p50_overhead_ms={create_p50_overhead_ms:.2} throughput_ratio_c16={throughput_ratio_c16:.2} \
@@ -641,7 +769,9 @@ async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setu
          vs_bare_webhook_min={vs_bare_min:.2} p99_vs_bare_max={p99_vs_bare_max:.2} \
          create_p50_over_patch_floor_ms={create_p50_over_patch_floor_ms:.2} vs_patch_floor_c16={:.2} \
          vs_patch_floor_min={vs_patch_floor_min:.2} p99_vs_patch_floor_max={p99_vs_patch_floor_max:.2} \
-         patch_floor_vs_bare_c16={patch_floor_vs_bare_c16:.2}",
+         patch_floor_vs_bare_c16={patch_floor_vs_bare_c16:.2} policy_vs_none_c16={policy_vs_none_c16:.2} \
+         policy_vs_patch_floor_c16={policy_vs_patch_floor_c16:.2} policy_create_p50_overhead_ms={policy_create_p50_overhead_ms:.2} \
+         policy_apiserver_cpu_us_c16={policy_cpu:.0} none_apiserver_cpu_us_c16={none_cpu:.0}",
         vs_patch_floor[&16]
     );
     Ok(())
