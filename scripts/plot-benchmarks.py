@@ -35,6 +35,7 @@ ARM_COLOURS = {
     "bare": "#7f7f7f",
     "patch": "#ff7f0e",
     "none": "#000000",
+    "policy": "#2ca02c",
     "skopeo": "#7f7f7f",
 }
 
