@@ -438,3 +438,31 @@ fn the_in_place_check_reads_references_with_the_plain_pattern() -> Result<()> {
     );
     Ok(())
 }
+
+/// Every webhook matchCondition parses in the oldest API server that calls holdfast's webhooks:
+/// kapp-controller's aggregated API server, which admits Packages (k8s.io/apiserver v0.27,
+/// cel-go 0.12), has no CEL optional syntax (`.?field`, `[?index]`, `orValue`). There a
+/// condition that does not compile is an error, and failurePolicy Ignore skips the webhook:
+/// every Package would go unpinned, silently.
+#[test]
+fn match_conditions_use_no_cel_optional_syntax() -> Result<()> {
+    let component = holdfast_manifest_checks::tables::settings::match_conditions_component()?;
+    let mut problems = Vec::new();
+    for webhook in component.iter().flat_map(|c| items(c, "webhooks")) {
+        for condition in items(webhook, "matchConditions") {
+            let expression = text(condition, "expression");
+            if [".?", "[?", "orValue(", "optional."]
+                .iter()
+                .any(|syntax| expression.contains(syntax))
+            {
+                problems.push(format!(
+                    "{}: {} uses CEL optional syntax",
+                    text(webhook, "name"),
+                    text(condition, "name")
+                ));
+            }
+        }
+    }
+    ensure!(problems.is_empty(), "{problems:#?}");
+    Ok(())
+}
