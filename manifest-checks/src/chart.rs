@@ -972,25 +972,35 @@ pub fn helm_template(helm: &Path, values: &Value) -> Result<Vec<Value>> {
 /// parsed: the release's objects, without its hooks ([`helm_hooks`]), which `helm install`
 /// creates only when their event comes and which kustomize has no counterpart of.
 pub fn helm_template_in(helm: &Path, namespace: &str, values: &Value) -> Result<Vec<Value>> {
-    let all = render(helm, namespace, values, SERVED)?;
+    let all = render(helm, namespace, values, TESTED)?;
     Ok(all.into_iter().filter(|o| !is_hook(o)).collect())
 }
 
-/// The API versions the chart asks `.Capabilities` about (`pinningPolicy.enabled: auto`) that a
-/// Kubernetes >= 1.36 API server serves (1.37 is the tested one) and `helm template`'s offline
-/// defaults lack: every rendering but [`helm_template_serving`]'s is that of such a cluster.
-const SERVED: &[&str] = &["admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"];
+/// The API server a rendering is for: what the chart asks `.Capabilities` about
+/// (`pinningPolicy.enabled: auto`).
+#[derive(Debug, Clone, Copy)]
+pub struct ApiServer {
+    /// `--kube-version`.
+    pub version: &'static str,
+    /// `--api-versions`, of those the chart asks about.
+    pub serves: &'static [&'static str],
+}
 
-/// [`helm_template`] for an API server that serves, of the versions the chart asks about, only
-/// `served` (none: Kubernetes 1.30 to 1.35).
-pub fn helm_template_serving(helm: &Path, values: &Value, served: &[&str]) -> Result<Vec<Value>> {
-    let all = render(helm, crate::HOLDFAST_NAMESPACE, values, served)?;
+/// The tested API server (Kubernetes 1.37): every rendering but [`helm_template_for`]'s is for it.
+pub const TESTED: ApiServer = ApiServer {
+    version: "1.37.2",
+    serves: &["admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"],
+};
+
+/// [`helm_template`] for another API server than [`TESTED`].
+pub fn helm_template_for(helm: &Path, values: &Value, server: ApiServer) -> Result<Vec<Value>> {
+    let all = render(helm, crate::HOLDFAST_NAMESPACE, values, server)?;
     Ok(all.into_iter().filter(|o| !is_hook(o)).collect())
 }
 
 /// The chart's hooks (objects annotated `helm.sh/hook`) for these values, in holdfast-system.
 pub fn helm_hooks(helm: &Path, values: &Value) -> Result<Vec<Value>> {
-    let all = render(helm, crate::HOLDFAST_NAMESPACE, values, SERVED)?;
+    let all = render(helm, crate::HOLDFAST_NAMESPACE, values, TESTED)?;
     Ok(all.into_iter().filter(is_hook).collect())
 }
 
@@ -998,7 +1008,7 @@ fn is_hook(object: &Value) -> bool {
     !object["metadata"]["annotations"]["helm.sh/hook"].is_null()
 }
 
-fn render(helm: &Path, namespace: &str, values: &Value, served: &[&str]) -> Result<Vec<Value>> {
+fn render(helm: &Path, namespace: &str, values: &Value, server: ApiServer) -> Result<Vec<Value>> {
     let scratch = tempfile::tempdir()?;
     let file = scratch.path().join("values.json");
     std::fs::write(&file, serde_json::to_vec(values)?)?;
@@ -1007,8 +1017,9 @@ fn render(helm: &Path, namespace: &str, values: &Value, served: &[&str]) -> Resu
         .args(["template", "holdfast"])
         .arg(chart())
         .args(["--namespace", namespace])
-        .arg("--include-crds");
-    for version in served {
+        .arg("--include-crds")
+        .args(["--kube-version", server.version]);
+    for version in server.serves {
         command.args(["--api-versions", version]);
     }
     let out = command

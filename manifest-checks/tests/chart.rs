@@ -313,33 +313,48 @@ fn a_budget_is_rendered_only_when_a_drain_can_satisfy_it() -> Result<()> {
     same_as_kustomize("podDisruptionBudget.enabled=false", &off).map(drop)
 }
 
-/// `pinningPolicy.enabled: auto` (the default) follows the API server: on one that serves no
-/// MutatingAdmissionPolicy v1 (Kubernetes 1.30 to 1.35) the release is exactly that of `false`
-/// (components/no-pinning-policy), so no install there fails on an unknown kind; on one that does,
-/// the policy is rendered.
+/// `pinningPolicy.enabled: auto` (the default) follows the API server: on Kubernetes 1.30 to 1.35,
+/// which serve no MutatingAdmissionPolicy v1, the release is exactly that of `false`
+/// (components/no-pinning-policy), so no install there fails on an unknown kind; on 1.36 or newer
+/// the policy is rendered, also when the API list names group/versions only (the Carvel
+/// package's helmTemplate step: `kubernetesVersion` and `kubernetesAPIs` from discovery).
 #[test]
 fn the_pinning_policy_follows_the_api_server() -> Result<()> {
+    use holdfast_manifest_checks::chart::ApiServer;
     let helm = helm()?;
-    let older = helm_template_serving(&helm, &json!({}), &[])?;
+    let older = helm_template_for(
+        &helm,
+        &json!({}),
+        ApiServer {
+            version: "1.35.4",
+            serves: &["admissionregistration.k8s.io/v1"],
+        },
+    )?;
     let off = helm_template(&helm, &json!({"pinningPolicy": {"enabled": false}}))?;
     let diff = differences(&off, &older);
-    ensure!(
-        diff.is_empty(),
-        "auto without MutatingAdmissionPolicy v1 differs from false: {diff:#?}"
-    );
+    ensure!(diff.is_empty(), "auto on 1.35 differs from false: {diff:#?}");
     let policies = |objects: &[serde_json::Value]| {
         objects
             .iter()
             .filter(|o| o["kind"] == "MutatingAdmissionPolicy")
             .count()
     };
+    ensure!(policies(&older) == 0, "a policy rendered for Kubernetes 1.35");
+    let carvel = helm_template_for(
+        &helm,
+        &json!({}),
+        ApiServer {
+            version: "v1.36.2",
+            serves: &["admissionregistration.k8s.io/v1"],
+        },
+    )?;
     ensure!(
-        policies(&older) == 0,
-        "a policy rendered for an API server without the kind"
+        policies(&carvel) == 2,
+        "auto on 1.36 with group/versions only rendered no pinning policy"
     );
     ensure!(
         policies(&helm_template(&helm, &json!({}))?) == 2,
-        "auto on an API server serving MutatingAdmissionPolicy v1 rendered no pinning policy"
+        "auto on the tested API server rendered no pinning policy"
     );
     Ok(())
 }

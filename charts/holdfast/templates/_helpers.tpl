@@ -145,12 +145,14 @@ priorityClassName: {{ . }}
 {{- end -}}
 
 {{- /* The pinning policy is on: the Carvel half, and pinningPolicy.enabled (auto: when the API
-server serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy, Kubernetes >= 1.36, so that
-no install on 1.30 to 1.35 fails on a kind its API server does not know). */}}
+server serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy, or is Kubernetes >= 1.36,
+where that is GA and on by default, so that no install on 1.30 to 1.35 fails on a kind its API
+server does not know. The version too: the Carvel package's helmTemplate step passes the
+cluster's version, but its API list names group/versions only). */}}
 {{- define "holdfast.pinningPolicy" -}}
 {{- $on := .Values.pinningPolicy.enabled -}}
 {{- if eq (toString $on) "auto" -}}
-{{- $on = .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" -}}
+{{- $on = or (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy") (semverCompare ">=1.36.0-0" .Capabilities.KubeVersion.Version) -}}
 {{- end -}}
 {{- if and .Values.carvel.enabled $on }}true{{ end -}}
 {{- end -}}
