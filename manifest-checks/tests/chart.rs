@@ -8,7 +8,7 @@
 
 use anyhow::{Context, Result, ensure};
 use holdfast_manifest_checks::{
-    chart::{Budget, Settings, differences, helm, helm_template, helm_template_in, helm_template_serving},
+    chart::{Budget, Settings, differences, helm, helm_template, helm_template_for, helm_template_in},
     check_all,
     load::kubectl,
     report::assert_clean,
