@@ -36,6 +36,7 @@ ARM_COLOURS = {
     "patch": "#ff7f0e",
     "none": "#000000",
     "policy": "#2ca02c",
+    "policy-floor": "#98df8a",
     "skopeo": "#7f7f7f",
 }
 

@@ -19,7 +19,11 @@
 //!   which holdfast's webhooks serve too): the controller published the cached tag as the
 //!   policy's parameters during set-up and was then stopped (its catch-up would write to the other
 //!   arms' Apps), so the API server pins each CREATE itself and the webhook's `something-to-pin`
-//!   matchCondition leaves it uncalled — checked: no webhook call in this arm.
+//!   matchCondition leaves it uncalled — checked: no webhook call in this arm;
+//! - `policy-floor` (App CREATE only): the floor of any admission policy that pins, a
+//!   MutatingAdmissionPolicy writing the pinned App's URL and annotations as constants (no
+//!   parameters, no conditions), in a namespace holdfast's webhooks serve as they serve the
+//!   `policy` arm's: what separates `policy` from it is the pinning policy's own CEL.
 //!
 //! Four requests, each at concurrency 1, 16 and 64: App CREATE (a tag the digest cache holds:
 //! holdfast patches it to the digest), App UPDATE (a label on a pinned App, as kapp-controller's
@@ -36,7 +40,9 @@
 //! throughput ratio of the four requests at 16; holdfast's App CREATE p99 at 64), then more
 //! fields: among them App CREATE against `patch` (`vs_patch_floor_*`, `create_p50_over_patch_floor_ms`),
 //! and the `policy` arm's (`policy_vs_none_c16`, `policy_vs_patch_floor_c16`,
-//! `policy_create_p50_overhead_ms`, `policy_apiserver_cpu_us_c16`).
+//! `policy_create_p50_overhead_ms`, `policy_apiserver_cpu_us_c16`) and its floor's
+//! (`policy_floor_vs_none_c16`, `policy_vs_policy_floor_c16`, `policy_floor_create_p50_overhead_ms`,
+//! `policy_floor_apiserver_cpu_us_c16`).
 //! The table's rows go to `docs/benchmarks/data/apiserver.csv` (`holdfast_e2e::bench_data`).
 
 use std::{
@@ -101,6 +107,7 @@ enum Arm {
     Patch,
     None,
     Policy,
+    PolicyFloor,
 }
 
 impl Arm {
@@ -111,6 +118,7 @@ impl Arm {
             Arm::Patch => "patch",
             Arm::None => "none",
             Arm::Policy => "policy",
+            Arm::PolicyFloor => "policy-floor",
         }
     }
 }
@@ -127,7 +135,14 @@ impl Request {
     /// The arms a request is measured in: `patch` differs from `bare` only for App CREATE.
     fn arms(self) -> &'static [Arm] {
         match self {
-            Request::AppCreate => &[Arm::Holdfast, Arm::Bare, Arm::Patch, Arm::None, Arm::Policy],
+            Request::AppCreate => &[
+                Arm::Holdfast,
+                Arm::Bare,
+                Arm::Patch,
+                Arm::None,
+                Arm::Policy,
+                Arm::PolicyFloor,
+            ],
             _ => &[Arm::Holdfast, Arm::Bare, Arm::None],
         }
     }
@@ -246,7 +261,9 @@ fn run(
     let outcome = load.block_on(async {
         let setup = setup?;
         let client = env.client().await?;
-        until_the_policy_pins(&client, holdfast, &setup).await?;
+        for arm in [Arm::Policy, Arm::PolicyFloor] {
+            until_the_policy_pins(&client, holdfast, &setup, arm).await?;
+        }
         let pids = Pids {
             holdfast: env
                 .pid_of(installed::WEBHOOK)
@@ -451,6 +468,16 @@ async fn set_up(
         url.contains("@sha256:"),
         "holdfast did not pin the first App through the API server: {url}"
     );
+    let floor_scope = unique_name("policy-floor");
+    namespaces.insert(
+        Arm::PolicyFloor,
+        env.namespace_with_labels(
+            "bench-policy-floor",
+            &[(SCOPE_LABEL, scope), (POLICY_SCOPE_LABEL, &floor_scope)],
+        )
+        .await?,
+    );
+    install_policy_floor(client, &floor_scope, &pinned).await?;
     // An owner and UPDATE targets only where a request other than App CREATE is measured.
     let measured_beyond_create = |arm: &Arm| {
         [Request::AppUpdate, Request::BuildCreate, Request::PodCreate]
@@ -516,6 +543,60 @@ async fn install_policy(client: &Client, scope: &str) -> Result<()> {
     Ok(())
 }
 
+/// The floor of any admission policy that pins: a MutatingAdmissionPolicy that writes the
+/// `pinned` App's URL and annotations as constants (no parameters, no conditions), bound to the
+/// namespaces labelled `POLICY_SCOPE_LABEL` `scope`.
+async fn install_policy_floor(client: &Client, scope: &str, pinned: &Value) -> Result<()> {
+    let url = pinned["spec"]["fetch"][0]["image"]["url"]
+        .as_str()
+        .context("the pinned App has no URL")?;
+    // A JSON string is a CEL string literal (the same escapes).
+    let mut annotations = Vec::new();
+    for (key, value) in pinned["metadata"]["annotations"]
+        .as_object()
+        .context("the pinned App has no annotations")?
+    {
+        annotations.push(format!(
+            "{}: {}",
+            serde_json::to_string(key)?,
+            serde_json::to_string(value.as_str().context("an annotation is not a string")?)?
+        ));
+    }
+    let expression = format!(
+        "[JSONPatch{{op: \"replace\", path: \"/spec/fetch/0/image/url\", value: {}}}, \
+         JSONPatch{{op: \"add\", path: \"/metadata/annotations\", value: {{{}}}}}]",
+        serde_json::to_string(url)?,
+        annotations.join(", ")
+    );
+    let name = "holdfast-bench-policy-floor";
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["kappctrl.k14s.io"], "apiVersions": ["v1alpha1"],
+                                                    "resources": ["apps"], "operations": ["CREATE"]}]},
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}]
+        }
+    });
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name,
+                 "matchResources": {"namespaceSelector": {"matchLabels": {POLICY_SCOPE_LABEL: scope}}}}
+    });
+    for object in [policy, binding] {
+        let object: DynamicObject = serde_json::from_value(object)?;
+        api_for(client, &object, None)
+            .await?
+            .create(&PostParams::default(), &object)
+            .await
+            .context("creating the policy floor")?;
+    }
+    Ok(())
+}
+
 /// Returns once the controller published `tag` (what the webhook cached in set-up) as a
 /// parameter of the pinning policy, at most 60 s.
 async fn until_published(client: &Client, tag: &str) -> Result<()> {
@@ -537,10 +618,10 @@ async fn until_published(client: &Client, tag: &str) -> Result<()> {
     Ok(())
 }
 
-/// Returns once an App CREATE in the `policy` arm is pinned with no webhook call (the API
-/// server's informers have the policy, its bindings and parameters), at most 30 s.
-async fn until_the_policy_pins(client: &Client, holdfast: &Installed, setup: &Setup) -> Result<()> {
-    let namespace = &setup.namespaces[&Arm::Policy];
+/// Returns once an App CREATE in `arm` (`policy` or `policy-floor`) is pinned with no webhook
+/// call (the API server's informers have the policy, its bindings and parameters), at most 30 s.
+async fn until_the_policy_pins(client: &Client, holdfast: &Installed, setup: &Setup, arm: Arm) -> Result<()> {
+    let namespace = &setup.namespaces[&arm];
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut attempt = 0u32;
     loop {
@@ -560,7 +641,8 @@ async fn until_the_policy_pins(client: &Client, holdfast: &Installed, setup: &Se
         }
         ensure!(
             Instant::now() < deadline,
-            "the pinning policy did not pin an App CREATE by itself within 30 s"
+            "the {} arm's policy did not pin an App CREATE by itself within 30 s",
+            arm.name()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -639,8 +721,9 @@ async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setu
                     let answered = holdfast_calls(holdfast).await? - before;
                     *calls.entry(arm).or_default() += answered;
                     ensure!(
-                        arm != Arm::Policy || answered == 0,
-                        "the webhook answered {answered} calls in the policy arm: the policy left them"
+                        !matches!(arm, Arm::Policy | Arm::PolicyFloor) || answered == 0,
+                        "the webhook answered {answered} calls in the {} arm: the policy left them",
+                        arm.name()
                     );
                     latencies.entry(arm).or_default().extend(turn);
                 }
@@ -727,7 +810,7 @@ async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setu
         / get(Request::AppCreate, 16, Arm::Bare)?.per_second;
     // The pin the CREATEs got is the pinned App's, through holdfast and through the constant
     // patch: both arms measured what they claim.
-    for arm in [Arm::Holdfast, Arm::Patch, Arm::Policy] {
+    for arm in [Arm::Holdfast, Arm::Patch, Arm::Policy, Arm::PolicyFloor] {
         let created =
             Api::<DynamicObject>::namespaced_with(client.clone(), &setup.namespaces[&arm], &app_resource())
                 .list(&Default::default())
@@ -762,6 +845,14 @@ async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setu
             .map_or(f64::NAN, |r| r.apiserver_cpu_us)
     };
     let (policy_cpu, none_cpu) = (apiserver_cpu_us(Arm::Policy), apiserver_cpu_us(Arm::None));
+    // Against the floor of a policy that pins: what the pinning policy's own CEL costs.
+    let policy_floor_vs_none_c16 = get(Request::AppCreate, 16, Arm::PolicyFloor)?.per_second
+        / get(Request::AppCreate, 16, Arm::None)?.per_second;
+    let policy_vs_policy_floor_c16 = get(Request::AppCreate, 16, Arm::Policy)?.per_second
+        / get(Request::AppCreate, 16, Arm::PolicyFloor)?.per_second;
+    let policy_floor_create_p50_overhead_ms =
+        get(Request::AppCreate, 1, Arm::PolicyFloor)?.p50_ms - get(Request::AppCreate, 1, Arm::None)?.p50_ms;
+    let floor_cpu = apiserver_cpu_us(Arm::PolicyFloor);
     bench_data::write("apiserver", &rows)?;
     println!(
         "create_p50_overhead_ms={create_p50_overhead_ms:.2} throughput_ratio_c16={throughput_ratio_c16:.2} \
@@ -771,7 +862,9 @@ async fn measure(client: &Client, holdfast: &Installed, pids: Pids, setup: &Setu
          vs_patch_floor_min={vs_patch_floor_min:.2} p99_vs_patch_floor_max={p99_vs_patch_floor_max:.2} \
          patch_floor_vs_bare_c16={patch_floor_vs_bare_c16:.2} policy_vs_none_c16={policy_vs_none_c16:.2} \
          policy_vs_patch_floor_c16={policy_vs_patch_floor_c16:.2} policy_create_p50_overhead_ms={policy_create_p50_overhead_ms:.2} \
-         policy_apiserver_cpu_us_c16={policy_cpu:.0} none_apiserver_cpu_us_c16={none_cpu:.0}",
+         policy_apiserver_cpu_us_c16={policy_cpu:.0} none_apiserver_cpu_us_c16={none_cpu:.0} \
+         policy_floor_vs_none_c16={policy_floor_vs_none_c16:.2} policy_vs_policy_floor_c16={policy_vs_policy_floor_c16:.2} \
+         policy_floor_create_p50_overhead_ms={policy_floor_create_p50_overhead_ms:.2} policy_floor_apiserver_cpu_us_c16={floor_cpu:.0}",
         vs_patch_floor[&16]
     );
     Ok(())
