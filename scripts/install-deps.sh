@@ -347,7 +347,7 @@ build_kapp_controller() {
 
 # kapp-controller with its CRDs, vendir, ytt and kapp: what every App runs.
 build_kapp_controller_core() {
-  build_peer kapp-controller "-s -w -X carvel.dev/kapp-controller/pkg/version.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
+  build_peer kapp-controller "-s -w -X main.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
     carvel.dev/kapp-controller/cmd/controller=kapp-controller
   collect_crds kapp-controller carvel.dev/kapp-controller config/config/crds.yml
   build_peer vendir "-s -w" carvel.dev/vendir/cmd/vendir=vendir
@@ -362,7 +362,7 @@ build_kapp_controller_core() {
 # package is shared with the host builds.
 build_kapp_controller_static() {
   local name
-  CGO_ENABLED=0 build_peer kapp-controller "-s -w -X carvel.dev/kapp-controller/pkg/version.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
+  CGO_ENABLED=0 build_peer kapp-controller "-s -w -X main.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
     carvel.dev/kapp-controller/cmd/controller=static/kapp-controller
   for name in vendir ytt kapp kbld; do
     CGO_ENABLED=0 build_peer "$name" "-s -w" "carvel.dev/$name/cmd/$name=static/$name"

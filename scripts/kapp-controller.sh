@@ -148,7 +148,7 @@ up() {
   source "$state/env" && source "$state/node/env"
   : "${KUBECONFIG:?} ${HOLDFAST_CLUSTER_REGISTRY:?} ${HOLDFAST_NODE:?} ${HOLDFAST_NODE_TAINT:?}"
   layout=$(image)
-  digest="$TMP/digest" values="$TMP/values.json" rendered="$TMP/release.json"
+  digest="$TMP/digest" values="$TMP/values.json" rendered="$TMP/release.yml"
   push_layout "$layout" "$HOLDFAST_CLUSTER_REGISTRY/kapp-controller:${layout##*:}" "$digest"
   pushed="$HOLDFAST_CLUSTER_REGISTRY/kapp-controller@$(cat "$digest")"
   log "pushed $pushed"
@@ -161,15 +161,13 @@ up() {
     nodeSelector: {"kubernetes.io/hostname": $node},
     tolerations: [{key: $taint, operator: "Exists", effect: "NoSchedule"}]
   }' >"$values"
-  render "$pushed" "$values" | kubectl create --dry-run=client -o json -f - >"$rendered"
-  # Everything but the APIService first, which comes once the pod answers: kube-apiserver marks a
-  # group whose server it could not reach stale in its discovery and retries with a backoff of up
-  # to a minute, and while a group is stale the namespace controller deletes no namespace.
-  jq '.items |= map(select(.kind != "APIService"))' "$rendered" |
-    kubectl apply --server-side --force-conflicts --field-manager=kapp-controller-release -f - >/dev/null
+  render "$pushed" "$values" >"$rendered" 2>"$TMP/render.log" ||
+    { cat "$TMP/render.log" >&2; die "rendering the release failed"; }
+  # All at once, as its users apply it: the controller exits at start when its APIService is not
+  # there yet (it writes its serving CA into it). Server-side: the control plane created the CRDs.
+  kubectl apply --server-side --force-conflicts --field-manager=kapp-controller-release \
+    -f "$rendered" >/dev/null
   kubectl rollout status -n "$NAMESPACE" deployment/kapp-controller --timeout=5m >/dev/null
-  jq '.items |= map(select(.kind == "APIService"))' "$rendered" |
-    kubectl apply --server-side --force-conflicts --field-manager=kapp-controller-release -f - >/dev/null
   local i
   for ((i = 0; i < 300; i++)); do
     if apiservice_available; then break; fi
@@ -179,8 +177,10 @@ up() {
     kubectl logs -n "$NAMESPACE" deployment/kapp-controller -c kapp-controller --tail=30 >&2 || true
     die "the APIService $API_SERVICE is not Available after 300 s"
   }
-  # Discovery fetched again now that the server answers (an update of the APIService does it), in
-  # case a fetch failed between the rollout and the server's start.
+  # Discovery fetched again now that the server answers (an update of the APIService does it):
+  # kube-apiserver marks a group whose server it could not reach (before the pod served) stale
+  # and retries with a backoff of up to a minute, and while a group is stale the namespace
+  # controller deletes no namespace.
   kubectl annotate apiservice "$API_SERVICE" --overwrite \
     "holdfast.dev/discovery-refresh=$(date +%s)" >/dev/null
   log "kapp-controller ${layout##*:} Running on $HOLDFAST_NODE in $((SECONDS - started)) s: $(kubectl get pods -n "$NAMESPACE" -l app=kapp-controller --no-headers | awk '{print $1 " " $2 " " $3}' | paste -sd, -); $API_SERVICE Available"

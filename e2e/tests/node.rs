@@ -384,10 +384,11 @@ fn kapp_controller_pod(cluster: &Cluster) -> Result<String> {
             status["ready"] == true && status["state"]["running"].is_object(),
             "{name}'s {container} is not running and ready: {status}"
         );
+        // imageID: the reference pulled (`image` is the config's digest when pulled by digest).
         ensure!(
-            status["image"].as_str().is_some_and(|i| i.starts_with(&image)),
+            status["imageID"].as_str().is_some_and(|i| i.starts_with(&image)),
             "{name}'s {container} runs {}, not {image}",
-            status["image"]
+            status["imageID"]
         );
     }
     let localenv = cluster
@@ -470,8 +471,11 @@ async fn a_tagged_app_applied_with_kubectl_is_stored_pinned_and_reconciled(
     Ok(())
 }
 
-/// kapp-controller's sync period for the outage test's Apps; the outage lasts three of them.
-const SYNC_PERIOD: Duration = Duration::from_secs(10);
+/// The outage test's Apps' sync period: the shortest kapp-controller honours
+/// (`AppMinimumSyncPeriod`, 30 s; it requeues a little later, with jitter).
+const SYNC_PERIOD: Duration = Duration::from_secs(30);
+/// The longest outage the test waits through for its outcome: about five sync periods.
+const OUTAGE_LIMIT: Duration = Duration::from_secs(180);
 
 /// An App `name` fetching `url` every [`SYNC_PERIOD`]; `pin: false` opts it out of holdfast
 /// (`holdfast.dev/pin: disabled`), so it stays on its tag, as without holdfast.
@@ -494,9 +498,16 @@ fn syncing_app_yaml(name: &str, url: &str, pin: bool) -> String {
 struct Seen {
     /// Status versions reporting `ReconcileFailed` for a reason of the App's own.
     failed: usize,
-    /// Distinct `status.deploy.updatedAt` values reported with `ReconcileSucceeded`: one per
-    /// successful sync.
-    succeeded_syncs: std::collections::BTreeSet<String>,
+    /// When each successful sync's fetch began (`status.fetch.startedAt` reported with
+    /// `ReconcileSucceeded`): one per successful sync.
+    succeeded_syncs: std::collections::BTreeSet<k8s_openapi::jiff::Timestamp>,
+}
+
+impl Seen {
+    /// Successful syncs whose fetch began after `at`.
+    fn synced_after(&self, at: k8s_openapi::jiff::Timestamp) -> usize {
+        self.succeeded_syncs.iter().filter(|s| **s > at).count()
+    }
 }
 
 /// Watches the Apps of `api` until aborted; the shared map holds what it saw.
@@ -518,9 +529,11 @@ fn watch_apps(
                 entry.failed += 1;
             }
             if kapp_controller::has_condition(&app, "ReconcileSucceeded")
-                && let Some(at) = app.data["status"]["deploy"]["updatedAt"].as_str()
+                && let Some(at) = app.data["status"]["fetch"]["startedAt"]
+                    .as_str()
+                    .and_then(|at| at.parse().ok())
             {
-                entry.succeeded_syncs.insert(at.to_string());
+                entry.succeeded_syncs.insert(at);
             }
         }
     });
@@ -565,25 +578,21 @@ async fn a_registry_outage_keeps_the_app_reconciling_on_the_node(cluster: Arc<Cl
         "the App opted out of holdfast was changed: {}",
         fetch_url(&tagged)
     );
-    // The last successful sync before the outage: not counted as one during it.
-    let before = pinned.data["status"]["deploy"]["updatedAt"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-
     cluster.script("node.sh", &["registry-outage", "on"])?;
     let started = std::time::Instant::now();
+    // Syncs count when their fetch began after this (the status has whole seconds): during the
+    // outage.
+    let began = k8s_openapi::jiff::Timestamp::now();
     let (seen, watch) = watch_apps(api.clone());
-    // At least three sync periods, and until the tag App has failed (kapp-controller's fetch
-    // retries take a while to give up), at most three minutes.
-    let tag_failed = || {
-        seen.lock()
-            .is_ok_and(|s| s.get("tagged").is_some_and(|t| t.failed > 0))
+    // Until the pinned App has synced twice since the outage began and the tag App has failed, at
+    // most OUTAGE_LIMIT; the outcome is judged below from what the watch saw.
+    let done = || {
+        seen.lock().is_ok_and(|s| {
+            s.get("tagged").is_some_and(|t| t.failed > 0)
+                && s.get("pinned").is_some_and(|p| p.synced_after(began) >= 2)
+        })
     };
-    while started.elapsed() < SYNC_PERIOD * 3 || !tag_failed() {
-        if started.elapsed() > Duration::from_secs(180) {
-            break;
-        }
+    while !done() && started.elapsed() < OUTAGE_LIMIT {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     let outage = started.elapsed();
@@ -593,7 +602,7 @@ async fn a_registry_outage_keeps_the_app_reconciling_on_the_node(cluster: Arc<Cl
     let seen = seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
     let pinned = seen.get("pinned").cloned().unwrap_or_default();
     let tagged = seen.get("tagged").cloned().unwrap_or_default();
-    let synced = pinned.succeeded_syncs.iter().filter(|at| **at != before).count();
+    let synced = pinned.synced_after(began);
     ensure!(
         tagged.failed > 0,
         "the tag App never failed in {outage:?} of outage: the registry was not unreachable from the node"
