@@ -12,8 +12,9 @@
 #     the real node of `make cluster` (scripts/node.sh): kubelet and kube-proxy of the same
 #     Kubernetes release, containerd 2.4 with its runc shim (static), crictl, agnhost (static) and
 #     the pause program (static, compiled from
-#     the Kubernetes module's build/pause/linux/pause.c), both packed as OCI image layouts, and
-#     kube-router (its NetworkPolicy controller);
+#     the Kubernetes module's build/pause/linux/pause.c), both packed as OCI image layouts,
+#     kube-router (its NetworkPolicy controller), and kapp-controller, vendir, ytt, kapp and kbld
+#     again, static, for kapp-controller's image (scripts/kapp-controller.sh);
 #     and the release tools: helm (the chart), imgpkg (the Carvel bundles), cosign (signing the
 #     image), umoci (the image's layout); cargo-cyclonedx from crates.io (the SBOMs); the arm64
 #     cross toolchain: cargo-zigbuild from crates.io and zig from PyPI (the ziglang wheel).
