@@ -23,17 +23,19 @@ up:
 	@$(MAKE) --no-print-directory -j2 deps-demo build
 	@scripts/up.sh $(STATE)
 
-## cluster: the control plane of `make up` without holdfast's host processes, plus one real node
-## (scripts/node.sh: containerd, runc, CNI bridge, kubelet, kube-proxy, kube-router; tainted
-## holdfast.dev/real-node), and holdfast installed onto it from its image and chart
-## (scripts/install.sh: make image, helm install); writes $(STATE)/env as make up does, and
-## $(STATE)/node/env
+## cluster: the control plane of `make up` without holdfast's and kapp-controller's host processes,
+## plus one real node (scripts/node.sh: containerd, runc, CNI bridge, kubelet, kube-proxy,
+## kube-router; tainted holdfast.dev/real-node), kapp-controller as a pod there from an image built
+## here and its own release config (scripts/kapp-controller.sh), and holdfast installed onto it from
+## its image and chart (scripts/install.sh: make image, helm install); writes $(STATE)/env as make
+## up does, and $(STATE)/node/env
 cluster:
 	@$(MAKE) --no-print-directory -j2 deps-demo build
 	@scripts/install-deps.sh --node
 	@scripts/install-deps.sh --release-tools
-	@scripts/up.sh $(STATE) --without-holdfast
+	@scripts/up.sh $(STATE) --without-holdfast --without-kapp-controller
 	@scripts/node.sh up $(STATE)
+	@scripts/kapp-controller.sh up $(STATE)
 	@scripts/install.sh $(STATE)
 
 ## down: stop everything `make up` and `make cluster` started

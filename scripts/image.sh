@@ -186,17 +186,25 @@ build_layout() {
   echo "$LAYOUT:$VERSION $digest"
 }
 
-push() {
-  local repo=$1 registry tls=()
-  registry=${repo%%/*}
-  # Plain HTTP to loopback, and to the address `make cluster`'s node gives the environment's
-  # registry (HOLDFAST_CLUSTER_REGISTRY, scripts/node.sh).
+# push_layout IMAGE REPO:TAG DIGESTFILE: copies IMAGE (oci:LAYOUT:TAG, every platform of an
+# index) to REPO:TAG with skopeo, digests kept; the digest pushed goes to DIGESTFILE. Plain HTTP to
+# loopback, and to the address `make cluster`'s node gives the environment's registry
+# (HOLDFAST_CLUSTER_REGISTRY, scripts/node.sh). Also for the other images make cluster builds
+# (scripts/kapp-controller.sh sources this file).
+push_layout() {
+  local image=$1 dest=$2 digestfile=$3 registry tls=()
+  registry=${dest%%/*}
   case "$registry" in
     127.*|localhost|localhost:*|\[::1\]*|"${HOLDFAST_CLUSTER_REGISTRY:-}") tls=(--dest-tls-verify=false) ;;
   esac
+  skopeo copy -q --all --preserve-digests "${tls[@]}" --digestfile "$digestfile" \
+    "oci:$image" "docker://$dest"
+}
+
+push() {
+  local repo=$1
   [ -f "$OUT/digest" ] || { echo "image: run \`scripts/image.sh build\` first" >&2; exit 1; }
-  skopeo copy -q --all --preserve-digests "${tls[@]}" --digestfile "$OUT/pushed.digest" \
-    "oci:$LAYOUT:$VERSION" "docker://$repo:$VERSION"
+  push_layout "$LAYOUT:$VERSION" "$repo:$VERSION" "$OUT/pushed.digest"
   local digest
   digest=$(cat "$OUT/pushed.digest")
   if [ "$digest" != "$(cat "$OUT/digest")" ]; then
@@ -213,6 +221,8 @@ archive() {
   echo "$OUT/holdfast.tar"
 }
 
+# Sourced (scripts/kapp-controller.sh: umoci, push_layout), it only defines.
+[ "${BASH_SOURCE[0]}" = "$0" ] || return 0
 case "${1:-}" in
   archive) [ $# -eq 2 ] || { echo "usage: $0 archive NAME" >&2; exit 2; }; archive "$2" ;;
   binaries) build_binaries ;;

@@ -12,8 +12,9 @@
 #     the real node of `make cluster` (scripts/node.sh): kubelet and kube-proxy of the same
 #     Kubernetes release, containerd 2.4 with its runc shim (static), crictl, agnhost (static) and
 #     the pause program (static, compiled from
-#     the Kubernetes module's build/pause/linux/pause.c), both packed as OCI image layouts, and
-#     kube-router (its NetworkPolicy controller);
+#     the Kubernetes module's build/pause/linux/pause.c), both packed as OCI image layouts,
+#     kube-router (its NetworkPolicy controller), and kapp-controller, vendir, ytt, kapp and kbld
+#     again, static, for kapp-controller's image (scripts/kapp-controller.sh);
 #     and the release tools: helm (the chart), imgpkg (the Carvel bundles), cosign (signing the
 #     image), umoci (the image's layout); cargo-cyclonedx from crates.io (the SBOMs); the arm64
 #     cross toolchain: cargo-zigbuild from crates.io and zig from PyPI (the ziglang wheel).
@@ -170,6 +171,7 @@ build_peer() {
     mkdir -p "$dir/bin"
     for pair in "${missing[@]}"; do
       out="$dir/bin/${pair#*=}"
+      mkdir -p "$(dirname "$out")"
       # Written under another name and renamed: a program in bin/ is a whole one.
       (cd "$mod" && "$GO" build -trimpath -ldflags "$ldflags" -o "$out.tmp" "${pair%%=*}") \
         >"$dir/build.log" 2>&1 || { tail -40 "$dir/build.log"; exit 1; }
@@ -346,12 +348,26 @@ build_kapp_controller() {
 
 # kapp-controller with its CRDs, vendir, ytt and kapp: what every App runs.
 build_kapp_controller_core() {
-  build_peer kapp-controller "-s -w -X carvel.dev/kapp-controller/pkg/version.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
+  build_peer kapp-controller "-s -w -X main.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
     carvel.dev/kapp-controller/cmd/controller=kapp-controller
   collect_crds kapp-controller carvel.dev/kapp-controller config/config/crds.yml
   build_peer vendir "-s -w" carvel.dev/vendir/cmd/vendir=vendir
   build_peer ytt "-s -w" carvel.dev/ytt/cmd/ytt=ytt
   build_peer kapp "-s -w" carvel.dev/kapp/cmd/kapp=kapp
+}
+
+# kapp-controller's image for the real node (make cluster runs it as a pod there,
+# scripts/kapp-controller.sh): kapp-controller and the tools it runs, built static as its own
+# Dockerfile builds them (CGO_ENABLED=0: the image has no libc), from the same modules as the host
+# builds above and beside them, under bin/static/. Its own group: without cgo hardly a compiled
+# package is shared with the host builds.
+build_kapp_controller_static() {
+  local name
+  CGO_ENABLED=0 build_peer kapp-controller "-s -w -X main.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
+    carvel.dev/kapp-controller/cmd/controller=static/kapp-controller
+  for name in vendir ytt kapp kbld; do
+    CGO_ENABLED=0 build_peer "$name" "-s -w" "carvel.dev/$name/cmd/$name=static/$name"
+  done
 }
 
 build_kpack() {
@@ -575,9 +591,10 @@ RUN_GROUPS=()
 # Longest first (CONTRIBUTING.md "The test environment" has each build's time).
 [ "$DO_PEERS" = true ] && RUN_GROUPS+=(build_kubernetes build_kpack build_carvel build_korifi build_helm build_cluster_tools)
 [ "$DO_DEMO" = true ] && RUN_GROUPS+=(build_kubernetes_demo build_demo_peers build_etcd)
-# With the node's builds, what make cluster runs beyond the demo's set: kube-scheduler, kwok's
-# nodes (for pods that need no container) and helm (it installs holdfast with it).
-[ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools build_kubernetes build_kwok build_helm)
+# With the node's builds, what make cluster runs beyond the demo's set: kapp-controller's image's
+# static programs, kube-scheduler, kwok's nodes (for pods that need no container) and helm (it
+# installs holdfast with it).
+[ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools build_kapp_controller_static build_kubernetes build_kwok build_helm)
 [ "$DO_RELEASE_TOOLS" = true ] && RUN_GROUPS+=(build_image_tools install_cyclonedx install_cross)
 if [ "${#RUN_GROUPS[@]}" -gt 0 ]; then
   plan "${RUN_GROUPS[@]}"

@@ -14,6 +14,11 @@
 #                                  pods Ready with bridge addresses, a ClusterIP Service reached
 #                                  from the host and from a pod through kube-proxy, kubectl logs
 #                                  and exec, a NetworkPolicy letting one client in and not another
+#   scripts/node.sh registry-outage on|off [STATE]
+#                                  a registry outage as the node's pods see it (on), or its end
+#                                  (off): the registry's forwarder refuses every connection from the
+#                                  bridge (TCP reset, as a registry that is down); the host keeps
+#                                  it (pushes on loopback, the kubelet's pulls through containerd)
 #   scripts/node.sh down [STATE]   stop it and remove what it made: pod sandboxes (through the CRI,
 #                                  so CNI deletes their veths and network namespaces), mounts under
 #                                  STATE/node/, the bridge, nftables tables, iptables chains and
@@ -36,9 +41,14 @@
 # Facts behind each setting: ../shared/TESTENV.md, "Real containers on these machines".
 set -euo pipefail
 
-usage() { echo "usage: $0 up|check|down [STATE]" >&2; exit 2; }
+usage() { echo "usage: $0 up|check|down [STATE] | registry-outage on|off [STATE]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 action=$1
+if [ "$action" = registry-outage ]; then
+  outage=${2:-}
+  [ "$outage" = on ] || [ "$outage" = off ] || usage
+  shift
+fi
 state_arg=${2:-.holdfast}
 if [ "$(id -u)" -ne 0 ]; then exec sudo -E "$0" "$@"; fi
 mkdir -p "$state_arg"
@@ -555,6 +565,36 @@ down() {
   echo "holdfast node stopped"
 }
 
+# --- registry-outage ---
+
+# A chain of the guard table (so `down` removes it with the table) that refuses the registry's
+# forwarder to the bridge.
+OUTAGE_CHAIN="registry-outage"
+
+registry_outage() {
+  [ -f "$DIR/env" ] || die "the node is not running (scripts/node.sh up)"
+  # shellcheck disable=SC1091 # written by scripts/node.sh up
+  source "$DIR/env"
+  local port=${HOLDFAST_CLUSTER_REGISTRY##*:}
+  if nft list chain inet "$GUARD_TABLE" "$OUTAGE_CHAIN" >/dev/null 2>&1; then
+    nft flush chain inet "$GUARD_TABLE" "$OUTAGE_CHAIN"
+    nft delete chain inet "$GUARD_TABLE" "$OUTAGE_CHAIN"
+  fi
+  if [ "$1" = on ]; then
+    nft -f - <<EOF
+table inet $GUARD_TABLE {
+  chain $OUTAGE_CHAIN {
+    type filter hook input priority filter - 20; policy accept;
+    iifname "$BRIDGE" ip daddr $NODE_IP tcp dport $port reject with tcp reset
+  }
+}
+EOF
+    log "registry outage: $NODE_IP:$port refuses the node's pods"
+  else
+    log "registry outage over: $NODE_IP:$port serves the node's pods again"
+  fi
+}
+
 # --- check ---
 
 # check_pod NAME LABEL ARGS...: an agnhost pod on the real node.
@@ -645,5 +685,6 @@ case "$action" in
   up) up ;;
   check) check ;;
   down) down ;;
+  registry-outage) registry_outage "$outage" ;;
   *) usage ;;
 esac

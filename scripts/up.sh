@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Starts the local environment in the background and waits until it is ready.
-#   scripts/up.sh [STATE] [--without-holdfast]
+#   scripts/up.sh [STATE] [--without-holdfast] [--without-kapp-controller]
 # --without-holdfast (make cluster): no holdfast host processes; scripts/install.sh installs
-# holdfast onto the real node instead.
+# holdfast onto the real node instead. --without-kapp-controller (make cluster): no kapp-controller
+# host processes; scripts/kapp-controller.sh runs it as a pod on the real node instead.
 set -euo pipefail
 state=${1:-.holdfast}
 shift || true
-mode=${1:-with-holdfast}
-mode=${mode#--}
+# The flags, as one word: make up's and make cluster's environments differ.
+mode=$(IFS=' '; echo "${*:-with-holdfast}" | sed 's/--//g; s/ /,/g')
 mkdir -p "$state"
 pidfile="$state/localenv.pid"
 

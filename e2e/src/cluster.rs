@@ -1,7 +1,9 @@
-//! `make cluster` for a test binary: the local control plane without holdfast's host processes
-//! (`holdfast-localenv up --without-holdfast`), one real node (scripts/node.sh: containerd, runc,
-//! kubelet, kube-proxy, kube-router) and holdfast installed onto it from its image and chart
-//! (scripts/install.sh), all in a state directory of the fixture's own. Dropping it stops the node
+//! `make cluster` for a test binary: the local control plane without holdfast's and kapp-controller's
+//! host processes (`holdfast-localenv up --without-holdfast --without-kapp-controller`), one real
+//! node (scripts/node.sh: containerd, runc, kubelet, kube-proxy, kube-router), kapp-controller as a
+//! pod there from an image built here and its own release config (scripts/kapp-controller.sh), and
+//! holdfast installed onto it from its image and chart (scripts/install.sh), all in a state
+//! directory of the fixture's own. Dropping it stops the node
 //! (through its script, which removes what it made) and then the control plane.
 //!
 //! The node is one per machine (its bridge, pod range and kube-proxy's nftables table are fixed):
@@ -56,7 +58,8 @@ impl Fixture for Cluster {
 }
 
 impl Cluster {
-    /// `holdfast-localenv up --without-holdfast` in a new state directory (not waited for).
+    /// `holdfast-localenv up --without-holdfast --without-kapp-controller` in a new state directory
+    /// (not waited for).
     fn control_plane() -> Result<Self> {
         if Path::new("/sys/class/net").join(BRIDGE).exists() {
             bail!(
@@ -90,6 +93,7 @@ impl Cluster {
                 "--state-dir".into(),
                 dir.clone(),
                 "--without-holdfast".into(),
+                "--without-kapp-controller".into(),
             ],
             &[],
             cluster.state.path().join("localenv.log"),
@@ -97,7 +101,7 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Once the control plane is ready: the node, then the release.
+    /// Once the control plane is ready: the node, kapp-controller on it, then holdfast's release.
     fn node_and_release(mut self) -> Result<Self> {
         let cluster = &mut self;
         let dir = cluster.dir().to_string();
@@ -115,6 +119,7 @@ impl Cluster {
         }
         cluster.node_started = true;
         dist::script("node.sh", &["up", &dir])?;
+        dist::script("kapp-controller.sh", &["up", &dir])?;
         dist::script("install.sh", &[&dir])?;
         cluster.read_vars()?;
         let kubeconfig = cluster.var("KUBECONFIG")?.into();
@@ -189,6 +194,11 @@ impl Cluster {
             String::from_utf8_lossy(&out.stderr)
         );
         Ok(String::from_utf8(out.stdout)?)
+    }
+
+    /// The process id of the control plane's `holdfast-localenv` (what runs the host processes).
+    pub fn localenv_pid(&self) -> Option<u32> {
+        self.localenv.as_ref().map(ServerProcess::pid)
     }
 
     /// helm of `make deps`, against this cluster.

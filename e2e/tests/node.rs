@@ -4,6 +4,9 @@
 //! controller run in containers there; kube-apiserver calls the webhook through its Service's
 //! ClusterIP (kube-proxy) and the pods call kube-apiserver through the `kubernetes` Service.
 //!
+//! kapp-controller runs there too, as a pod of its own release configuration from an image built
+//! here (scripts/kapp-controller.sh), so an App takes the path it takes in a user's cluster.
+//!
 //! The tests run in order, on the one release: what it runs as, what it admits, what its
 //! NetworkPolicies let in, rolling updates and a helm upgrade and rollback under a steady stream of
 //! admissions, the controller killed inside its pod, and last `helm uninstall`.
@@ -46,6 +49,7 @@ use serde_json::{Value, json};
 e2e_main!(serial:
     holdfast_runs_restricted_from_its_chart_on_the_real_node,
     a_tagged_app_applied_with_kubectl_is_stored_pinned_and_reconciled,
+    a_registry_outage_keeps_the_app_reconciling_on_the_node,
     network_policies_let_only_scrapers_reach_the_admin_ports,
     rolling_updates_and_a_helm_upgrade_and_rollback_fail_no_admission,
     a_drain_of_the_node_stops_at_the_pod_disruption_budgets,
@@ -288,12 +292,143 @@ async fn holdfast_runs_restricted_from_its_chart_on_the_real_node(cluster: Arc<C
     Ok(())
 }
 
+/// The parent process id and the name (`comm`) of each process on the machine, from /proc.
+fn processes() -> Result<BTreeMap<u32, (u32, String)>> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let entry = entry?;
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        // Gone since the listing: not an error.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = stat[open + 1..close].to_string();
+        let ppid = stat[close + 1..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_default();
+        out.insert(pid, (ppid, comm));
+    }
+    Ok(out)
+}
+
+/// The processes descending from `root` (not `root` itself), with their names.
+fn descendants(root: u32) -> Result<Vec<(u32, String)>> {
+    let all = processes()?;
+    let mut found = Vec::new();
+    let mut parents = vec![root];
+    while let Some(parent) = parents.pop() {
+        for (pid, (ppid, comm)) in &all {
+            if *ppid == parent {
+                found.push((*pid, comm.clone()));
+                parents.push(*pid);
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// kapp-controller as `make cluster` runs it (scripts/kapp-controller.sh): its Deployment's one pod
+/// Ready on the real node, both containers (the controller, and the sidecar that runs vendir, ytt,
+/// kapp and kbld) running the image built here from the cluster's registry; and no kapp-controller
+/// among the control plane's host processes (where `make up` runs it). The pod's name.
+fn kapp_controller_pod(cluster: &Cluster) -> Result<String> {
+    let pods = kubectl_json(
+        cluster,
+        &[
+            "get",
+            "pods",
+            "-n",
+            kapp_controller::NAMESPACE,
+            "-l",
+            "app=kapp-controller",
+        ],
+    )?;
+    let pods: Vec<Value> = pods["items"]
+        .as_array()
+        .map(|p| {
+            p.iter()
+                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let [pod] = pods.as_slice() else {
+        bail!("{} kapp-controller pods, not one: {pods:?}", pods.len());
+    };
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    ensure!(
+        pod["spec"]["nodeName"] == NODE,
+        "{name} is on {}, not on {NODE}",
+        pod["spec"]["nodeName"]
+    );
+    ensure!(is_ready(pod), "{name} is not Ready: {}", pod["status"]);
+    let image = format!("{}/kapp-controller", cluster.var("HOLDFAST_CLUSTER_REGISTRY")?);
+    let statuses = pod["status"]["containerStatuses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for container in ["kapp-controller", "kapp-controller-sidecarexec"] {
+        let status = statuses
+            .iter()
+            .find(|s| s["name"] == container)
+            .with_context(|| format!("{name} has no container {container}"))?;
+        ensure!(
+            status["ready"] == true && status["state"]["running"].is_object(),
+            "{name}'s {container} is not running and ready: {status}"
+        );
+        // imageID: the reference pulled (`image` is the config's digest when pulled by digest).
+        ensure!(
+            status["imageID"].as_str().is_some_and(|i| i.starts_with(&image)),
+            "{name}'s {container} runs {}, not {image}",
+            status["imageID"]
+        );
+    }
+    let localenv = cluster
+        .localenv_pid()
+        .context("the control plane's process is gone")?;
+    let host: Vec<(u32, String)> = descendants(localenv)?
+        .into_iter()
+        .filter(|(_, comm)| comm.starts_with("kapp-controller"))
+        .collect();
+    ensure!(
+        host.is_empty(),
+        "kapp-controller runs as host processes of the control plane: {host:?}"
+    );
+    Ok(name)
+}
+
+/// The end of the log of kapp-controller's pod `pod` (its controller container).
+fn kapp_controller_log(cluster: &Cluster, pod: &str) -> Result<String> {
+    cluster.run(
+        "kubectl",
+        &[
+            "logs",
+            "-n",
+            kapp_controller::NAMESPACE,
+            pod,
+            "-c",
+            "kapp-controller",
+            "--tail=2000",
+        ],
+    )
+}
+
 /// Through the in-cluster webhook: a tagged App applied with kubectl is stored at the tag's
-/// digest, and kapp-controller reconciles it from that digest.
+/// digest, and the in-cluster kapp-controller (its pod on the real node; no host process runs
+/// one) reconciles it from that digest, as its log says.
 async fn a_tagged_app_applied_with_kubectl_is_stored_pinned_and_reconciled(
     cluster: Arc<Cluster>,
 ) -> Result<()> {
     let env = &cluster.env;
+    let pod = kapp_controller_pod(&cluster)?;
     let registry = env.registry();
     let digest = push_config(&cluster, "node/app", "1.0.0").await?;
     let namespace = env.namespace("node-app").await?;
@@ -309,11 +444,185 @@ async fn a_tagged_app_applied_with_kubectl_is_stored_pinned_and_reconciled(
         "stored as {}, not pinned to {digest}",
         fetch_url(&stored)
     );
-    kapp_controller::until_reconciled(env, &api, "tagged").await?;
+    kapp_controller::until_reconciled(env, &api, "tagged")
+        .await
+        .with_context(|| {
+            format!(
+                "kapp-controller's pod {pod}:\n{}",
+                kapp_controller_log(&cluster, &pod).unwrap_or_else(|e| format!("{e:#}"))
+            )
+        })?;
     let configmap = kubectl_json(&cluster, &["get", "configmap", "-n", &namespace, "node-app"]);
     ensure!(
         configmap.is_ok(),
         "kapp-controller did not deploy the App's ConfigMap: {configmap:?}"
+    );
+    // The pod that reconciled it is the one checked above (not replaced since), and says so.
+    ensure!(
+        kapp_controller_pod(&cluster)? == pod,
+        "kapp-controller's pod {pod} was replaced while the App reconciled"
+    );
+    let log = kapp_controller_log(&cluster, &pod)?;
+    ensure!(
+        log.lines()
+            .any(|l| l.contains("Completed deploy") && l.contains(&namespace) && l.contains("tagged")),
+        "kapp-controller's pod {pod} logged no deploy of {namespace}/tagged:\n{log}"
+    );
+    Ok(())
+}
+
+/// The outage test's Apps' sync period: the shortest kapp-controller honours
+/// (`AppMinimumSyncPeriod`, 30 s; it requeues a little later, with jitter).
+const SYNC_PERIOD: Duration = Duration::from_secs(30);
+/// The longest outage the test waits through for its outcome: about five sync periods.
+const OUTAGE_LIMIT: Duration = Duration::from_secs(180);
+
+/// An App `name` fetching `url` every [`SYNC_PERIOD`]; `pin: false` opts it out of holdfast
+/// (`holdfast.dev/pin: disabled`), so it stays on its tag, as without holdfast.
+fn syncing_app_yaml(name: &str, url: &str, pin: bool) -> String {
+    let annotations = if pin {
+        String::new()
+    } else {
+        "\n  annotations: {holdfast.dev/pin: disabled}".to_string()
+    };
+    format!(
+        "apiVersion: kappctrl.k14s.io/v1alpha1\nkind: App\nmetadata:\n  name: {name}{annotations}\nspec:\n  serviceAccountName: {}\n  syncPeriod: {}s\n  fetch: [{{image: {{url: {url}}}}}]\n  template: [{{ytt: {{}}}}, {}]\n  deploy: [{{kapp: {{}}}}]\n",
+        kapp_controller::DEPLOYER,
+        SYNC_PERIOD.as_secs(),
+        kapp_controller::own_names_template(name),
+    )
+}
+
+/// What a watch saw of one App.
+#[derive(Debug, Default, Clone)]
+struct Seen {
+    /// Status versions reporting `ReconcileFailed` for a reason of the App's own.
+    failed: usize,
+    /// When each successful sync's fetch began (`status.fetch.startedAt` reported with
+    /// `ReconcileSucceeded`): one per successful sync.
+    succeeded_syncs: std::collections::BTreeSet<k8s_openapi::jiff::Timestamp>,
+}
+
+impl Seen {
+    /// Successful syncs whose fetch began after `at`.
+    fn synced_after(&self, at: k8s_openapi::jiff::Timestamp) -> usize {
+        self.succeeded_syncs.iter().filter(|s| **s > at).count()
+    }
+}
+
+/// Watches the Apps of `api` until aborted; the shared map holds what it saw.
+fn watch_apps(
+    api: Api<DynamicObject>,
+) -> (
+    Arc<std::sync::Mutex<BTreeMap<String, Seen>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let seen: Arc<std::sync::Mutex<BTreeMap<String, Seen>>> = Arc::default();
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default()).applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Ok(Some(app)) = stream.try_next().await {
+            let Ok(mut seen) = out.lock() else { return };
+            let entry = seen.entry(app.name_any()).or_default();
+            if kapp_controller::reconcile_failed(&app) {
+                entry.failed += 1;
+            }
+            if kapp_controller::has_condition(&app, "ReconcileSucceeded")
+                && let Some(at) = app.data["status"]["fetch"]["startedAt"]
+                    .as_str()
+                    .and_then(|at| at.parse().ok())
+            {
+                entry.succeeded_syncs.insert(at);
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// The registry made unreachable from the node (`scripts/node.sh registry-outage on`: its address
+/// refuses the pods' connections, as a registry that is down): the App holdfast pinned keeps
+/// reconciling in the in-cluster kapp-controller, from vendir's cache of what it fetched by digest
+/// (successful syncs after the outage began, no failure), while an App opted out of holdfast, on
+/// its tag, fails (the outage is real).
+async fn a_registry_outage_keeps_the_app_reconciling_on_the_node(cluster: Arc<Cluster>) -> Result<()> {
+    let env = &cluster.env;
+    let pod = kapp_controller_pod(&cluster)?;
+    let registry = env.registry();
+    let digest = push_config(&cluster, "node/outage", "1.0.0").await?;
+    let url = format!("{registry}/node/outage:1.0.0");
+    let namespace = env.namespace("node-outage").await?;
+    kapp_controller::add_deployer(env, &namespace)?;
+    env.kubectl_apply(&namespace, &syncing_app_yaml("pinned", &url, true))?;
+    env.kubectl_apply(&namespace, &syncing_app_yaml("tagged", &url, false))?;
+    let api = apps(env.client().await?, &namespace);
+    for name in ["pinned", "tagged"] {
+        kapp_controller::until_reconciled(env, &api, name)
+            .await
+            .with_context(|| {
+                format!(
+                    "kapp-controller's pod {pod}:\n{}",
+                    kapp_controller_log(&cluster, &pod).unwrap_or_else(|e| format!("{e:#}"))
+                )
+            })?;
+    }
+    let pinned = api.get("pinned").await?;
+    ensure!(
+        fetch_url(&pinned) == format!("{registry}/node/outage@{digest}"),
+        "pinned stored as {}, not pinned to {digest}",
+        fetch_url(&pinned)
+    );
+    let tagged = api.get("tagged").await?;
+    ensure!(
+        fetch_url(&tagged) == url,
+        "the App opted out of holdfast was changed: {}",
+        fetch_url(&tagged)
+    );
+    cluster.script("node.sh", &["registry-outage", "on"])?;
+    let started = std::time::Instant::now();
+    // Syncs count when their fetch began after this (the status has whole seconds): during the
+    // outage.
+    let began = k8s_openapi::jiff::Timestamp::now();
+    let (seen, watch) = watch_apps(api.clone());
+    // Until the pinned App has synced twice since the outage began and the tag App has failed, at
+    // most OUTAGE_LIMIT; the outcome is judged below from what the watch saw.
+    let done = || {
+        seen.lock().is_ok_and(|s| {
+            s.get("tagged").is_some_and(|t| t.failed > 0)
+                && s.get("pinned").is_some_and(|p| p.synced_after(began) >= 2)
+        })
+    };
+    while !done() && started.elapsed() < OUTAGE_LIMIT {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let outage = started.elapsed();
+    watch.abort();
+    cluster.script("node.sh", &["registry-outage", "off"])?;
+
+    let seen = seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
+    let pinned = seen.get("pinned").cloned().unwrap_or_default();
+    let tagged = seen.get("tagged").cloned().unwrap_or_default();
+    let synced = pinned.synced_after(began);
+    ensure!(
+        tagged.failed > 0,
+        "the tag App never failed in {outage:?} of outage: the registry was not unreachable from the node"
+    );
+    ensure!(
+        pinned.failed == 0,
+        "the pinned App failed {} times during the outage",
+        pinned.failed
+    );
+    ensure!(
+        synced >= 2,
+        "the pinned App did not keep reconciling: {synced} successful syncs in {outage:?} of outage"
+    );
+    ensure!(
+        kapp_controller_pod(&cluster)? == pod,
+        "kapp-controller's pod {pod} was replaced during the outage"
+    );
+    eprintln!(
+        "registry outage of {outage:?} on the node: the pinned App synced {synced} times, 0 failures; the tag App failed {} times",
+        tagged.failed
     );
     Ok(())
 }

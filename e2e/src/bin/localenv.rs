@@ -24,6 +24,7 @@ async fn main() -> Result<()> {
             up(
                 &state_dir(&args)?,
                 !args.iter().any(|a| a == "--without-holdfast"),
+                !args.iter().any(|a| a == "--without-kapp-controller"),
             )
             .await
         }
@@ -31,7 +32,7 @@ async fn main() -> Result<()> {
         Some("seed") => seed(&flag(&args, "--registry").context("seed needs --registry HOST:PORT")?).await,
         _ => {
             bail!(
-                "usage: holdfast-localenv up [--state-dir DIR] [--without-holdfast] | seed --registry HOST:PORT | show FILE..."
+                "usage: holdfast-localenv up [--state-dir DIR] [--without-holdfast] [--without-kapp-controller] | seed --registry HOST:PORT | show FILE..."
             )
         }
     }
@@ -52,8 +53,10 @@ fn state_dir(args: &[String]) -> Result<PathBuf> {
 
 /// `holdfast`: run holdfast-webhook and holdfast-controller as host processes (`make up`); without
 /// them, `make cluster` installs holdfast onto its real node from the chart (scripts/install.sh),
-/// which adds the admin addresses to `<state>/env`.
-async fn up(state: &Path, holdfast: bool) -> Result<()> {
+/// which adds the admin addresses to `<state>/env`. `kapp_controller`: run the real kapp-controller
+/// as host processes; without them, `make cluster` runs it as a pod on its real node
+/// (scripts/kapp-controller.sh), as a cluster does.
+async fn up(state: &Path, holdfast: bool, kapp_controller: bool) -> Result<()> {
     let env_file = state.join("env");
     let _ = std::fs::remove_file(&env_file);
     let mut terminate = signal(SignalKind::terminate())?;
@@ -77,7 +80,9 @@ async fn up(state: &Path, holdfast: bool) -> Result<()> {
         None
     };
     // The real kapp-controller (and its packaging API) reconciles what the demo applies.
-    env.kapp_controller().await?;
+    if kapp_controller {
+        env.kapp_controller().await?;
+    }
     let kubeconfig = state.join("kubeconfig");
     std::fs::copy(env.kubeconfig(), &kubeconfig)?;
     let pids: Vec<String> = env
