@@ -189,6 +189,14 @@ pub fn recommended_overlay() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/overlays/recommended")
 }
 
+/// The pinning policy as the base ships it (`manifests/base/policy/pin-cached.yaml`): its
+/// MutatingAdmissionPolicies and their bindings, in the file's order.
+pub fn shipped_pinning_policy() -> Result<Vec<kube::api::DynamicObject>> {
+    let path = crate::dist::repo().join("manifests/base/policy/pin-cached.yaml");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    crate::objects::parse_documents(&text)
+}
+
 /// The MutatingWebhookConfiguration and ValidatingWebhookConfiguration that
 /// `kubectl kustomize manifests/overlays/recommended` renders, exactly as shipped (rules,
 /// namespace and object selectors, matchConditions, failure policies, timeouts) except for what

@@ -9,7 +9,7 @@ use futures::TryStreamExt;
 use holdfast_e2e::{
     Env, e2e_main, images,
     objects::{api_for, create_all},
-    peers::kapp_controller,
+    peers::kapp_controller::{self, SeenApps},
     webhook::{LocalWebhook, Registration},
 };
 use kube::{
@@ -54,30 +54,21 @@ struct Seen {
     succeeded_syncs: std::collections::BTreeSet<String>,
 }
 
-/// Watches the Apps of `namespace` until aborted; the shared map holds what it saw.
-fn watch_apps(api: Api<DynamicObject>) -> (Arc<std::sync::Mutex<BTreeMap<String, Seen>>>, JoinHandle<()>) {
-    let seen: Arc<std::sync::Mutex<BTreeMap<String, Seen>>> = Arc::default();
-    let out = seen.clone();
-    let task = tokio::spawn(async move {
-        let stream = watcher(api, watcher::Config::default()).applied_objects();
-        let mut stream = std::pin::pin!(stream);
-        while let Ok(Some(app)) = stream.try_next().await {
-            let Ok(mut seen) = out.lock() else { return };
-            let entry = seen.entry(app.name_any()).or_default();
-            if kapp_controller::reconcile_failed(&app) {
-                entry.failed += 1;
-            }
-            if kapp_controller::failed_by_reaper_race(&app) {
-                entry.raced += 1;
-            }
-            if kapp_controller::has_condition(&app, "ReconcileSucceeded")
-                && let Some(at) = app.data["status"]["deploy"]["updatedAt"].as_str()
-            {
-                entry.succeeded_syncs.insert(at.to_string());
-            }
+/// Watches the Apps of `api` until aborted; the shared map holds what it saw.
+fn watch_apps(api: Api<DynamicObject>) -> (SeenApps<Seen>, JoinHandle<()>) {
+    kapp_controller::watch_apps(api, |entry: &mut Seen, app| {
+        if kapp_controller::reconcile_failed(app) {
+            entry.failed += 1;
         }
-    });
-    (seen, task)
+        if kapp_controller::failed_by_reaper_race(app) {
+            entry.raced += 1;
+        }
+        if kapp_controller::has_condition(app, "ReconcileSucceeded")
+            && let Some(at) = app.data["status"]["deploy"]["updatedAt"].as_str()
+        {
+            entry.succeeded_syncs.insert(at.to_string());
+        }
+    })
 }
 
 async fn pinned_apps_keep_reconciling_through_a_registry_outage(env: Arc<Env>) -> Result<()> {

@@ -444,14 +444,7 @@ async fn a_tagged_app_applied_with_kubectl_is_stored_pinned_and_reconciled(
         "stored as {}, not pinned to {digest}",
         fetch_url(&stored)
     );
-    kapp_controller::until_reconciled(env, &api, "tagged")
-        .await
-        .with_context(|| {
-            format!(
-                "kapp-controller's pod {pod}:\n{}",
-                kapp_controller_log(&cluster, &pod).unwrap_or_else(|e| format!("{e:#}"))
-            )
-        })?;
+    until_reconciled_by_the_pod(&cluster, &api, "tagged", &pod).await?;
     let configmap = kubectl_json(&cluster, &["get", "configmap", "-n", &namespace, "node-app"]);
     ensure!(
         configmap.is_ok(),
@@ -493,6 +486,24 @@ fn syncing_app_yaml(name: &str, url: &str, pin: bool) -> String {
     )
 }
 
+/// [`kapp_controller::until_reconciled`], failing with the log of kapp-controller's pod `pod`.
+async fn until_reconciled_by_the_pod(
+    cluster: &Cluster,
+    api: &Api<DynamicObject>,
+    name: &str,
+    pod: &str,
+) -> Result<()> {
+    kapp_controller::until_reconciled(&cluster.env, api, name)
+        .await
+        .with_context(|| {
+            format!(
+                "kapp-controller's pod {pod}:\n{}",
+                kapp_controller_log(cluster, pod).unwrap_or_else(|e| format!("{e:#}"))
+            )
+        })?;
+    Ok(())
+}
+
 /// What a watch saw of one App.
 #[derive(Debug, Default, Clone)]
 struct Seen {
@@ -511,33 +522,19 @@ impl Seen {
 }
 
 /// Watches the Apps of `api` until aborted; the shared map holds what it saw.
-fn watch_apps(
-    api: Api<DynamicObject>,
-) -> (
-    Arc<std::sync::Mutex<BTreeMap<String, Seen>>>,
-    tokio::task::JoinHandle<()>,
-) {
-    let seen: Arc<std::sync::Mutex<BTreeMap<String, Seen>>> = Arc::default();
-    let out = seen.clone();
-    let task = tokio::spawn(async move {
-        let stream = watcher(api, watcher::Config::default()).applied_objects();
-        let mut stream = std::pin::pin!(stream);
-        while let Ok(Some(app)) = stream.try_next().await {
-            let Ok(mut seen) = out.lock() else { return };
-            let entry = seen.entry(app.name_any()).or_default();
-            if kapp_controller::reconcile_failed(&app) {
-                entry.failed += 1;
-            }
-            if kapp_controller::has_condition(&app, "ReconcileSucceeded")
-                && let Some(at) = app.data["status"]["fetch"]["startedAt"]
-                    .as_str()
-                    .and_then(|at| at.parse().ok())
-            {
-                entry.succeeded_syncs.insert(at);
-            }
+fn watch_apps(api: Api<DynamicObject>) -> (kapp_controller::SeenApps<Seen>, tokio::task::JoinHandle<()>) {
+    kapp_controller::watch_apps(api, |entry: &mut Seen, app| {
+        if kapp_controller::reconcile_failed(app) {
+            entry.failed += 1;
         }
-    });
-    (seen, task)
+        if kapp_controller::has_condition(app, "ReconcileSucceeded")
+            && let Some(at) = app.data["status"]["fetch"]["startedAt"]
+                .as_str()
+                .and_then(|at| at.parse().ok())
+        {
+            entry.succeeded_syncs.insert(at);
+        }
+    })
 }
 
 /// The registry made unreachable from the node (`scripts/node.sh registry-outage on`: its address
@@ -557,14 +554,7 @@ async fn a_registry_outage_keeps_the_app_reconciling_on_the_node(cluster: Arc<Cl
     env.kubectl_apply(&namespace, &syncing_app_yaml("tagged", &url, false))?;
     let api = apps(env.client().await?, &namespace);
     for name in ["pinned", "tagged"] {
-        kapp_controller::until_reconciled(env, &api, name)
-            .await
-            .with_context(|| {
-                format!(
-                    "kapp-controller's pod {pod}:\n{}",
-                    kapp_controller_log(&cluster, &pod).unwrap_or_else(|e| format!("{e:#}"))
-                )
-            })?;
+        until_reconciled_by_the_pod(&cluster, &api, name, &pod).await?;
     }
     let pinned = api.get("pinned").await?;
     ensure!(

@@ -13,8 +13,8 @@ use holdfast_e2e::{
     Env,
     controller::LocalController,
     e2e_main, images,
-    objects::{api_for, parse_documents},
-    webhook::{LocalWebhook, Registration},
+    objects::api_for,
+    webhook::{LocalWebhook, Registration, shipped_pinning_policy},
 };
 use holdfast_pins::policy_params::crd::{ClusterDigestPins, DigestPins};
 use k8s_openapi::api::{
@@ -36,10 +36,8 @@ e2e_main!(serial:
 /// The pinning policy as the base ships it: the two policies, and their bindings when
 /// `bindings`.
 async fn install_policy(env: &Env, bindings: bool) -> Result<()> {
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/base/policy/pin-cached.yaml");
     let client = env.client().await?;
-    for object in parse_documents(&std::fs::read_to_string(&path)?)? {
+    for object in shipped_pinning_policy()? {
         let kind = object.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
         if kind.ends_with("Binding") && !bindings {
             continue;
@@ -56,10 +54,8 @@ async fn install_policy(env: &Env, bindings: bool) -> Result<()> {
 
 /// Removes the policy (its bindings first, as `kubectl delete -k` would have it).
 async fn remove_policy(env: &Env) -> Result<()> {
-    let path =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/base/policy/pin-cached.yaml");
     let client = env.client().await?;
-    let mut objects = parse_documents(&std::fs::read_to_string(&path)?)?;
+    let mut objects = shipped_pinning_policy()?;
     objects.sort_by_key(|o| !o.types.as_ref().is_some_and(|t| t.kind.ends_with("Binding")));
     for object in objects {
         let api = api_for(&client, &object, None).await?;

@@ -63,9 +63,9 @@ use holdfast_e2e::{
     images::{self, Image},
     installed::{self, Installed},
     latency,
-    objects::{api_for, parse_documents},
+    objects::api_for,
     process::{TICKS_PER_SECOND, Usage},
-    webhook::{SCOPE_LABEL, create_configurations, shipped_configurations},
+    webhook::{SCOPE_LABEL, create_configurations, shipped_configurations, shipped_pinning_policy},
 };
 use holdfast_pins::policy_params::crd::ClusterDigestPins;
 use k8s_openapi::{
@@ -524,9 +524,7 @@ const POLICY_SCOPE_LABEL: &str = "bench.holdfast.dev/policy";
 /// The pinning policy as the base ships it, its bindings also requiring `POLICY_SCOPE_LABEL`
 /// `scope` of a namespace, so that it pins in the `policy` arm alone.
 async fn install_policy(client: &Client, scope: &str) -> Result<()> {
-    let path = holdfast_e2e::dist::repo().join("manifests/base/policy/pin-cached.yaml");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    for mut object in parse_documents(&text)? {
+    for mut object in shipped_pinning_policy()? {
         let kind = object.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default();
         if kind == "MutatingAdmissionPolicyBinding" {
             let expressions = object.data["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"]

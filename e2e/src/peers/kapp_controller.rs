@@ -298,6 +298,33 @@ pub fn reconcile_failed(object: &DynamicObject) -> bool {
     has_condition(object, "ReconcileFailed") && !failed_by_reaper_race(object)
 }
 
+/// What a watch of Apps saw, per App name, as `record` kept it ([`watch_apps`]).
+pub type SeenApps<T> = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, T>>>;
+
+/// Watches the Apps of `api` until the task is aborted: every applied version goes to
+/// `record` with that App's entry of the shared map.
+pub fn watch_apps<T: Default + Send + 'static>(
+    api: Api<DynamicObject>,
+    record: impl Fn(&mut T, &DynamicObject) + Send + 'static,
+) -> (SeenApps<T>, tokio::task::JoinHandle<()>) {
+    use futures::TryStreamExt as _;
+    use kube::{
+        ResourceExt as _,
+        runtime::{WatchStreamExt as _, watcher},
+    };
+    let seen = SeenApps::<T>::default();
+    let out = seen.clone();
+    let task = tokio::spawn(async move {
+        let stream = watcher(api, watcher::Config::default()).applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Ok(Some(app)) = stream.try_next().await {
+            let Ok(mut seen) = out.lock() else { return };
+            record(seen.entry(app.name_any()).or_default(), &app);
+        }
+    });
+    (seen, task)
+}
+
 /// Waits, on a watch, until kapp-controller reports `name` reconciled at its current generation
 /// (so after an update too); fails at once if it reports a failure, with its message, except a
 /// failure by its reaper race ([`failed_by_reaper_race`]), which it retries: that one is waited
