@@ -64,6 +64,7 @@ use holdfast_e2e::{
     installed::{self, Installed},
     latency,
     objects::api_for,
+    peers::kpack,
     process::{TICKS_PER_SECOND, Usage},
     webhook::{SCOPE_LABEL, create_configurations, shipped_configurations, shipped_pinning_policy},
 };
@@ -368,10 +369,6 @@ fn app_resource() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk("kappctrl.k14s.io", "v1alpha1", "App"))
 }
 
-fn kpack_resource(kind: &str) -> ApiResource {
-    ApiResource::from_gvk(&GroupVersionKind::gvk("kpack.io", "v1alpha2", kind))
-}
-
 fn app(name: &str, url: &str) -> Value {
     json!({
         "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
@@ -420,6 +417,7 @@ async fn set_up(
     scope: &str,
     bare_scopes: &BTreeMap<Arm, String>,
 ) -> Result<Setup> {
+    kpack::without_conversion(client).await?;
     let registry = env.registry().to_string();
     images::push(
         &registry,
@@ -493,11 +491,11 @@ async fn set_up(
                      "builder": {"kind": "ClusterBuilder", "name": "bench"},
                      "source": {"registry": {"image": format!("{registry}/bench/source")}}}
         });
-        let image = create(client, namespace, &kpack_resource("Image"), &image).await?;
+        let image = create(client, namespace, &kpack::resource("Image"), &image).await?;
         let build = create(
             client,
             namespace,
-            &kpack_resource("Build"),
+            &kpack::resource("Build"),
             &build("bench-app-build-1", &image, &registry),
         )
         .await?;
@@ -894,7 +892,7 @@ async fn drive(
         workers.push(tokio::spawn(async move {
             let apps: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &app_resource());
             let builds: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), &namespace, &kpack_resource("Build"));
+                Api::namespaced_with(client.clone(), &namespace, &kpack::resource("Build"));
             let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
             let mut latencies = Vec::new();
             let mut n = 0u64;

@@ -55,7 +55,7 @@ use k8s_openapi::{
     apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
 };
 use kube::{
-    Api,
+    Api, Client,
     api::{DynamicObject, GroupVersionKind, Patch, PatchParams},
     core::ApiResource,
 };
@@ -365,6 +365,21 @@ async fn install(env: &Access, port: u16) -> Result<()> {
         crds.patch(crd, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .with_context(|| format!("routing {crd}'s conversion webhook"))?;
+    }
+    Ok(())
+}
+
+/// For a cluster where kpack's webhook does not run (`make bench-apiserver` writes Images and
+/// Builds at `v1alpha2` only): the CRDs' conversion set to `None`. Their webhook conversion
+/// would fail every read at another version, and the API server's watch cache would relist
+/// them all run long, taking CPU from whatever is measured.
+pub async fn without_conversion(client: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let patch = json!({"spec": {"conversion": {"strategy": "None", "webhook": null}}});
+    for crd in CONVERTED {
+        crds.patch(crd, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .with_context(|| format!("turning {crd}'s conversion webhook off"))?;
     }
     Ok(())
 }
