@@ -7,11 +7,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use k8s_openapi::{api::core::v1::Namespace, apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement};
-use kube::{
-    Api,
-    api::{ObjectMeta, PostParams},
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
 use crate::{
     Env,
@@ -108,18 +104,7 @@ pub async fn create_namespace_and_configurations(
     scope: Option<LabelSelectorRequirement>,
 ) -> Result<()> {
     let client = env.client().await?;
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(NAMESPACE.into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await?;
+    crate::objects::create_namespace(&client, NAMESPACE).await?;
     let (mutating, validating) = shipped_configurations("holdfast", url, scope)?;
     create_configurations(&client, &mutating, &validating).await
 }

@@ -18,12 +18,9 @@ use holdfast_webhook::{
     server::{self, Running, Settings},
 };
 use k8s_openapi::{
-    api::{
-        admissionregistration::v1::{
-            MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
-            ValidatingWebhookConfiguration, WebhookClientConfig,
-        },
-        core::v1::Namespace,
+    api::admissionregistration::v1::{
+        MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
+        ValidatingWebhookConfiguration, WebhookClientConfig,
     },
     apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
 };
@@ -374,18 +371,7 @@ impl LocalWebhook {
             Some(installed) => (installed.client, installed.configuration, installed.namespace),
             None => {
                 let tls_namespace = format!("{id}-system");
-                Api::<Namespace>::all(client.clone())
-                    .create(
-                        &PostParams::default(),
-                        &Namespace {
-                            metadata: ObjectMeta {
-                                name: Some(tls_namespace.clone()),
-                                ..Default::default()
-                            },
-                            ..Default::default()
-                        },
-                    )
-                    .await?;
+                crate::objects::create_namespace(&client, &tls_namespace).await?;
                 (client.clone(), format!("holdfast-{id}"), tls_namespace)
             }
         };
