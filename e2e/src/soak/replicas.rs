@@ -74,12 +74,7 @@ impl Holdfast {
         for (name, (port, admin_port)) in WEBHOOKS.into_iter().zip(ports) {
             let mut args = installed::webhook_args(env, port, admin_port);
             args.push(insecure.clone());
-            env.spawn_with_env(
-                name,
-                &installed::binary(WEBHOOK)?,
-                &args,
-                &[("KUBECONFIG", kubeconfig.as_path())],
-            )?;
+            spawn(env, name, WEBHOOK, &args, &kubeconfig)?;
             let replica = Replica {
                 name,
                 addr: Some(format!("127.0.0.1:{port}")),
@@ -106,12 +101,7 @@ impl Holdfast {
                 format!("--lease-name={LEASE}"),
                 format!("--refresh-seconds={}", refresh.as_secs()),
             ]);
-            env.spawn_with_env(
-                name,
-                &installed::binary(CONTROLLER)?,
-                &args,
-                &[("KUBECONFIG", through_link.as_path())],
-            )?;
+            spawn(env, name, CONTROLLER, &args, &through_link)?;
             controllers.push(Replica {
                 name,
                 addr: None,
@@ -141,6 +131,17 @@ impl Holdfast {
             .find(|r| r.name == name)
             .with_context(|| format!("no replica {name}"))
     }
+}
+
+/// Starts holdfast's `binary` ([`WEBHOOK`], [`CONTROLLER`]) as the environment's process `name`,
+/// reaching the API server as `kubeconfig` says.
+fn spawn(env: &mut Env, name: &'static str, binary: &str, args: &[String], kubeconfig: &Path) -> Result<()> {
+    env.spawn_with_env(
+        name,
+        &installed::binary(binary)?,
+        args,
+        &[("KUBECONFIG", kubeconfig)],
+    )
 }
 
 /// Writes a copy of the kubeconfig `from` that reaches the API server at `via` instead of
