@@ -27,7 +27,7 @@ use crate::{
     access::Access,
     peers::{KappController, Korifi, Kpack, kpack},
     pki::Pki,
-    process::{ServerProcess, free_port},
+    process::{ServerProcess, Stop, free_port},
     tools::{PodTools, Pods, Tools},
 };
 
@@ -39,6 +39,8 @@ const AUDIT_LOG: &str = "audit.log";
 pub const E2E_LABEL: &str = "holdfast.dev/e2e";
 /// The name kube-apiserver's process is started under ([`Env::pid_of`] finds it by it).
 pub const KUBE_APISERVER: &str = "kube-apiserver";
+/// The name etcd's process is started under.
+pub const ETCD: &str = "etcd";
 /// Set to a kubeconfig file: the suites run against that cluster (e.g. kind with holdfast
 /// installed, `e2e/kind/`) instead of booting the local control plane.
 pub const KUBECONFIG_ENV: &str = "HOLDFAST_E2E_KUBECONFIG";
@@ -160,7 +162,7 @@ impl Env {
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
         env.spawn(
-            "etcd",
+            ETCD,
             &tools.etcd,
             &[
                 "--name=default".into(),
@@ -223,7 +225,7 @@ impl Env {
 
         env.wait_for_registry().await?;
         let client = env
-            .wait_for_apiserver(apiserver_port, &ca_file, &pki.token)
+            .wait_for_apiserver(apiserver_port, &ca_file, &pki.token, None)
             .await?;
         install_crds(&client, &crd_dirs()?).await?;
 
@@ -313,6 +315,39 @@ impl Env {
         Ok(())
     }
 
+    /// Stops the process started as `name` as `how` says and starts it again with the same
+    /// arguments (a server restarted, or SIGKILLed and brought back), its log appended to.
+    pub fn respawn_process(&mut self, name: &str, how: Stop) -> Result<()> {
+        self.processes
+            .iter_mut()
+            .find(|p| p.name() == name)
+            .with_context(|| format!("no process {name} in this environment"))?
+            .respawn(how)
+    }
+
+    /// How the process started as `name` exited, if it has (a kubelet would restart it).
+    pub fn exited(&mut self, name: &str) -> Result<Option<std::process::ExitStatus>> {
+        self.processes
+            .iter_mut()
+            .find(|p| p.name() == name)
+            .with_context(|| format!("no process {name} in this environment"))?
+            .exited()
+    }
+
+    /// Returns once kube-apiserver answers `/readyz` again (after [`Env::respawn_process`] of
+    /// it or of etcd), failing at once if either exited (others may come and go meanwhile: a
+    /// controller that lost its Lease exits).
+    pub async fn until_apiserver_ready(&mut self) -> Result<()> {
+        let (port, ca, token) = (
+            self.access.apiserver_port,
+            self.access.apiserver_ca.clone(),
+            self.access.admin_token.clone(),
+        );
+        self.wait_for_apiserver(port, &ca, &token, Some(&[ETCD, KUBE_APISERVER]))
+            .await
+            .map(drop)
+    }
+
     /// The log file of the process started as `name`.
     pub fn log_path(&self, name: &str) -> Option<&Path> {
         self.processes
@@ -338,8 +373,14 @@ impl Env {
 
     /// Fails fast, with the log, if any process died while we wait for another.
     fn check_processes(&mut self) -> Result<()> {
+        self.check_processes_of(None)
+    }
+
+    /// [`Env::check_processes`] of the processes `names` names (none: all of them).
+    fn check_processes_of(&mut self, names: Option<&[&str]>) -> Result<()> {
         self.processes
             .iter_mut()
+            .filter(|p| names.is_none_or(|names| names.contains(&p.name())))
             .try_for_each(ServerProcess::check_running)
     }
 
@@ -386,15 +427,22 @@ impl Env {
         Ok(spare)
     }
 
-    /// Polls `/readyz` (there is nothing to watch before the apiserver is up), then writes the
-    /// kubeconfig and returns a client.
-    async fn wait_for_apiserver(&mut self, port: u16, ca_file: &Path, token: &str) -> Result<Client> {
+    /// Polls `/readyz` (there is nothing to watch before the apiserver is up), failing at once
+    /// when one of `watched` exits (none: any process), then writes the kubeconfig and returns a
+    /// client.
+    async fn wait_for_apiserver(
+        &mut self,
+        port: u16,
+        ca_file: &Path,
+        token: &str,
+        watched: Option<&[&str]>,
+    ) -> Result<Client> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let url = format!("https://127.0.0.1:{port}/readyz");
         let mut http = None;
         let mut last_error = String::from("serving certificate not written yet");
         loop {
-            self.check_processes()?;
+            self.check_processes_of(watched)?;
             if http.is_none() && ca_file.is_file() {
                 let ca = reqwest::Certificate::from_pem_bundle(&std::fs::read(ca_file)?)?;
                 http = Some(

@@ -15,11 +15,7 @@ use holdfast_controller::{
 };
 use holdfast_pins::Pinner;
 use holdfast_registry::ResolverConfig;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::{
-    Api, Client,
-    api::{ObjectMeta, PostParams},
-};
+use kube::Client;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -75,18 +71,7 @@ impl LocalController {
         cache: CacheConfig,
     ) -> Result<Self> {
         let namespace = unique_name("holdfast-system");
-        Api::<Namespace>::all(client.clone())
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta {
-                        name: Some(namespace.clone()),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                },
-            )
-            .await?;
+        crate::objects::create_namespace(&client, &namespace).await?;
         Self::launch(env, client, namespace, insecure_registries, None, cache, false).await
     }
 

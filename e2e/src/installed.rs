@@ -7,11 +7,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use k8s_openapi::{api::core::v1::Namespace, apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement};
-use kube::{
-    Api,
-    api::{ObjectMeta, PostParams},
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
 
 use crate::{
     Env,
@@ -72,44 +68,14 @@ pub fn binary(name: &str) -> Result<PathBuf> {
 /// Creates holdfast's namespace and webhook configurations and starts the processes; returns
 /// once the webhook is ready (its caches synced, its certificate served).
 pub async fn start(env: &mut Env, options: Options) -> Result<Installed> {
-    let client = env.client().await?;
-    Api::<Namespace>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(NAMESPACE.into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await?;
     let (port, admin_port) = (free_port()?, free_port()?);
-    let (mutating, validating) =
-        shipped_configurations("holdfast", &format!("https://127.0.0.1:{port}"), options.scope)?;
-    create_configurations(&client, &mutating, &validating).await?;
-
-    let webhook_args = vec![
-        format!("--addr=127.0.0.1:{port}"),
-        format!("--admin-addr=127.0.0.1:{admin_port}"),
-        format!("--namespace={NAMESPACE}"),
-        "--tls-ip=127.0.0.1".into(),
-        "--mutating-webhook-configurations=holdfast".into(),
-        "--validating-webhook-configurations=holdfast".into(),
-        // The local registry speaks plain HTTP.
-        format!("--insecure-registry={}", env.registry()),
-    ];
-    let mut webhook_args = webhook_args;
+    create_namespace_and_configurations(env, &format!("https://127.0.0.1:{port}"), options.scope).await?;
+    let mut webhook_args = webhook_args(env, port, admin_port);
     webhook_args.extend(options.webhook);
     let (controller_admin, controller_args) = match options.controller {
         Some(extra) => {
             let admin = format!("127.0.0.1:{}", free_port()?);
-            let mut args = vec![
-                format!("--namespace={NAMESPACE}"),
-                format!("--admin-addr={admin}"),
-                format!("--insecure-registry={}", env.registry()),
-            ];
+            let mut args = controller_args(env, &admin);
             args.extend(extra);
             (Some(admin), Some(args))
         }
@@ -128,6 +94,44 @@ pub async fn start(env: &mut Env, options: Options) -> Result<Installed> {
     }
     installed.webhook_ready().await?;
     Ok(installed)
+}
+
+/// holdfast's namespace and the webhook configurations the manifests ship, calling `url` (a
+/// webhook's address, or a front before several).
+pub async fn create_namespace_and_configurations(
+    env: &Env,
+    url: &str,
+    scope: Option<LabelSelectorRequirement>,
+) -> Result<()> {
+    let client = env.client().await?;
+    crate::objects::create_namespace(&client, NAMESPACE).await?;
+    let (mutating, validating) = shipped_configurations("holdfast", url, scope)?;
+    create_configurations(&client, &mutating, &validating).await
+}
+
+/// `holdfast-webhook`'s arguments as `make up` runs it, serving on loopback `port` (its
+/// certificate for 127.0.0.1, self-managed in [`NAMESPACE`]) with its admin port on
+/// `admin_port`.
+pub fn webhook_args(env: &Env, port: u16, admin_port: u16) -> Vec<String> {
+    vec![
+        format!("--addr=127.0.0.1:{port}"),
+        format!("--admin-addr=127.0.0.1:{admin_port}"),
+        format!("--namespace={NAMESPACE}"),
+        "--tls-ip=127.0.0.1".into(),
+        "--mutating-webhook-configurations=holdfast".into(),
+        "--validating-webhook-configurations=holdfast".into(),
+        // The local registry speaks plain HTTP.
+        format!("--insecure-registry={}", env.registry()),
+    ]
+}
+
+/// `holdfast-controller`'s arguments as `make up` runs it, its admin port on `admin`.
+pub fn controller_args(env: &Env, admin: &str) -> Vec<String> {
+    vec![
+        format!("--namespace={NAMESPACE}"),
+        format!("--admin-addr={admin}"),
+        format!("--insecure-registry={}", env.registry()),
+    ]
 }
 
 /// Both processes, each also speaking plain HTTP to `registry` (a test's own), once both are
@@ -178,13 +182,7 @@ impl Installed {
 
     /// Returns once the webhook's `/readyz` answers 2xx (caches synced, certificate served).
     pub async fn webhook_ready(&self) -> Result<()> {
-        until_http_ok(
-            &format!("http://{}/readyz", self.admin),
-            std::time::Duration::from_secs(120),
-            || Ok(()),
-        )
-        .await
-        .context("holdfast-webhook not ready; see its log in the environment directory")
+        until_ready(&self.admin, WEBHOOK).await
     }
 
     /// Returns once the controller's `/readyz` answers 2xx (its digest cache synced, and it
@@ -194,12 +192,17 @@ impl Installed {
             .controller_admin
             .as_ref()
             .context("no controller in this installation")?;
-        until_http_ok(
-            &format!("http://{admin}/readyz"),
-            std::time::Duration::from_secs(120),
-            || Ok(()),
-        )
-        .await
-        .context("holdfast-controller not ready; see its log in the environment directory")
+        until_ready(admin, CONTROLLER).await
     }
+}
+
+/// Returns once the holdfast process `name` whose admin port is `admin` answers `/readyz` 2xx.
+pub async fn until_ready(admin: &str, name: &str) -> Result<()> {
+    until_http_ok(
+        &format!("http://{admin}/readyz"),
+        std::time::Duration::from_secs(120),
+        || Ok(()),
+    )
+    .await
+    .with_context(|| format!("{name} not ready; see its log in the environment directory"))
 }

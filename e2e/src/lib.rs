@@ -21,6 +21,7 @@ pub mod pki;
 pub mod process;
 pub mod scenarios;
 pub mod slow_link;
+pub mod soak;
 pub mod suite;
 pub mod tls_front;
 pub mod tools;

@@ -1,9 +1,10 @@
 //! Creating objects from YAML text, whatever their kind, the way `kubectl create` would.
 
 use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::{
     Api, Client,
-    api::{DynamicObject, GroupVersionKind, PostParams},
+    api::{DynamicObject, GroupVersionKind, ObjectMeta, PostParams},
     discovery::{Scope, pinned_kind},
 };
 use serde::Deserialize as _;
@@ -58,4 +59,21 @@ pub async fn create_all(client: &Client, namespace: &str, yaml: &str) -> Result<
         );
     }
     Ok(created)
+}
+
+/// Creates the namespace `name`, without the harness's labels (holdfast's own namespace, as an
+/// installation creates it).
+pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .with_context(|| format!("creating namespace {name}"))?;
+    Ok(())
 }

@@ -22,6 +22,10 @@ pub struct ServerProcess {
     name: &'static str,
     child: Child,
     log: PathBuf,
+    /// What started it, so that [`ServerProcess::respawn`] starts the same process again.
+    program: PathBuf,
+    args: Vec<String>,
+    envs: Vec<(String, PathBuf)>,
 }
 
 impl ServerProcess {
@@ -33,20 +37,60 @@ impl ServerProcess {
         log: PathBuf,
     ) -> Result<Self> {
         let out = File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let envs: Vec<(String, PathBuf)> = envs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_path_buf()))
+            .collect();
+        let child = Self::start(name, program, args, &envs, out)?;
+        Ok(Self {
+            name,
+            child,
+            log,
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            envs,
+        })
+    }
+
+    fn start(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        envs: &[(String, PathBuf)],
+        out: File,
+    ) -> Result<Child> {
         let err = out.try_clone()?;
-        let child = Command::new("setpriv")
+        Command::new("setpriv")
             .arg("--pdeathsig")
             .arg("KILL")
             .arg("--")
             .arg(program)
             .args(args)
-            .envs(envs.iter().copied())
+            .envs(envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err)
             .spawn()
-            .with_context(|| format!("starting {name} ({})", program.display()))?;
-        Ok(Self { name, child, log })
+            .with_context(|| format!("starting {name} ({})", program.display()))
+    }
+
+    /// Stops the process as `how` says and starts it again with the same program, arguments
+    /// and environment (a restarted pod, a crashed server brought back), its log appended to
+    /// the same file so that nothing either run wrote is lost.
+    pub fn respawn(&mut self, how: Stop) -> Result<()> {
+        match how {
+            Stop::Term(grace) => self.stop(grace),
+            Stop::Kill => {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
+        }
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .with_context(|| format!("opening {}", self.log.display()))?;
+        self.child = Self::start(self.name, &self.program, &self.args, &self.envs, out)?;
+        Ok(())
     }
 
     pub fn name(&self) -> &'static str {
@@ -59,6 +103,11 @@ impl ServerProcess {
 
     pub fn log_path(&self) -> &Path {
         &self.log
+    }
+
+    /// How it exited, if it has.
+    pub fn exited(&mut self) -> Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
     }
 
     /// Fails with the end of the log if the process has already exited.
@@ -104,6 +153,15 @@ impl Drop for ServerProcess {
     }
 }
 
+/// How [`ServerProcess::respawn`] stops a process before starting it again.
+#[derive(Debug, Clone, Copy)]
+pub enum Stop {
+    /// SIGTERM, then SIGKILL after the grace period: an orderly restart.
+    Term(Duration),
+    /// SIGKILL at once: a crash, an OOM kill, a node lost.
+    Kill,
+}
+
 /// What the kernel counts for a process (`/proc/<pid>/status` and `stat`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Usage {
@@ -113,6 +171,10 @@ pub struct Usage {
     pub peak_rss_kib: u64,
     /// User plus system CPU time so far, in clock ticks.
     pub cpu_ticks: u64,
+    /// Its threads now (`Threads:`): a task leak shows here.
+    pub threads: u64,
+    /// Its open file descriptors now (`/proc/<pid>/fd`): a connection or file leak shows here.
+    pub open_fds: u64,
 }
 
 /// `/proc/<pid>/stat` counts CPU time in clock ticks of 1/USER_HZ s; USER_HZ is 100 on Linux.
@@ -127,7 +189,7 @@ impl Usage {
         };
         let status = std::fs::read_to_string(format!("{dir}/status"))
             .with_context(|| format!("reading {dir}/status"))?;
-        let kib = |field: &str| -> Result<u64> {
+        let number = |field: &str| -> Result<u64> {
             status
                 .lines()
                 .find_map(|l| l.strip_prefix(field))
@@ -137,10 +199,15 @@ impl Usage {
                 .map_err(Into::into)
         };
         let stat = std::fs::read_to_string(format!("{dir}/stat"))?;
+        let open_fds = std::fs::read_dir(format!("{dir}/fd"))
+            .with_context(|| format!("listing {dir}/fd"))?
+            .count() as u64;
         Ok(Self {
-            rss_kib: kib("VmRSS:")?,
-            peak_rss_kib: kib("VmHWM:")?,
+            rss_kib: number("VmRSS:")?,
+            peak_rss_kib: number("VmHWM:")?,
             cpu_ticks: stat_cpu_ticks(&stat)?.1,
+            threads: number("Threads:")?,
+            open_fds,
         })
     }
 

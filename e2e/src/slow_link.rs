@@ -1,6 +1,7 @@
-//! A TCP relay that holds every new connection for a fixed time before passing bytes through:
-//! a slow network path to a real registry, so that many callers are really waiting on the same
-//! registry request at once (the single-flight e2e).
+//! TCP relays. [`SlowLink`] holds every new connection for a fixed time before passing bytes
+//! through: a slow network path to a real registry, so that many callers are really waiting on
+//! the same registry request at once (the single-flight e2e). [`Relay`] can hang (a link cut);
+//! [`Balancer`] spreads connections over several upstreams (a Service).
 
 use std::time::Duration;
 
@@ -121,6 +122,53 @@ async fn pump(
 }
 
 impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// A TCP front that spreads new connections over its upstreams in turn, skipping one that
+/// refuses, as kube-proxy spreads a Service's connections over its ready endpoints: what the
+/// webhook configuration calls when several webhook processes serve (the soak's two replicas).
+/// Balanced per connection, as a Service is: kube-apiserver keeps its connections to a webhook
+/// open, so a replica killed takes the requests in flight on its connections with it, and the
+/// next connection goes to a replica that accepts.
+pub struct Balancer {
+    /// `host:port` to call instead of any one upstream's.
+    pub addr: String,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Balancer {
+    pub async fn start(upstreams: Vec<String>) -> Result<Self> {
+        anyhow::ensure!(!upstreams.is_empty(), "a balancer needs an upstream");
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let accepting = stop.clone();
+        tokio::spawn(accepting.clone().run_until_cancelled_owned(async move {
+            let mut next = 0usize;
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let order: Vec<String> = (0..upstreams.len())
+                    .map(|i| upstreams[(next + i) % upstreams.len()].clone())
+                    .collect();
+                next = next.wrapping_add(1);
+                tokio::spawn(accepting.clone().run_until_cancelled_owned(async move {
+                    for upstream in &order {
+                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(upstream).await {
+                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            return;
+                        }
+                    }
+                    tracing::warn!(?order, "balancer: every upstream refused");
+                }));
+            }
+        }));
+        Ok(Self { addr, stop })
+    }
+}
+
+impl Drop for Balancer {
     fn drop(&mut self) {
         self.stop.cancel();
     }

@@ -18,12 +18,9 @@ use holdfast_webhook::{
     server::{self, Running, Settings},
 };
 use k8s_openapi::{
-    api::{
-        admissionregistration::v1::{
-            MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
-            ValidatingWebhookConfiguration, WebhookClientConfig,
-        },
-        core::v1::Namespace,
+    api::admissionregistration::v1::{
+        MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
+        ValidatingWebhookConfiguration, WebhookClientConfig,
     },
     apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement},
 };
@@ -374,18 +371,7 @@ impl LocalWebhook {
             Some(installed) => (installed.client, installed.configuration, installed.namespace),
             None => {
                 let tls_namespace = format!("{id}-system");
-                Api::<Namespace>::all(client.clone())
-                    .create(
-                        &PostParams::default(),
-                        &Namespace {
-                            metadata: ObjectMeta {
-                                name: Some(tls_namespace.clone()),
-                                ..Default::default()
-                            },
-                            ..Default::default()
-                        },
-                    )
-                    .await?;
+                crate::objects::create_namespace(&client, &tls_namespace).await?;
                 (client.clone(), format!("holdfast-{id}"), tls_namespace)
             }
         };
@@ -541,4 +527,23 @@ pub fn ca_bundle_injected(config: Option<&MutatingWebhookConfiguration>) -> bool
                 .is_some_and(|b| !b.0.is_empty())
         })
     })
+}
+
+/// The fingerprint of the certificate served at `addr` (a webhook's TLS port on loopback) right
+/// now, seen by a TLS client that trusts only `bundle` (the published caBundle), as kube-apiserver
+/// does.
+pub async fn served_fingerprint(addr: &str, bundle: &str) -> Result<String> {
+    let config = holdfast_certs::client_config(bundle)?;
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await?;
+    let der = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .context("no peer certificate")?;
+    Ok(holdfast_certs::fingerprint(der))
 }

@@ -12,7 +12,6 @@ use holdfast_e2e::{
 };
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::{ResourceExt, api::PostParams};
-use tokio_rustls::TlsConnector;
 
 e2e_main!(
     kubectl_apply_comes_back_patched_over_tls,
@@ -345,17 +344,7 @@ async fn kubectl_apply_comes_back_patched_over_tls(env: Arc<Env>) -> Result<()> 
 /// trusts only the published caBundle.
 async fn served_fingerprint(webhook: &LocalWebhook) -> Result<String> {
     let bundle = webhook.store.ca_bundle().await?;
-    let config = holdfast_certs::client_config(&bundle)?;
-    let tcp = tokio::net::TcpStream::connect(webhook.addr).await?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
-    let tls = TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
-    let der = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .context("no peer certificate")?;
-    Ok(holdfast_certs::fingerprint(der))
+    holdfast_e2e::webhook::served_fingerprint(&webhook.addr.to_string(), &bundle).await
 }
 
 async fn rotation_under_load_fails_no_admission(env: Arc<Env>) -> Result<()> {

@@ -229,19 +229,7 @@ fn registry_of(url: &str) -> String {
 
 /// An App fetching `url`, its ConfigMap named after it.
 fn app(name: &str, url: &str) -> String {
-    serde_json::json!({
-        "apiVersion": "kappctrl.k14s.io/v1alpha1",
-        "kind": "App",
-        "metadata": {"name": name},
-        "spec": {
-            "serviceAccountName": kapp_controller::DEPLOYER,
-            "syncPeriod": format!("{}s", SYNC_PERIOD.as_secs()),
-            "fetch": [{"image": {"url": url}}],
-            "template": [kapp_controller::own_names_template(name)],
-            "deploy": [{"kapp": {}}],
-        },
-    })
-    .to_string()
+    kapp_controller::own_names_app(name, url, SYNC_PERIOD).to_string()
 }
 
 /// What the watch saw of one App, from kapp-controller's reconcile counters.

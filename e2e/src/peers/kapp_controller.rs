@@ -251,6 +251,24 @@ pub fn add_deployer(env: &Access, namespace: &str) -> Result<()> {
     )
 }
 
+/// An App fetching `url` as [`DEPLOYER`], re-synced every `sync_period`, that deploys what it
+/// fetched under names of its own ([`own_names_template`]): many Apps may fetch the same
+/// configuration.
+pub fn own_names_app(name: &str, url: &str, sync_period: std::time::Duration) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "kappctrl.k14s.io/v1alpha1",
+        "kind": "App",
+        "metadata": {"name": name},
+        "spec": {
+            "serviceAccountName": DEPLOYER,
+            "syncPeriod": format!("{}s", sync_period.as_secs()),
+            "fetch": [{"image": {"url": url}}],
+            "template": [own_names_template(name)],
+            "deploy": [{"kapp": {}}],
+        },
+    })
+}
+
 /// An App's ytt template step with an inline overlay that prefixes every resource's name with
 /// `app` (`config` becomes `app-config`), so Apps fetching the same configuration deploy resources
 /// of their own: kapp refuses to deploy a resource another App owns.

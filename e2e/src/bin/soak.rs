@@ -1,0 +1,32 @@
+//! `make soak` (issue 33): `SOAK_MINUTES` (120) of Apps and PackageRepositories created,
+//! updated and deleted while their tags move upstream, with a fault injector cycling through
+//! registry outages and errors, kube-apiserver restarts, etcd SIGKILLs, the leader's link cut,
+//! webhook and controller replicas SIGKILLed and the serving certificate rotated, and
+//! invariants checked all along ([`holdfast_e2e::soak`]). The last line is the report; the exit
+//! status is non-zero when any invariant was broken.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use holdfast_e2e::soak::{self, Config};
+
+#[tokio::main]
+async fn main() -> Result<ExitCode> {
+    holdfast_e2e::init();
+    let minutes = match std::env::var("SOAK_MINUTES") {
+        Ok(minutes) => minutes
+            .parse()
+            .with_context(|| format!("SOAK_MINUTES={minutes} is not a number of minutes"))?,
+        Err(_) => 120,
+    };
+    // On a runtime worker: the environment's processes die with the thread that forked them.
+    let report = tokio::spawn(soak::run(Config::long(minutes)))
+        .await
+        .context("the soak panicked")??;
+    println!("{report}");
+    Ok(if report.violations == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

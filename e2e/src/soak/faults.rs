@@ -1,0 +1,434 @@
+//! The fault injector: one fault at a time, held, then recovered from (the component restarted
+//! and ready again) before a quiet spell and the next. Each fault is logged with its start and
+//! end; the [`Timeline`] of them is what the invariants excuse a client failure by (the API
+//! server's own downtime) or wait out (a moved tag's pins follow within two refresh intervals of
+//! the recovery).
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use holdfast_certs::{
+    CaOptions, ServingOptions,
+    kube_store::{KubeCertStore, StoreConfig},
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::TcpListener,
+    sync::watch,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::replicas::{CONTROLLERS, Holdfast, LEASE, LEASE_DURATION, WEBHOOKS};
+use crate::{
+    Env,
+    control_plane::{ETCD, KUBE_APISERVER, SpareRegistry},
+    installed::NAMESPACE,
+    process::Stop,
+};
+
+/// The faults the injector knows, in the order it cycles through them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The upstream registry's process stopped (connections refused), then started again.
+    RegistryStopped,
+    /// The registry answering 503 to everything.
+    RegistryErrors,
+    /// The registry answering 429 with `Retry-After: 1` to everything.
+    RegistryThrottling,
+    /// kube-apiserver stopped (SIGTERM) and started again.
+    ApiserverRestarted,
+    /// etcd SIGKILLed and started again.
+    EtcdKilled,
+    /// The leading controller's link to the API server hung (bytes held both ways) for longer
+    /// than the lease, then resumed.
+    LeaderLinkCut,
+    /// A webhook replica SIGKILLed and started again (the replicas in turn).
+    WebhookKilled,
+    /// The leading controller SIGKILLed and started again.
+    ControllerKilled,
+    /// A new serving certificate written to the webhooks' Secret; both replicas must serve it.
+    CertificateRotated,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 9] = [
+        Fault::RegistryStopped,
+        Fault::RegistryErrors,
+        Fault::RegistryThrottling,
+        Fault::ApiserverRestarted,
+        Fault::EtcdKilled,
+        Fault::LeaderLinkCut,
+        Fault::WebhookKilled,
+        Fault::ControllerKilled,
+        Fault::CertificateRotated,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::RegistryStopped => "registry-stopped",
+            Fault::RegistryErrors => "registry-503",
+            Fault::RegistryThrottling => "registry-429",
+            Fault::ApiserverRestarted => "apiserver-restarted",
+            Fault::EtcdKilled => "etcd-killed",
+            Fault::LeaderLinkCut => "leader-link-cut",
+            Fault::WebhookKilled => "webhook-killed",
+            Fault::ControllerKilled => "controller-killed",
+            Fault::CertificateRotated => "certificate-rotated",
+        }
+    }
+
+    /// Whether the API server itself is down during it: a client's failure then is its own,
+    /// not an admission's.
+    pub fn apiserver_down(self) -> bool {
+        matches!(self, Fault::ApiserverRestarted | Fault::EtcdKilled)
+    }
+
+    /// Whether a webhook replica dies during it: the admissions in flight on its connections
+    /// are let through unpinned (the shipped `failurePolicy: Ignore`), for the controller to pin.
+    pub fn webhook_down(self) -> bool {
+        matches!(self, Fault::WebhookKilled)
+    }
+}
+
+/// One fault's span: from its injection to its recovery (`end`: none while it lasts).
+#[derive(Debug, Clone)]
+pub struct Window {
+    pub fault: Fault,
+    pub start: Instant,
+    pub end: Option<Instant>,
+    /// What was done, and to which replica.
+    pub detail: String,
+}
+
+/// Every fault injected so far, shared with the invariants.
+#[derive(Debug, Clone, Default)]
+pub struct Timeline(Arc<Mutex<Vec<Window>>>);
+
+impl Timeline {
+    fn windows_mut(&self) -> std::sync::MutexGuard<'_, Vec<Window>> {
+        // A panicking holder cannot leave a half-written window: each write is one push or field.
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub fn windows(&self) -> Vec<Window> {
+        self.windows_mut().clone()
+    }
+
+    fn begin(&self, fault: Fault) -> usize {
+        let mut windows = self.windows_mut();
+        windows.push(Window {
+            fault,
+            start: Instant::now(),
+            end: None,
+            detail: String::new(),
+        });
+        windows.len() - 1
+    }
+
+    fn end(&self, index: usize, detail: String) -> Window {
+        let mut windows = self.windows_mut();
+        let window = &mut windows[index];
+        window.end = Some(Instant::now());
+        window.detail = detail;
+        window.clone()
+    }
+
+    /// Whether `[from, to]` meets a window of a fault `which` selects, each window reaching
+    /// `grace` past its end (clients reconnect, caches resync); an open window reaches now.
+    pub fn overlaps(
+        &self,
+        from: Instant,
+        to: Instant,
+        grace: Duration,
+        which: impl Fn(Fault) -> bool,
+    ) -> bool {
+        self.windows_mut().iter().filter(|w| which(w.fault)).any(|w| {
+            let end = w.end.unwrap_or_else(Instant::now) + grace;
+            w.start <= to && from <= end
+        })
+    }
+
+    /// The last recovery of a fault that lasted into `[since, now]`; now while one is still
+    /// injected; none when no fault touched that span.
+    pub fn last_recovery_since(&self, since: Instant) -> Option<Instant> {
+        self.windows_mut()
+            .iter()
+            .map(|w| w.end.unwrap_or_else(Instant::now))
+            .filter(|end| *end >= since)
+            .max()
+    }
+}
+
+/// What the registry front answers: the registry itself, or an error of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    Pass,
+    /// This status to every request, `Retry-After: 1` with it, then the connection closed.
+    Status(u16),
+}
+
+/// A front before the upstream registry that the soak's objects name, so that the registry can
+/// answer errors without being changed: passes connections through, or answers every request
+/// with a status of its own. A change of answer closes every connection open before it
+/// (clients keep registry connections alive, and must meet the new answer at once).
+pub struct RegistryFront {
+    /// `host:port` the objects name, and holdfast reaches over plain HTTP.
+    pub addr: String,
+    answer: watch::Sender<Answer>,
+    stop: CancellationToken,
+}
+
+impl RegistryFront {
+    pub async fn start(upstream: &str) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let upstream = upstream.to_string();
+        let answer = watch::Sender::new(Answer::Pass);
+        let stop = CancellationToken::new();
+        let (answers, accepting) = (answer.clone(), stop.clone());
+        tokio::spawn(accepting.clone().run_until_cancelled_owned(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                let (upstream, mut changed) = (upstream.clone(), answers.subscribe());
+                let now = *changed.borrow_and_update();
+                tokio::spawn(accepting.clone().run_until_cancelled_owned(async move {
+                    tokio::select! {
+                        _ = serve(inbound, &upstream, now) => {}
+                        _ = changed.changed() => {}
+                    }
+                }));
+            }
+        }));
+        Ok(Self { addr, answer, stop })
+    }
+
+    /// From now on, `answer` to everything.
+    pub fn answer(&self, answer: Answer) {
+        self.answer.send_replace(answer);
+    }
+}
+
+impl Drop for RegistryFront {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// One connection to the front, answered as `answer` says.
+async fn serve(mut inbound: tokio::net::TcpStream, upstream: &str, answer: Answer) {
+    match answer {
+        Answer::Pass => match tokio::net::TcpStream::connect(upstream).await {
+            Ok(mut outbound) => {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            }
+            // A stopped registry: the client's connection is closed unanswered, as refused.
+            Err(error) => tracing::debug!(%error, "registry front: upstream refused"),
+        },
+        Answer::Status(code) => {
+            // The request's head, so that the client reads an answer, not a reset.
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 * 1024 {
+                match tokio::time::timeout(Duration::from_secs(5), inbound.read(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
+                    _ => return,
+                }
+            }
+            let reason = match code {
+                429 => "Too Many Requests",
+                503 => "Service Unavailable",
+                _ => "Error",
+            };
+            let response = format!(
+                "HTTP/1.1 {code} {reason}\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+            );
+            let _ = inbound.write_all(response.as_bytes()).await;
+            let _ = inbound.shutdown().await;
+        }
+    }
+}
+
+/// What the injector needs to reach: the environment's processes, the upstream registry and its
+/// front, holdfast's replicas.
+pub struct Injector {
+    pub env: Arc<tokio::sync::Mutex<Env>>,
+    /// Shared with the soak, which needs it running after the last fault (the last moves).
+    pub registry: Arc<tokio::sync::Mutex<SpareRegistry>>,
+    pub front: Arc<RegistryFront>,
+    pub holdfast: Arc<Holdfast>,
+    pub client: kube::Client,
+    pub timeline: Timeline,
+    /// How long a fault is held before recovery begins.
+    pub hold: Duration,
+    /// The quiet spell before each fault.
+    pub quiet: Duration,
+    /// The soak's start, which logged times count from.
+    pub started: Instant,
+}
+
+impl Injector {
+    /// Cycles through [`Fault::ALL`] until `deadline`, and at least once through all of them;
+    /// returns how many faults were injected. A recovery that fails (a component that does not
+    /// come back) ends the soak with its error.
+    pub async fn run(mut self, deadline: Instant) -> Result<usize> {
+        let mut injected = 0;
+        while injected < Fault::ALL.len() || Instant::now() < deadline {
+            let fault = Fault::ALL[injected % Fault::ALL.len()];
+            tokio::time::sleep(self.quiet).await;
+            let index = self.timeline.begin(fault);
+            let detail = self
+                .inject(fault, injected)
+                .await
+                .with_context(|| format!("fault {}", fault.name()))?;
+            let window = self.timeline.end(index, detail);
+            let at = |t: Instant| t.duration_since(self.started).as_secs_f64();
+            eprintln!(
+                "soak: fault {} start=+{:.1}s end=+{:.1}s ({})",
+                fault.name(),
+                at(window.start),
+                at(window.end.unwrap_or(window.start)),
+                window.detail
+            );
+            injected += 1;
+        }
+        Ok(injected)
+    }
+
+    /// Injects `fault` (the `n`th), holds it, recovers; returns what it did.
+    async fn inject(&mut self, fault: Fault, n: usize) -> Result<String> {
+        match fault {
+            Fault::RegistryStopped => {
+                let mut registry = self.registry.lock().await;
+                registry.stop();
+                tokio::time::sleep(self.hold).await;
+                registry.start().await?;
+                Ok(format!(
+                    "upstream registry stopped for {:?}, started again",
+                    self.hold
+                ))
+            }
+            Fault::RegistryErrors => self.registry_answers(503).await,
+            Fault::RegistryThrottling => self.registry_answers(429).await,
+            Fault::ApiserverRestarted => {
+                let mut env = self.env.lock().await;
+                env.respawn_process(KUBE_APISERVER, Stop::Term(Duration::from_secs(10)))?;
+                env.until_apiserver_ready().await?;
+                Ok("kube-apiserver stopped (SIGTERM), started again, ready".into())
+            }
+            Fault::EtcdKilled => {
+                let mut env = self.env.lock().await;
+                env.respawn_process(ETCD, Stop::Kill)?;
+                env.until_apiserver_ready().await?;
+                Ok("etcd SIGKILLed, started again; kube-apiserver ready".into())
+            }
+            Fault::LeaderLinkCut => {
+                let leader = self.leader().await?;
+                let link = self
+                    .holdfast
+                    .replica(&leader)?
+                    .link
+                    .as_ref()
+                    .context("the leader has no link of its own")?;
+                let cut_for = LEASE_DURATION + self.hold;
+                link.hang();
+                tokio::time::sleep(cut_for).await;
+                link.resume();
+                Ok(format!(
+                    "{leader}'s link to the API server hung for {cut_for:?}, resumed"
+                ))
+            }
+            Fault::WebhookKilled => {
+                let name = WEBHOOKS[(n / Fault::ALL.len()) % WEBHOOKS.len()];
+                self.env.lock().await.respawn_process(name, Stop::Kill)?;
+                self.holdfast.replica(name)?.ready().await?;
+                Ok(format!("{name} SIGKILLed, started again, ready"))
+            }
+            Fault::ControllerKilled => {
+                let leader = self.leader().await?;
+                self.env.lock().await.respawn_process(&leader, Stop::Kill)?;
+                self.holdfast.replica(&leader)?.ready().await?;
+                Ok(format!("{leader} (leading) SIGKILLed, started again, ready"))
+            }
+            Fault::CertificateRotated => self.rotate_certificate().await,
+        }
+    }
+
+    async fn registry_answers(&self, code: u16) -> Result<String> {
+        self.front.answer(Answer::Status(code));
+        tokio::time::sleep(self.hold).await;
+        self.front.answer(Answer::Pass);
+        Ok(format!("registry answered {code} for {:?}", self.hold))
+    }
+
+    /// The controller replica holding the Lease now.
+    async fn leader(&self) -> Result<String> {
+        let lease = Api::<Lease>::namespaced(self.client.clone(), NAMESPACE)
+            .get(LEASE)
+            .await
+            .context("reading the controllers' Lease")?;
+        let holder = lease
+            .spec
+            .and_then(|s| s.holder_identity)
+            .context("the controllers' Lease has no holder")?;
+        anyhow::ensure!(
+            CONTROLLERS.contains(&holder.as_str()),
+            "the Lease is held by {holder}, not a replica"
+        );
+        Ok(holder)
+    }
+
+    /// A new serving certificate in the Secret the webhooks serve from (as any replica's renewal
+    /// writes it), then every replica serving it, seen by a client that trusts only the
+    /// published caBundle.
+    async fn rotate_certificate(&self) -> Result<String> {
+        let config = StoreConfig {
+            namespace: NAMESPACE.into(),
+            // The webhook's defaults for its Secret and Service.
+            secret: "holdfast-webhook-tls".into(),
+            ca: CaOptions::default(),
+            serving: ServingOptions::for_service("holdfast-webhook", NAMESPACE)
+                .with_ip(std::net::Ipv4Addr::LOCALHOST.into()),
+            renew_at_fraction: holdfast_certs::DEFAULT_RENEW_AT_FRACTION,
+            ca_overlap: Duration::from_secs(3600),
+            mutating_webhook_configurations: vec!["holdfast".into()],
+            validating_webhook_configurations: vec!["holdfast".into()],
+        };
+        let store = KubeCertStore::bootstrap(self.client.clone(), config).await?;
+        let first = self.holdfast.webhooks[0]
+            .addr
+            .as_deref()
+            .context("a webhook without an address")?;
+        let before = crate::webhook::served_fingerprint(first, &store.ca_bundle().await?).await?;
+        store.rotate_leaf().await?;
+        let (rotated, bundle) = (store.resolver().fingerprint(), store.ca_bundle().await?);
+        anyhow::ensure!(
+            rotated != before,
+            "the rotation left the certificate {before} in place"
+        );
+        let started = Instant::now();
+        for webhook in &self.holdfast.webhooks {
+            let addr = webhook.addr.as_deref().context("a webhook without an address")?;
+            // Nothing to watch: the certificate a process serves is seen only by connecting.
+            loop {
+                let served = crate::webhook::served_fingerprint(addr, &bundle).await;
+                if served.as_deref().ok() == Some(rotated.as_str()) {
+                    break;
+                }
+                anyhow::ensure!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "{} still serves {served:?}, not the rotated certificate {rotated}, 60 s on",
+                    webhook.name
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        Ok(format!(
+            "serving certificate rotated; both replicas served it after {:.1} s",
+            started.elapsed().as_secs_f64()
+        ))
+    }
+}

@@ -1,0 +1,376 @@
+//! What must hold all along, each breach a counted violation: no object stored pinned to a digest
+//! its tag never pointed to; no DigestCacheEntry lost (deleted while objects name its tag),
+//! reverted (back to an older digest of its tag) or naming a digest its tag never pointed to;
+//! every moved tag's pins followed within two refresh intervals of the last recovery; no holdfast
+//! process panicking. The history of each tag comes from the soak's own pushes, each recorded
+//! before the push, so a digest is in it before any registry can serve it. Also here: the
+//! resources of holdfast's processes sampled (and a process that exited started again, as a
+//! kubelet would).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+use futures::StreamExt as _;
+use holdfast_cache::cluster_store::DigestCacheEntry;
+use kube::{
+    Api, ResourceExt as _,
+    api::DynamicObject,
+    runtime::{WatchStreamExt as _, watcher},
+};
+use tokio_util::sync::CancellationToken;
+
+use super::{faults::Timeline, load, replicas::Holdfast};
+use crate::{Env, process::Usage};
+
+/// Locks a soak mutex; every writer leaves its state whole (one insert or push at a time), so
+/// a poisoned one is still consistent.
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Each tag's digests, oldest first, as the soak pushed them.
+#[derive(Debug, Default)]
+pub struct History {
+    /// Indexed by tag number: the tag's reference as objects name it, and its digests.
+    tags: Vec<(String, Vec<String>)>,
+}
+
+impl History {
+    /// A tag named `reference` (`front/repository:tag`), with no digest yet; its number.
+    pub fn add_tag(&mut self, reference: String) -> usize {
+        self.tags.push((reference, Vec::new()));
+        self.tags.len() - 1
+    }
+
+    /// `digest` is about to be pushed under tag `tag`; its position in the tag's history.
+    pub fn record(&mut self, tag: usize, digest: String) -> usize {
+        let digests = &mut self.tags[tag].1;
+        digests.push(digest);
+        digests.len() - 1
+    }
+
+    pub fn reference(&self, tag: usize) -> Option<&str> {
+        self.tags.get(tag).map(|(reference, _)| reference.as_str())
+    }
+
+    /// The tag named `reference`.
+    pub fn tag_of(&self, reference: &str) -> Option<usize> {
+        self.tags.iter().position(|(r, _)| r == reference)
+    }
+
+    /// Where `digest` is in tag `tag`'s history; none if the tag never pointed to it.
+    pub fn position(&self, tag: usize, digest: &str) -> Option<usize> {
+        self.tags.get(tag)?.1.iter().position(|d| d == digest)
+    }
+
+    pub fn tags(&self) -> usize {
+        self.tags.len()
+    }
+}
+
+/// One breach of an invariant.
+#[derive(Debug, Clone)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub detail: String,
+}
+
+/// Every violation so far; each is also printed when found.
+#[derive(Debug, Clone, Default)]
+pub struct Violations(Arc<Mutex<Vec<Violation>>>);
+
+impl Violations {
+    pub fn record(&self, invariant: &'static str, detail: String) {
+        eprintln!("soak: VIOLATION {invariant}: {detail}");
+        lock(&self.0).push(Violation { invariant, detail });
+    }
+
+    pub fn all(&self) -> Vec<Violation> {
+        lock(&self.0).clone()
+    }
+}
+
+/// What the checks share with the load.
+#[derive(Clone)]
+pub struct Shared {
+    pub history: Arc<Mutex<History>>,
+    /// Live objects per tag, as the load created and deleted them.
+    pub live: Arc<Mutex<BTreeMap<usize, usize>>>,
+    pub violations: Violations,
+    pub timeline: Timeline,
+}
+
+/// Watches the load's objects of `kind` until `stop`: every version stored pinned must name
+/// its tag's repository and a digest the tag pointed to.
+pub async fn watch_pins(
+    api: Api<DynamicObject>,
+    kind: holdfast_pins::PinnedKind,
+    shared: Shared,
+    stop: CancellationToken,
+) {
+    let config = watcher::Config::default().labels(load::TAG_LABEL);
+    let mut objects = std::pin::pin!(watcher(api, config).default_backoff().applied_objects());
+    // Each stored version is judged once, however often the watch delivers it again.
+    let mut reported = BTreeSet::new();
+    while let Some(Some(object)) = stop.run_until_cancelled(objects.next()).await {
+        let Ok(object) = object else { continue };
+        let Some((tag, url)) = load::tag_and_url(&object, kind) else {
+            continue;
+        };
+        let Some((repository, digest)) = url.split_once('@') else {
+            continue;
+        };
+        let served = {
+            let history = lock(&shared.history);
+            let written = history
+                .reference(tag)
+                .and_then(|r| r.rsplit_once(':'))
+                .map(|(repo, _)| repo);
+            written == Some(repository) && history.position(tag, digest).is_some()
+        };
+        if !served && reported.insert((object.uid(), url.to_string())) {
+            shared.violations.record(
+                "pin-never-served",
+                format!(
+                    "{kind} {}/{} stored pinned to {url}, which tag {tag} never pointed to",
+                    object.namespace().unwrap_or_default(),
+                    object.name_any()
+                ),
+            );
+        }
+    }
+}
+
+/// Watches the digest cache until `stop`: an entry of a soak tag must name a digest of the tag,
+/// never move back to an older one, and never go while objects name the tag.
+pub async fn watch_entries(api: Api<DigestCacheEntry>, shared: Shared, stop: CancellationToken) {
+    use kube::runtime::watcher::Event;
+    let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+    // Per entry: its tag and the latest position of its digest in the tag's history.
+    let mut known: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    let mut listing: Option<BTreeSet<String>> = None;
+    while let Some(Some(event)) = stop.run_until_cancelled(events.next()).await {
+        let Ok(event) = event else { continue };
+        match event {
+            Event::Init => listing = Some(BTreeSet::new()),
+            Event::InitApply(entry) => {
+                listing.get_or_insert_default().insert(entry.name_any());
+                judge_entry(&entry, &mut known, &shared);
+            }
+            // A relisting (after the API server or etcd came back) shows what went meanwhile.
+            Event::InitDone => {
+                let listed = listing.take().unwrap_or_default();
+                let gone: Vec<String> = known.keys().filter(|k| !listed.contains(*k)).cloned().collect();
+                for name in gone {
+                    entry_gone(&name, &mut known, &shared);
+                }
+            }
+            Event::Apply(entry) => judge_entry(&entry, &mut known, &shared),
+            Event::Delete(entry) => entry_gone(&entry.name_any(), &mut known, &shared),
+        }
+    }
+}
+
+fn judge_entry(entry: &DigestCacheEntry, known: &mut BTreeMap<String, (usize, usize)>, shared: &Shared) {
+    let history = lock(&shared.history);
+    let Some(tag) = history.tag_of(&entry.spec.reference) else {
+        return;
+    };
+    let digest = entry.spec.digest.to_string();
+    let name = entry.name_any();
+    match history.position(tag, &digest) {
+        None => shared.violations.record(
+            "entry-never-served",
+            format!("DigestCacheEntry {name} holds {digest}, which tag {tag} never pointed to"),
+        ),
+        Some(position) => {
+            if let Some((_, before)) = known.get(&name)
+                && position < *before
+            {
+                shared.violations.record(
+                    "entry-reverted",
+                    format!(
+                        "DigestCacheEntry {name} went back from version {before} to {position} ({digest}) of tag {tag}"
+                    ),
+                );
+            }
+            known.insert(name, (tag, position));
+        }
+    }
+}
+
+fn entry_gone(name: &str, known: &mut BTreeMap<String, (usize, usize)>, shared: &Shared) {
+    let Some((tag, _)) = known.remove(name) else {
+        return;
+    };
+    let named_by = lock(&shared.live).get(&tag).copied().unwrap_or(0);
+    if named_by > 0 {
+        shared.violations.record(
+            "entry-lost",
+            format!("DigestCacheEntry {name} of tag {tag} deleted while {named_by} objects name the tag"),
+        );
+    }
+}
+
+/// A tag moved: its new digest's position in the tag's history, and when.
+#[derive(Debug, Clone, Copy)]
+pub struct Move {
+    pub tag: usize,
+    pub position: usize,
+    pub at: Instant,
+}
+
+/// Waits until two refresh intervals (and `slack`) after the later of the move and the last
+/// recovery from a fault that touched the time since, then checks that every object naming the
+/// tag, not being deleted, is pinned to the moved digest or a later one. Returns whether it
+/// was checked (an API server that does not answer by `give_up` leaves it unchecked).
+pub async fn follow(
+    apis: Vec<(holdfast_pins::PinnedKind, Api<DynamicObject>)>,
+    moved: Move,
+    refresh: Duration,
+    slack: Duration,
+    shared: Shared,
+) -> bool {
+    let wait = refresh * 2 + slack;
+    let due = loop {
+        let due = shared
+            .timeline
+            .last_recovery_since(moved.at)
+            .unwrap_or(moved.at)
+            .max(moved.at)
+            + wait;
+        tokio::time::sleep_until(due.into()).await;
+        // A fault injected meanwhile moves the deadline to two intervals after its recovery.
+        if shared.timeline.last_recovery_since(moved.at).unwrap_or(moved.at) + wait <= Instant::now() {
+            break due;
+        }
+    };
+    let selector = format!("{}={}", load::TAG_LABEL, moved.tag);
+    let mut behind = Vec::new();
+    for (kind, api) in apis {
+        let listed = loop {
+            match api
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await
+            {
+                Ok(listed) => break listed,
+                // The next fault may be the API server's: wait for it, as the load does.
+                Err(error) if due.elapsed() < refresh * 4 => {
+                    tracing::debug!(%error, "listing for a follow check");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(error) => {
+                    eprintln!("soak: follow check of tag {} not done: {error}", moved.tag);
+                    return false;
+                }
+            }
+        };
+        let history = lock(&shared.history);
+        for object in listed
+            .items
+            .iter()
+            .filter(|o| o.metadata.deletion_timestamp.is_none())
+        {
+            let Some((_, url)) = load::tag_and_url(object, kind) else {
+                continue;
+            };
+            let position = url
+                .split_once('@')
+                .and_then(|(_, d)| history.position(moved.tag, d));
+            if position.is_none_or(|p| p < moved.position) {
+                behind.push(format!(
+                    "{kind} {}/{}: {url}",
+                    object.namespace().unwrap_or_default(),
+                    object.name_any()
+                ));
+            }
+        }
+    }
+    if !behind.is_empty() {
+        shared.violations.record(
+            "pins-did-not-follow",
+            format!(
+                "tag {} moved to version {} {:.0} s ago; {:.0} s after the move (or the last recovery since) these still name an older digest or the tag: {}",
+                moved.tag,
+                moved.position,
+                moved.at.elapsed().as_secs_f64(),
+                wait.as_secs_f64(),
+                behind.join(", ")
+            ),
+        );
+    }
+    true
+}
+
+/// One sample of one holdfast process.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub name: &'static str,
+    pub pid: u32,
+    pub at: Instant,
+    pub usage: Usage,
+}
+
+/// Samples every holdfast process every `every` until `stop`, and starts again any that exited
+/// (a controller that lost its Lease exits, and its pod's container is restarted); returns the
+/// samples and the restarts.
+pub async fn monitor(
+    env: Arc<tokio::sync::Mutex<Env>>,
+    holdfast: Arc<Holdfast>,
+    every: Duration,
+    started: Instant,
+    stop: CancellationToken,
+) -> Result<(Vec<Sample>, Vec<String>)> {
+    let (mut samples, mut restarts) = (Vec::new(), Vec::new());
+    let mut tick = tokio::time::interval(every);
+    while stop.run_until_cancelled(tick.tick()).await.is_some() {
+        let mut env = env.lock().await;
+        for replica in holdfast.replicas() {
+            if let Some(status) = env.exited(replica.name)? {
+                let restart = format!(
+                    "{} exited ({status}) at +{:.0}s, started again",
+                    replica.name,
+                    started.elapsed().as_secs_f64()
+                );
+                eprintln!("soak: {restart}");
+                env.respawn_process(replica.name, crate::process::Stop::Kill)?;
+                restarts.push(restart);
+                continue;
+            }
+            let Some(pid) = env.pid_of(replica.name) else {
+                continue;
+            };
+            // A process that exits between the check and the read is restarted next round.
+            if let Ok(usage) = Usage::of(Some(pid)) {
+                samples.push(Sample {
+                    name: replica.name,
+                    pid,
+                    at: Instant::now(),
+                    usage,
+                });
+            }
+        }
+    }
+    Ok((samples, restarts))
+}
+
+/// The lines of holdfast's logs that report a panic.
+pub fn panics(env: &Env, holdfast: &Holdfast) -> Vec<String> {
+    holdfast
+        .replicas()
+        .flat_map(|replica| {
+            let log = env
+                .log_path(replica.name)
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .unwrap_or_default();
+            log.lines()
+                .filter(|l| l.contains("panicked"))
+                .map(|l| format!("{}: {l}", replica.name))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}

@@ -1,0 +1,304 @@
+//! The soak (issue 33): holdfast under continuous churn while a fault injector cycles through
+//! the failures it knows, one at a time with recovery between, and invariants checked all along.
+//!
+//! The environment is the host-process one of `make up` and the e2e suites ([`Env`]): the real
+//! kube-apiserver, etcd, kube-controller-manager, kube-scheduler and kwok, the real
+//! kapp-controller, and holdfast's own binaries as processes ([`replicas`]: two webhooks behind
+//! a front that balances connections, two controllers electing a leader, each through a link of
+//! its own). The upstream registry is a registry of the soak's own behind a front that can
+//! answer 503 or 429 ([`faults::RegistryFront`]); the objects name the front. Not yet here:
+//! `make cluster`'s real node, kpack and Korifi (org deletions), the mirror registry and its
+//! faults, a registry answering wrong digests, and the audit-log check of writes by a
+//! controller that was not leader.
+
+pub mod faults;
+pub mod invariants;
+pub mod load;
+pub mod replicas;
+pub mod report;
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, ensure};
+use holdfast_pins::PinnedKind;
+use kube::Api;
+use tokio_util::sync::CancellationToken;
+
+use self::{
+    faults::{Fault, Injector, RegistryFront, Timeline},
+    invariants::{Shared, Violations},
+    load::{Load, Outcome, Shape},
+    replicas::Holdfast,
+    report::Report,
+};
+use crate::{Env, installed::NAMESPACE};
+
+/// How long after a fault's recovery a client's failure (or an admission let through unpinned)
+/// is still the fault's: clients reconnect, and the API server's own clients resync.
+const GRACE: Duration = Duration::from_secs(15);
+
+/// How the soak runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Faults are injected until then (and each at least once).
+    pub duration: Duration,
+    pub shape: Shape,
+    /// The controllers' refresh interval: a moved tag's pins follow within two of them.
+    pub refresh: Duration,
+    /// How long each fault is held.
+    pub hold: Duration,
+    /// The quiet spell before each fault.
+    pub quiet: Duration,
+    /// Before the first fault; also what the resource slopes leave out of each process's life.
+    pub warm_up: Duration,
+    pub sample_every: Duration,
+    /// Added to two refresh intervals before a moved tag's pins are checked (a loaded machine).
+    pub follow_slack: Duration,
+    /// When set, the resource bounds are violations: the steepest RSS slope of a process (MiB/h),
+    /// and the growth of its open file descriptors and threads. A short run's slope says
+    /// nothing about an hour, so only a long one enforces them.
+    pub bounds: Option<Bounds>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    pub rss_slope_mib_per_h: f64,
+    pub fd_growth: i64,
+    pub thread_growth: i64,
+}
+
+impl Config {
+    /// `make soak`: `minutes` of faults (`SOAK_MINUTES`) over 200 objects and 30 tags, each tag
+    /// moved every 5 minutes; the resource bounds enforced from an hour on.
+    pub fn long(minutes: u64) -> Self {
+        let duration = Duration::from_secs(minutes * 60);
+        Self {
+            duration,
+            shape: Shape {
+                namespaces: 5,
+                tags: 30,
+                objects: 200,
+                churn_every: Duration::from_millis(500),
+                move_every: Duration::from_secs(10),
+                sync_period: Duration::from_secs(120),
+            },
+            refresh: Duration::from_secs(60),
+            hold: Duration::from_secs(20),
+            quiet: Duration::from_secs(60),
+            warm_up: (duration / 10).clamp(Duration::from_secs(60), Duration::from_secs(600)),
+            sample_every: Duration::from_secs(15),
+            follow_slack: Duration::from_secs(60),
+            bounds: (minutes >= 60).then_some(Bounds {
+                rss_slope_mib_per_h: 5.0,
+                fd_growth: 50,
+                thread_growth: 10,
+            }),
+        }
+    }
+
+    /// The short soak of `make test`: each fault once, 24 objects over 6 tags, a tag moved
+    /// every 15 s, refreshes every 15 s; about five minutes.
+    pub fn short() -> Self {
+        Self {
+            duration: Duration::ZERO,
+            shape: Shape {
+                namespaces: 2,
+                tags: 6,
+                objects: 24,
+                churn_every: Duration::from_millis(700),
+                move_every: Duration::from_secs(15),
+                sync_period: Duration::from_secs(120),
+            },
+            refresh: Duration::from_secs(15),
+            hold: Duration::from_secs(5),
+            quiet: Duration::from_secs(5),
+            warm_up: Duration::from_secs(20),
+            sample_every: Duration::from_secs(5),
+            follow_slack: Duration::from_secs(30),
+            bounds: None,
+        }
+    }
+}
+
+/// Runs the soak in an environment of its own; its report (the violations counted, not
+/// raised). Fails only when the environment itself does (a component that does not recover).
+pub async fn run(config: Config) -> Result<Report> {
+    let started = Instant::now();
+    let mut env = Env::start().await?;
+    ensure!(
+        !env.is_existing_cluster(),
+        "the soak runs only on the local control plane"
+    );
+    let registry = env.spare_registry().await?;
+    let (pushes, front) = (
+        registry.addr.clone(),
+        Arc::new(RegistryFront::start(&registry.addr).await?),
+    );
+    let registry = Arc::new(tokio::sync::Mutex::new(registry));
+    let holdfast = Arc::new(Holdfast::start(&mut env, &front.addr, config.refresh).await?);
+    env.kapp_controller().await?;
+    let client = env.client().await?;
+    let shared = Shared {
+        history: Arc::default(),
+        live: Arc::default(),
+        violations: Violations::default(),
+        timeline: Timeline::default(),
+    };
+    let mut load = Load::prepare(&env, &pushes, &front.addr, config.shape.clone(), shared.clone()).await?;
+
+    let stop_checks = CancellationToken::new();
+    let kinds = [PinnedKind::App, PinnedKind::PackageRepository];
+    let mut watches = Vec::new();
+    for kind in kinds {
+        let api = load::api_all(&client, kind);
+        watches.push(tokio::spawn(invariants::watch_pins(
+            api,
+            kind,
+            shared.clone(),
+            stop_checks.clone(),
+        )));
+    }
+    watches.push(tokio::spawn(invariants::watch_entries(
+        Api::namespaced(client.clone(), NAMESPACE),
+        shared.clone(),
+        stop_checks.clone(),
+    )));
+    load.fill().await?;
+    eprintln!(
+        "soak: ready in {:.1} s: {} objects over {} tags, 2 webhook and 2 controller replicas, kapp-controller; faults after a {:?} warm-up",
+        started.elapsed().as_secs_f64(),
+        config.shape.objects,
+        config.shape.tags,
+        config.warm_up
+    );
+
+    let env = Arc::new(tokio::sync::Mutex::new(env));
+    let stop_monitor = CancellationToken::new();
+    let monitor = tokio::spawn(invariants::monitor(
+        env.clone(),
+        holdfast.clone(),
+        config.sample_every,
+        started,
+        stop_monitor.clone(),
+    ));
+    let stop_load = CancellationToken::new();
+    let churn = tokio::spawn(load.churn(stop_load.clone()));
+    let (moved, mut moves) = tokio::sync::mpsc::unbounded_channel();
+    let mover = tokio::spawn(load::move_tags(
+        pushes,
+        shared.clone(),
+        config.shape.tags,
+        config.shape.move_every,
+        moved,
+        stop_load.clone(),
+    ));
+    let follows = {
+        let apis: Vec<_> = kinds.iter().map(|k| (*k, load::api_all(&client, *k))).collect();
+        let (shared, refresh, slack) = (shared.clone(), config.refresh, config.follow_slack);
+        tokio::spawn(async move {
+            let mut checks = tokio::task::JoinSet::new();
+            while let Some(m) = moves.recv().await {
+                checks.spawn(invariants::follow(
+                    apis.clone(),
+                    m,
+                    refresh,
+                    slack,
+                    shared.clone(),
+                ));
+            }
+            let mut checked = 0;
+            while let Some(done) = checks.join_next().await {
+                checked += usize::from(matches!(done, Ok(true)));
+            }
+            checked
+        })
+    };
+
+    tokio::time::sleep(config.warm_up).await;
+    let injector = Injector {
+        env: env.clone(),
+        registry: registry.clone(),
+        front: front.clone(),
+        holdfast: holdfast.clone(),
+        client: client.clone(),
+        timeline: shared.timeline.clone(),
+        hold: config.hold,
+        quiet: config.quiet,
+        started,
+    };
+    let faults = tokio::spawn(injector.run(started + config.duration)).await??;
+
+    // The load stops; the last moves' pins get their two refresh intervals.
+    stop_load.cancel();
+    let load = churn.await?;
+    let tag_moves = mover.await?;
+    let follows_checked = follows.await?;
+    stop_monitor.cancel();
+    let (samples, restarts) = monitor.await??;
+    stop_checks.cancel();
+    for watch in watches {
+        watch.await?;
+    }
+
+    let violations = &shared.violations;
+    for panic in invariants::panics(&*env.lock().await, &holdfast) {
+        violations.record("panic", panic);
+    }
+    let timeline = &shared.timeline;
+    let excused =
+        |a: &load::Admission, which: fn(Fault) -> bool| timeline.overlaps(a.start, a.end, GRACE, which);
+    let of = |outcome: Outcome| load.admissions.iter().filter(move |a| a.outcome == outcome);
+    let (mut failed_outside, mut unpinned_outside) = (0, 0);
+    for admission in of(Outcome::Failed).filter(|a| !excused(a, Fault::apiserver_down)) {
+        failed_outside += 1;
+        violations.record("admission-failed", admission.detail.clone());
+    }
+    let down = |f: Fault| f.apiserver_down() || f.webhook_down();
+    for admission in of(Outcome::Unpinned).filter(|a| !excused(a, down)) {
+        unpinned_outside += 1;
+        violations.record("admitted-unpinned", admission.detail.clone());
+    }
+    let judged = |component| report::resources(&samples, component, started, config.warm_up, config.warm_up);
+    let (webhook, controller) = (judged("holdfast-webhook"), judged("holdfast-controller"));
+    if let Some(bounds) = config.bounds {
+        for (name, r) in [("webhook", webhook), ("controller", controller)] {
+            if r.rss_slope_mib_per_h
+                .is_some_and(|s| s > bounds.rss_slope_mib_per_h)
+            {
+                violations.record("rss-slope", format!("{name}: {:?} MiB/h", r.rss_slope_mib_per_h));
+            }
+            if r.fd_growth > bounds.fd_growth || r.thread_growth > bounds.thread_growth {
+                violations.record(
+                    "resource-growth",
+                    format!(
+                        "{name}: {} more fds, {} more threads",
+                        r.fd_growth, r.thread_growth
+                    ),
+                );
+            }
+        }
+    }
+    let count = |outcome: Outcome| of(outcome).count();
+    let report = Report {
+        minutes: started.elapsed().as_secs_f64() / 60.0,
+        faults,
+        violations: violations.all().len(),
+        webhook,
+        controller,
+        admissions: load.admissions.len(),
+        failed_admissions: count(Outcome::Failed),
+        failed_admissions_outside_apiserver_down: failed_outside,
+        unpinned_admissions: count(Outcome::Unpinned),
+        unpinned_outside_webhook_or_apiserver_down: unpinned_outside,
+        tag_moves,
+        follows_checked,
+        restarts: restarts.len(),
+        panics: violations.all().iter().filter(|v| v.invariant == "panic").count(),
+    };
+    // The environment's processes stop with it, here, on the runtime that started them.
+    drop(env);
+    Ok(report)
+}

@@ -1,0 +1,159 @@
+//! holdfast as the soak runs it: two `holdfast-webhook` processes behind a [`Balancer`] that the
+//! shipped webhook configurations call (a Service before a two-replica Deployment), and two
+//! `holdfast-controller` processes electing a leader, each reaching the API server through a
+//! [`Relay`] of its own so that one replica's link can be cut while the other's stays up.
+
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context, Result};
+use tempfile::TempDir;
+
+use crate::{
+    Env,
+    installed::{self, CONTROLLER, WEBHOOK},
+    process::free_port,
+    slow_link::{Balancer, Relay},
+};
+
+/// The webhook replicas' process names in the environment.
+pub const WEBHOOKS: [&str; 2] = ["holdfast-webhook-a", "holdfast-webhook-b"];
+/// The controller replicas' process names, also their identities in the Lease.
+pub const CONTROLLERS: [&str; 2] = ["holdfast-controller-a", "holdfast-controller-b"];
+/// The Lease the controller replicas compete for (the binary's default).
+pub const LEASE: &str = "holdfast-controller";
+/// The controller binary's lease duration: a follower takes over this long after the leader's
+/// last renewal.
+pub const LEASE_DURATION: Duration = Duration::from_secs(15);
+
+/// One process of holdfast's.
+pub struct Replica {
+    /// Its process name in the environment ([`WEBHOOKS`], [`CONTROLLERS`]).
+    pub name: &'static str,
+    /// The webhook's TLS address (none for a controller).
+    pub addr: Option<String>,
+    /// Its admin address (`/readyz`, `/metrics`).
+    pub admin: String,
+    /// The controller's link to the API server (none for a webhook).
+    pub link: Option<Relay>,
+}
+
+impl Replica {
+    /// Returns once it answers `/readyz` (a webhook: caches synced, certificate served; a
+    /// controller: its cache synced, and leading with renewals on time or following).
+    pub async fn ready(&self) -> Result<()> {
+        installed::until_ready(&self.admin, self.name).await
+    }
+}
+
+pub struct Holdfast {
+    pub webhooks: Vec<Replica>,
+    pub controllers: Vec<Replica>,
+    /// What the webhook configurations call.
+    pub front: Balancer,
+    /// The controllers' kubeconfigs (through their relays).
+    _dir: TempDir,
+}
+
+impl Holdfast {
+    /// Creates holdfast's namespace and webhook configurations (calling the front) and starts
+    /// the four processes, each speaking plain HTTP to `registry` (the soak's registry front) and
+    /// the controllers refreshing every `refresh`; returns once all four are ready.
+    pub async fn start(env: &mut Env, registry: &str, refresh: Duration) -> Result<Self> {
+        let insecure = format!("--insecure-registry={registry}");
+        let ports = [(free_port()?, free_port()?), (free_port()?, free_port()?)];
+        let front = Balancer::start(
+            ports
+                .iter()
+                .map(|(port, _)| format!("127.0.0.1:{port}"))
+                .collect(),
+        )
+        .await?;
+        installed::create_namespace_and_configurations(env, &format!("https://{}", front.addr), None).await?;
+        let kubeconfig = env.kubeconfig().to_path_buf();
+        let mut webhooks = Vec::new();
+        for (name, (port, admin_port)) in WEBHOOKS.into_iter().zip(ports) {
+            let mut args = installed::webhook_args(env, port, admin_port);
+            args.push(insecure.clone());
+            spawn(env, name, WEBHOOK, &args, &kubeconfig)?;
+            let replica = Replica {
+                name,
+                addr: Some(format!("127.0.0.1:{port}")),
+                admin: format!("127.0.0.1:{admin_port}"),
+                link: None,
+            };
+            // One after the other: the first creates the certificate Secret the second reads.
+            replica.ready().await?;
+            webhooks.push(replica);
+        }
+
+        let dir = tempfile::Builder::new().prefix("holdfast-soak-").tempdir()?;
+        let apiserver = format!("127.0.0.1:{}", env.apiserver_port());
+        let mut controllers = Vec::new();
+        for name in CONTROLLERS {
+            let link = Relay::start(&apiserver).await?;
+            let through_link = dir.path().join(format!("{name}.kubeconfig"));
+            write_kubeconfig_via(&kubeconfig, &apiserver, &link.addr, &through_link)?;
+            let admin = format!("127.0.0.1:{}", free_port()?);
+            let mut args = installed::controller_args(env, &admin);
+            args.extend([
+                insecure.clone(),
+                format!("--identity={name}"),
+                format!("--lease-name={LEASE}"),
+                format!("--refresh-seconds={}", refresh.as_secs()),
+            ]);
+            spawn(env, name, CONTROLLER, &args, &through_link)?;
+            controllers.push(Replica {
+                name,
+                addr: None,
+                admin,
+                link: Some(link),
+            });
+        }
+        for controller in &controllers {
+            controller.ready().await?;
+        }
+        Ok(Self {
+            webhooks,
+            controllers,
+            front,
+            _dir: dir,
+        })
+    }
+
+    /// Every replica, webhooks first.
+    pub fn replicas(&self) -> impl Iterator<Item = &Replica> {
+        self.webhooks.iter().chain(&self.controllers)
+    }
+
+    /// The replica whose process is `name`.
+    pub fn replica(&self, name: &str) -> Result<&Replica> {
+        self.replicas()
+            .find(|r| r.name == name)
+            .with_context(|| format!("no replica {name}"))
+    }
+}
+
+/// Starts holdfast's `binary` ([`WEBHOOK`], [`CONTROLLER`]) as the environment's process `name`,
+/// reaching the API server as `kubeconfig` says.
+fn spawn(env: &mut Env, name: &'static str, binary: &str, args: &[String], kubeconfig: &Path) -> Result<()> {
+    env.spawn_with_env(
+        name,
+        &installed::binary(binary)?,
+        args,
+        &[("KUBECONFIG", kubeconfig)],
+    )
+}
+
+/// Writes a copy of the kubeconfig `from` that reaches the API server at `via` instead of
+/// `apiserver` (the API server's certificate names 127.0.0.1, so the relay's address verifies).
+fn write_kubeconfig_via(from: &Path, apiserver: &str, via: &str, to: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(from).with_context(|| format!("reading {}", from.display()))?;
+    let server = format!("https://{apiserver}");
+    anyhow::ensure!(
+        text.contains(&server),
+        "{} does not name {server}",
+        from.display()
+    );
+    std::fs::write(to, text.replace(&server, &format!("https://{via}")))
+        .with_context(|| format!("writing {}", to.display()))
+}

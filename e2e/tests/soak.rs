@@ -1,0 +1,35 @@
+//! Issue 33, the short soak: the same code as `make soak` ([`holdfast_e2e::soak`]) with 24
+//! objects over 6 tags and each fault injected once, in an environment of its own; no invariant
+//! may break.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, ensure};
+use holdfast_e2e::soak::{self, Config, faults::Fault};
+
+fn main() -> ExitCode {
+    holdfast_e2e::suite::run_alone("the_short_soak_breaks_no_invariant", the_short_soak)
+}
+
+async fn the_short_soak() -> Result<()> {
+    let report = tokio::spawn(soak::run(Config::short()))
+        .await
+        .context("the soak panicked")??;
+    eprintln!("{report}");
+    ensure!(
+        report.violations == 0,
+        "{} violations (listed above): {report}",
+        report.violations
+    );
+    ensure!(
+        report.faults >= Fault::ALL.len(),
+        "{} faults injected, not each of the {} once",
+        report.faults,
+        Fault::ALL.len()
+    );
+    ensure!(
+        report.admissions > 0 && report.tag_moves > 0 && report.follows_checked > 0,
+        "the load did not run: {report}"
+    );
+    Ok(())
+}
