@@ -46,10 +46,14 @@ impl History {
         self.tags.len() - 1
     }
 
-    /// `digest` is about to be pushed under tag `tag`; its position in the tag's history.
+    /// `digest` is about to be pushed under tag `tag`; its position in the tag's history. A
+    /// push tried again (the registry was stopped) records nothing new: the same digest twice
+    /// would make the later position look older than the move it is.
     pub fn record(&mut self, tag: usize, digest: String) -> usize {
         let digests = &mut self.tags[tag].1;
-        digests.push(digest);
+        if digests.last() != Some(&digest) {
+            digests.push(digest);
+        }
         digests.len() - 1
     }
 
@@ -373,4 +377,23 @@ pub fn panics(env: &Env, holdfast: &Holdfast) -> Vec<String> {
                 .collect::<Vec<_>>()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_push_tried_again_keeps_its_position() {
+        let mut history = History::default();
+        let tag = history.add_tag("front/soak/config-00:live".into());
+        assert_eq!(history.record(tag, "sha256:a".into()), 0);
+        assert_eq!(history.record(tag, "sha256:b".into()), 1);
+        // The push of b failed and is tried again: b is still the move it was.
+        assert_eq!(history.record(tag, "sha256:b".into()), 1);
+        assert_eq!(history.position(tag, "sha256:b"), Some(1));
+        assert_eq!(history.record(tag, "sha256:c".into()), 2);
+        assert_eq!(history.tag_of("front/soak/config-00:live"), Some(tag));
+        assert_eq!(history.position(tag, "sha256:d"), None);
+    }
 }
