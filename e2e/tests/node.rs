@@ -848,9 +848,19 @@ async fn under_restricted_egress(cluster: &Cluster, kubelet: &str, registry: &st
         Ok(())
     }
     .await;
+    // Gone before the next test: it carries the release's labels, and the uninstall's watch of
+    // the release's pods would see it go.
     cluster.run(
         "kubectl",
-        &["delete", "pod", "-n", NAMESPACE, "egress-client", "--wait=false"],
+        &[
+            "delete",
+            "pod",
+            "-n",
+            NAMESPACE,
+            "egress-client",
+            "--grace-period=1",
+            "--timeout=180s",
+        ],
     )?;
     result
 }
@@ -863,20 +873,23 @@ struct Admissions {
     unpinned: Vec<String>,
 }
 
-/// Creates a tagged App every 100 ms until `stop`; each must be admitted and stored pinned.
+/// Creates a tagged App every 100 ms until `stop`; each must be admitted and stored pinned. They
+/// are paused (`spec.paused`, pinned all the same): they are there to be admitted, and a thousand
+/// Apps reconciling would keep the in-cluster kapp-controller busy for the tests after them.
 async fn admit_steadily(api: Api<DynamicObject>, url: String, stop: Arc<AtomicBool>) -> Admissions {
     let mut seen = Admissions::default();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         let name = unique_name("steady");
-        let app: DynamicObject = match serde_yaml::from_str(&app_yaml(&name, &url)) {
+        let mut app: DynamicObject = match serde_yaml::from_str(&app_yaml(&name, &url)) {
             Ok(app) => app,
             Err(e) => {
                 seen.failed.push(format!("{name}: {e}"));
                 continue;
             }
         };
+        app.data["spec"]["paused"] = Value::Bool(true);
         match api.create(&PostParams::default(), &app).await {
             Ok(stored) if fetch_url(&stored).contains("@sha256:") => seen.created += 1,
             Ok(stored) => seen.unpinned.push(format!("{name}: {}", fetch_url(&stored))),
