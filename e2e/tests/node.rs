@@ -873,24 +873,29 @@ struct Admissions {
     unpinned: Vec<String>,
 }
 
-/// Creates a tagged App every 100 ms until `stop`; each must be admitted and stored pinned. They
-/// are paused (`spec.paused`, pinned all the same): they are there to be admitted, and a thousand
-/// Apps reconciling would keep the in-cluster kapp-controller busy for the tests after them.
+/// Creates a tagged App every 100 ms until `stop`; each must be admitted and come back pinned. The
+/// creations are server-side dry runs: they pass every admission step a stored write passes (the
+/// webhook's `sideEffects: None` lets the API server call it), but store nothing, so the thousand
+/// Apps of a stream leave no work for the in-cluster kapp-controller (stored, even paused, they
+/// queued the package test's App past its deadline).
 async fn admit_steadily(api: Api<DynamicObject>, url: String, stop: Arc<AtomicBool>) -> Admissions {
     let mut seen = Admissions::default();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         let name = unique_name("steady");
-        let mut app: DynamicObject = match serde_yaml::from_str(&app_yaml(&name, &url)) {
+        let app: DynamicObject = match serde_yaml::from_str(&app_yaml(&name, &url)) {
             Ok(app) => app,
             Err(e) => {
                 seen.failed.push(format!("{name}: {e}"));
                 continue;
             }
         };
-        app.data["spec"]["paused"] = Value::Bool(true);
-        match api.create(&PostParams::default(), &app).await {
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        match api.create(&dry_run, &app).await {
             Ok(stored) if fetch_url(&stored).contains("@sha256:") => seen.created += 1,
             Ok(stored) => seen.unpinned.push(format!("{name}: {}", fetch_url(&stored))),
             Err(e) => seen.failed.push(format!("{name}: {e}")),
