@@ -13,8 +13,8 @@
 #     Kubernetes release, containerd 2.4 with its runc shim (static), crictl, agnhost (static) and
 #     the pause program (static, compiled from
 #     the Kubernetes module's build/pause/linux/pause.c), both packed as OCI image layouts,
-#     kube-router (its NetworkPolicy controller), and kapp-controller, vendir, ytt, kapp and kbld
-#     again, static, for kapp-controller's image (scripts/kapp-controller.sh);
+#     kube-router (its NetworkPolicy controller), and kapp-controller, vendir, ytt, kapp, kbld and
+#     helm again, static, for kapp-controller's image (scripts/kapp-controller.sh);
 #     and the release tools: helm (the chart), imgpkg (the Carvel bundles), cosign (signing the
 #     image), umoci (the image's layout); cargo-cyclonedx from crates.io (the SBOMs); the arm64
 #     cross toolchain: cargo-zigbuild from crates.io and zig from PyPI (the ziglang wheel).
@@ -368,6 +368,9 @@ build_kapp_controller_static() {
   for name in vendir ytt kapp kbld; do
     CGO_ENABLED=0 build_peer "$name" "-s -w" "carvel.dev/$name/cmd/$name=static/$name"
   done
+  # helm for Apps and Packages that template with helmTemplate (holdfast's own package does), as
+  # upstream's image has it; linked as the host's helm below.
+  CGO_ENABLED=0 build_peer helm "$(helm_ldflags)" helm.sh/helm/v3/cmd/helm=static/helm
 }
 
 build_kpack() {
@@ -476,17 +479,22 @@ build_node_tools() {
     github.com/cloudnativelabs/kube-router/v2/cmd/kube-router=kube-router
 }
 
-# Release tools: the chart (make chart, tests/dist.rs). As helm's own Makefile links it: its
-# version, and the Kubernetes version of its client-go as the default capabilities (else
-# `helm template` assumes 1.20 and the chart's kubeVersion fails).
-build_helm() {
+# helm's ldflags, as helm's own Makefile links it: its version, and the Kubernetes version of its
+# client-go as the default capabilities (else `helm template` assumes 1.20 and the chart's
+# kubeVersion fails). For the host's helm and the static one of kapp-controller's image.
+helm_ldflags() {
   local minor ld pkg
   minor=$(required_version helm k8s.io/client-go | cut -d. -f2)
   ld="-s -w -X helm.sh/helm/v3/internal/version.version=$(required_version helm helm.sh/helm/v3)"
   for pkg in chartutil lint/rules; do
     ld+=" -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/$pkg.k8sVersionMinor=$minor"
   done
-  build_peer helm "$ld" helm.sh/helm/v3/cmd/helm=helm
+  echo "$ld"
+}
+
+# Release tools: the chart (make chart, tests/dist.rs).
+build_helm() {
+  build_peer helm "$(helm_ldflags)" helm.sh/helm/v3/cmd/helm=helm
 }
 
 # The image's layout (make image) and signing it (make sign).

@@ -7,15 +7,19 @@
 #   scripts/kapp-controller.sh image        the image, built without a Docker engine as
 #                                           scripts/image.sh builds holdfast's (umoci, an OCI layout
 #                                           cached beside the programs): kapp-controller, vendir,
-#                                           ytt, kapp and kbld, static (CGO_ENABLED=0, as upstream's
-#                                           Dockerfile builds them; scripts/install-deps.sh --node),
+#                                           ytt, kapp, kbld and helm (helmTemplate, as holdfast's
+#                                           own package templates), static (CGO_ENABLED=0, as
+#                                           upstream's Dockerfile builds them;
+#                                           scripts/install-deps.sh --node),
 #                                           laid out as upstream's image lays them out: the programs
 #                                           in / (on PATH, where kapp-controller runs them from),
 #                                           the user kapp-controller (1000, group 0) in /etc/passwd,
 #                                           the CA bundle at /etc/pki/tls/certs/ca-bundle.crt (and
 #                                           .orig) in a directory group 0 may write (its sidecar
 #                                           adds the configured CA certificates there). No git or
-#                                           ssh (upstream's image has them for git fetches).
+#                                           ssh (upstream's image has them for git fetches; Debian's
+#                                           git is dynamically linked, and nothing here fetches
+#                                           from git).
 #   scripts/kapp-controller.sh up [STATE]   the image pushed to the node's registry
 #                                           (HOLDFAST_CLUSTER_REGISTRY) and the release rendered
 #                                           from kapp-controller's own config/ in the Go module cache
@@ -35,7 +39,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/scripts/image.sh"
 CACHE_DIR=${HOLDFAST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/holdfast}
 PEERS_DIR="$CACHE_DIR/peers"
-TOOLS=(vendir ytt kapp kbld)
+TOOLS=(vendir ytt kapp kbld helm)
 NAMESPACE=kapp-controller
 API_SERVICE=v1alpha1.data.packaging.carvel.dev
 GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}

@@ -41,10 +41,12 @@ HELM=$(tool helm)
 IMGPKG=$(tool imgpkg)
 KBLD=$(tool kbld)
 
-# Plain HTTP only for a loopback registry (the local one `make up` and the tests run).
+# Plain HTTP only for a loopback registry (the local one `make up` and the tests run) and for the
+# address `make cluster`'s node gives it (HOLDFAST_CLUSTER_REGISTRY, scripts/node.sh), as
+# scripts/image.sh pushes.
 PLAIN=()
 case "$REGISTRY" in
-  127.*|localhost|localhost:*) PLAIN=(1) ;;
+  127.*|localhost|localhost:*|"${HOLDFAST_CLUSTER_REGISTRY:-}") PLAIN=(1) ;;
 esac
 imgpkg() { "$IMGPKG" "$@" ${PLAIN:+--registry-insecure}; }
 

@@ -28,7 +28,21 @@ pub fn target_dir() -> PathBuf {
 
 /// Runs one of scripts/ and returns its standard output; fails with its standard error.
 pub fn script(name: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(repo().join("scripts").join(name))
+    run_script(Command::new(repo().join("scripts").join(name)), name, args)
+}
+
+/// [`script`] for what it pushes to `env`'s registry, which speaks plain HTTP wherever it listens:
+/// on loopback (`make up`) or at the address `make cluster`'s node gives it, which the scripts
+/// take as plain HTTP when `HOLDFAST_CLUSTER_REGISTRY` names it (scripts/image.sh,
+/// scripts/package.sh).
+fn script_for(env: &Env, name: &str, args: &[&str]) -> Result<String> {
+    let mut command = Command::new(repo().join("scripts").join(name));
+    command.env("HOLDFAST_CLUSTER_REGISTRY", env.registry());
+    run_script(command, name, args)
+}
+
+fn run_script(mut command: Command, name: &str, args: &[&str]) -> Result<String> {
+    let out = command
         .args(args)
         .output()
         .with_context(|| format!("running scripts/{name}"))?;
@@ -87,7 +101,7 @@ fn once_per_registry<T: Clone>(
 fn build_and_push(env: &Env) -> Result<Image> {
     script("image.sh", &["build"])?;
     let repository = format!("{}/holdfast", env.registry());
-    let pushed = script("image.sh", &["push", &repository])?;
+    let pushed = script_for(env, "image.sh", &["push", &repository])?;
     let digest = pushed
         .trim()
         .strip_prefix(&format!("{repository}@"))
@@ -124,7 +138,7 @@ pub fn package(env: &Env) -> Result<Packaged> {
 fn package_once(env: &Env) -> Result<Packaged> {
     let image = build_and_push_image(env)?;
     let prefix = format!("{}/holdfast", env.registry());
-    let out = script("package.sh", &[&prefix])?;
+    let out = script_for(env, "package.sh", &[&prefix])?;
     let lines: Vec<&str> = out.lines().collect();
     ensure!(lines.len() == 3, "scripts/package.sh printed {out:?}");
     Ok(Packaged {
@@ -134,6 +148,40 @@ fn package_once(env: &Env) -> Result<Packaged> {
         repository_tag: format!("{prefix}/holdfast-repo:{}", env!("CARGO_PKG_VERSION")),
         chart: lines[2].into(),
     })
+}
+
+/// The refName of holdfast's Package (scripts/package.sh).
+pub const PACKAGE_NAME: &str = "holdfast.holdfast.dev";
+/// The name of what [`package_repository`] and [`package_install`] create: the
+/// PackageRepository, the PackageInstall (and the App kapp-controller makes of it).
+pub const PACKAGE_INSTALL: &str = "holdfast";
+/// The ServiceAccount a PackageInstall of holdfast deploys with ([`package_install`]).
+pub const INSTALLER: &str = "holdfast-installer";
+
+/// A PackageRepository [`PACKAGE_INSTALL`] fetching the repository bundle `bundle` (as users write
+/// it: `<prefix>/holdfast-repo:<version>`, or a copy's).
+pub fn package_repository(bundle: &str) -> String {
+    format!(
+        "apiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageRepository\nmetadata: {{name: {PACKAGE_INSTALL}}}\nspec:\n  fetch: {{imgpkgBundle: {{image: {bundle}}}}}\n"
+    )
+}
+
+/// What a user creates in `namespace` to install holdfast's package at `version` with `values`:
+/// the ServiceAccount [`INSTALLER`], bound to `cluster-admin` (holdfast installs cluster-wide
+/// objects: its CRDs, webhook configurations, ClusterRoles), the values in a Secret, and last the
+/// PackageInstall [`PACKAGE_INSTALL`]. The binding is named by [`installer_binding`].
+pub fn package_install(namespace: &str, version: &str, values: &Value) -> Result<String> {
+    // A JSON string is a YAML scalar.
+    let values = serde_json::to_string(&values.to_string())?;
+    let binding = installer_binding(namespace);
+    Ok(format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: {binding}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}}\nsubjects: [{{kind: ServiceAccount, name: {INSTALLER}, namespace: {namespace}}}]\n---\napiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {INSTALLER}}}\n---\napiVersion: v1\nkind: Secret\nmetadata: {{name: holdfast-values}}\nstringData:\n  values.yaml: {values}\n---\napiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageInstall\nmetadata: {{name: {PACKAGE_INSTALL}}}\nspec:\n  serviceAccountName: {INSTALLER}\n  packageRef: {{refName: {PACKAGE_NAME}, versionSelection: {{constraints: {version}}}}}\n  values: [{{secretRef: {{name: holdfast-values}}}}]\n"
+    ))
+}
+
+/// The ClusterRoleBinding of [`package_install`]'s installer in `namespace`.
+pub fn installer_binding(namespace: &str) -> String {
+    format!("{namespace}-{INSTALLER}")
 }
 
 /// Each rendered object as the cluster holds it (`kubectl get -o json`), in order.

@@ -9,7 +9,10 @@
 //!
 //! The tests run in order, on the one release: what it runs as, what it admits, what its
 //! NetworkPolicies let in, rolling updates and a helm upgrade and rollback under a steady stream of
-//! admissions, the controller killed inside its pod, and last `helm uninstall`.
+//! admissions, the controller killed inside its pod, and `helm uninstall`. Then, with the release
+//! gone (the other ways install the same names into the same namespace), holdfast installed and
+//! removed as its Carvel package by the in-cluster kapp-controller, and last installed with
+//! `kubectl apply -k`.
 
 use std::{
     collections::BTreeMap,
@@ -25,7 +28,8 @@ use futures::TryStreamExt as _;
 use holdfast_e2e::{
     cluster::{Cluster, NAMESPACE, NODE, RELEASE},
     control_plane::unique_name,
-    e2e_main, images,
+    dist, e2e_main, images,
+    objects::{api_for, create_all},
     peers::kapp_controller,
     wait,
     webhook::ca_bundle_injected,
@@ -57,6 +61,7 @@ e2e_main!(serial:
     the_controller_killed_in_its_pod_restarts_and_loses_nothing,
     egress_is_restricted_to_the_api_server_and_the_registries,
     helm_uninstall_removes_the_webhooks_before_the_pods,
+    the_carvel_package_installed_by_the_in_cluster_kapp_controller_runs_on_the_node,
     kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node,
 );
 
@@ -84,7 +89,7 @@ fn rollout_status(cluster: &Cluster, deployment: &str) -> Result<()> {
 
 /// `helm upgrade` of the release to charts/holdfast with its values and `extra`, waited for.
 fn helm_upgrade(cluster: &Cluster, extra: &[&str]) -> Result<()> {
-    let chart = holdfast_e2e::dist::repo().join("charts/holdfast");
+    let chart = dist::repo().join("charts/holdfast");
     let chart = chart.to_string_lossy();
     let mut args = vec!["upgrade", RELEASE, &chart, "-n", NAMESPACE, "--reuse-values"];
     args.extend(extra);
@@ -113,6 +118,35 @@ fn is_ready(pod: &Value) -> bool {
     pod["status"]["conditions"]
         .as_array()
         .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+}
+
+/// `pod` runs on the real node, Ready, and none of its containers has restarted.
+fn ready_on_the_node_without_restarts(pod: &Value) -> Result<()> {
+    let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+    ensure!(
+        pod["spec"]["nodeName"] == NODE,
+        "{name} is not on {NODE}: {}",
+        pod["spec"]["nodeName"]
+    );
+    ensure!(
+        is_ready(pod),
+        "{name} is not Ready: {}",
+        pod["status"]["conditions"]
+    );
+    let statuses = pod["status"]["containerStatuses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ensure!(!statuses.is_empty(), "{name} reports no container");
+    for status in &statuses {
+        ensure!(
+            status["restartCount"] == 0,
+            "{name}'s {} restarted: {}",
+            status["name"],
+            status["restartCount"]
+        );
+    }
+    Ok(())
 }
 
 /// The host PID of a container (`containerd://ID`), from the CRI.
@@ -204,16 +238,7 @@ async fn holdfast_runs_restricted_from_its_chart_on_the_real_node(cluster: Arc<C
     );
     for pod in &pods {
         let name = pod["metadata"]["name"].as_str().unwrap_or_default();
-        ensure!(
-            pod["spec"]["nodeName"] == NODE,
-            "{name} is not on {NODE}: {}",
-            pod["spec"]["nodeName"]
-        );
-        ensure!(
-            is_ready(pod),
-            "{name} is not Ready: {}",
-            pod["status"]["conditions"]
-        );
+        ready_on_the_node_without_restarts(pod)?;
         for container in pod["spec"]["containers"].as_array().into_iter().flatten() {
             ensure!(
                 container["readinessProbe"]["httpGet"].is_object() && container["livenessProbe"].is_object(),
@@ -225,11 +250,6 @@ async fn holdfast_runs_restricted_from_its_chart_on_the_real_node(cluster: Arc<C
             .into_iter()
             .flatten()
         {
-            ensure!(
-                status["restartCount"] == 0,
-                "{name} restarted: {}",
-                status["restartCount"]
-            );
             let pid = container_pid(&cluster, status["containerID"].as_str().unwrap_or_default())?;
             let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
             let uids = proc_status
@@ -337,7 +357,7 @@ fn descendants(root: u32) -> Result<Vec<(u32, String)>> {
 
 /// kapp-controller as `make cluster` runs it (scripts/kapp-controller.sh): its Deployment's one pod
 /// Ready on the real node, both containers (the controller, and the sidecar that runs vendir, ytt,
-/// kapp and kbld) running the image built here from the cluster's registry; and no kapp-controller
+/// kapp, kbld and helm) running the image built here from the cluster's registry; and no kapp-controller
 /// among the control plane's host processes (where `make up` runs it). The pod's name.
 fn kapp_controller_pod(cluster: &Cluster) -> Result<String> {
     let pods = kubectl_json(
@@ -828,9 +848,19 @@ async fn under_restricted_egress(cluster: &Cluster, kubelet: &str, registry: &st
         Ok(())
     }
     .await;
+    // Gone before the next test: it carries the release's labels, and the uninstall's watch of
+    // the release's pods would see it go.
     cluster.run(
         "kubectl",
-        &["delete", "pod", "-n", NAMESPACE, "egress-client", "--wait=false"],
+        &[
+            "delete",
+            "pod",
+            "-n",
+            NAMESPACE,
+            "egress-client",
+            "--grace-period=1",
+            "--timeout=180s",
+        ],
     )?;
     result
 }
@@ -843,7 +873,11 @@ struct Admissions {
     unpinned: Vec<String>,
 }
 
-/// Creates a tagged App every 100 ms until `stop`; each must be admitted and stored pinned.
+/// Creates a tagged App every 100 ms until `stop`; each must be admitted and come back pinned. The
+/// creations are server-side dry runs: they pass every admission step a stored write passes (the
+/// webhook's `sideEffects: None` lets the API server call it), but store nothing, so the thousand
+/// Apps of a stream leave no work for the in-cluster kapp-controller (stored, even paused, they
+/// queued the package test's App past its deadline).
 async fn admit_steadily(api: Api<DynamicObject>, url: String, stop: Arc<AtomicBool>) -> Admissions {
     let mut seen = Admissions::default();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -857,7 +891,11 @@ async fn admit_steadily(api: Api<DynamicObject>, url: String, stop: Arc<AtomicBo
                 continue;
             }
         };
-        match api.create(&PostParams::default(), &app).await {
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        match api.create(&dry_run, &app).await {
             Ok(stored) if fetch_url(&stored).contains("@sha256:") => seen.created += 1,
             Ok(stored) => seen.unpinned.push(format!("{name}: {}", fetch_url(&stored))),
             Err(e) => seen.failed.push(format!("{name}: {e}")),
@@ -1345,16 +1383,169 @@ async fn helm_uninstall_removes_the_webhooks_before_the_pods(cluster: Arc<Cluste
         "webhook configurations left after uninstall"
     );
 
+    admitted_as_written(env, "after-uninstall")
+        .await
+        .context("after helm uninstall")
+}
+
+/// With no holdfast installed, an App applied with kubectl is admitted (no webhook left pointing
+/// at a missing Service) and stored as written, on its tag.
+async fn admitted_as_written(env: &holdfast_e2e::Env, name: &str) -> Result<()> {
     let namespace = env.namespace("node-after").await?;
     let url = format!("{}/node/app:1.0.0", env.registry());
-    env.kubectl_apply(&namespace, &app_yaml("after-uninstall", &url))?;
-    let stored = apps(client, &namespace).get("after-uninstall").await?;
+    env.kubectl_apply(&namespace, &app_yaml(name, &url))?;
+    let stored = apps(env.client().await?, &namespace).get(name).await?;
     ensure!(
         fetch_url(&stored) == url,
-        "after uninstall the App was stored as {}",
+        "the App was stored as {}, not as written",
         fetch_url(&stored)
     );
     Ok(())
+}
+
+/// After the Helm release is gone, holdfast installed as its Carvel package by the in-cluster
+/// kapp-controller, as README's "Carvel package" says: a PackageRepository of the repository bundle
+/// `make package` pushes (the package suite's release, named by its tag as users name it) and a
+/// PackageInstall whose values place the pods on the node and name the plain-HTTP registry. Its
+/// `helmTemplate` runs helm in kapp-controller's sidecar (the image's static helm). The
+/// PackageInstall reconciles, the webhook and controller pods kapp deployed (its app label on
+/// them) run on the node Ready with no restart, and a tagged App is stored pinned through the
+/// webhook configuration kapp deployed. Then the PackageInstall is deleted: kapp removes the
+/// configurations and the pods, and Apps are still admitted.
+async fn the_carvel_package_installed_by_the_in_cluster_kapp_controller_runs_on_the_node(
+    cluster: Arc<Cluster>,
+) -> Result<()> {
+    let env = &cluster.env;
+    // The Helm release out of the way (as the test before leaves it; run alone, this one
+    // uninstalls it): the package installs the same objects.
+    cluster.script("install.sh", &["uninstall"])?;
+    let kapp_controller_pod = kapp_controller_pod(&cluster)?;
+    let packaged = dist::package(env)?;
+    let client = env.client().await?;
+    let namespace = env.namespace("node-package").await?;
+    let created = create_all(
+        &client,
+        &namespace,
+        &dist::package_repository(&packaged.repository_tag),
+    )
+    .await?;
+    let repositories = api_for(&client, &created[0], Some(&namespace)).await?;
+    until_reconciled_by_the_pod(
+        &cluster,
+        &repositories,
+        dist::PACKAGE_INSTALL,
+        &kapp_controller_pod,
+    )
+    .await?;
+
+    let placement = json!({
+        "nodeSelector": {"kubernetes.io/hostname": NODE},
+        "tolerations": [{"key": cluster.var("HOLDFAST_NODE_TAINT")?, "operator": "Exists", "effect": "NoSchedule"}],
+    });
+    let values = json!({
+        "insecureRegistries": [env.registry()],
+        "webhook": placement,
+        "controller": placement,
+    });
+    let created = create_all(
+        &client,
+        &namespace,
+        &dist::package_install(&namespace, env!("CARGO_PKG_VERSION"), &values)?,
+    )
+    .await?;
+    let install = created.last().context("no PackageInstall created")?;
+    let installs = api_for(&client, install, Some(&namespace)).await?;
+    until_reconciled_by_the_pod(&cluster, &installs, dist::PACKAGE_INSTALL, &kapp_controller_pod).await?;
+
+    // What kapp deployed for the PackageInstall's App carries the App's kapp label.
+    let app = kubectl_json(
+        &cluster,
+        &[
+            "get",
+            "apps.kappctrl.k14s.io",
+            "-n",
+            &namespace,
+            dist::PACKAGE_INSTALL,
+        ],
+    )?;
+    let label = app["status"]["deploy"]["kapp"]["associatedResources"]["label"]
+        .as_str()
+        .context("the App reports no kapp app label")?
+        .to_string();
+    let selector = format!("app.kubernetes.io/name=holdfast,{label}");
+    let pods = kubectl_json(&cluster, &["get", "pods", "-n", NAMESPACE, "-l", &selector])?;
+    let pods = pods["items"].as_array().cloned().unwrap_or_default();
+    let components: Vec<&str> = pods
+        .iter()
+        .filter_map(|p| p["metadata"]["labels"]["app.kubernetes.io/component"].as_str())
+        .collect();
+    ensure!(
+        components.contains(&"webhook") && components.contains(&"controller"),
+        "the package's pods ({selector}) are {components:?}, not webhook and controller ones"
+    );
+    for pod in &pods {
+        ready_on_the_node_without_restarts(pod)?;
+    }
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let configuration = mutating.get("holdfast").await?;
+    let (key, value) = label.split_once('=').context("a kapp label without value")?;
+    ensure!(
+        configuration.labels().get(key).is_some_and(|v| v == value),
+        "the MutatingWebhookConfiguration holdfast is not the package's: {:?}",
+        configuration.labels()
+    );
+    wait::until(&mutating, "holdfast", ca_bundle_injected).await?;
+    stored_pinned_by_a_new_install(&cluster, "packaged")
+        .await
+        .context("installed as the Carvel package")?;
+
+    cluster.run(
+        "kubectl",
+        &[
+            "delete",
+            "packageinstall",
+            dist::PACKAGE_INSTALL,
+            "-n",
+            &namespace,
+            "--wait",
+            "--timeout=180s",
+        ],
+    )?;
+    let by_label = ListParams::default().labels(&label);
+    let configurations = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .list(&by_label)
+        .await?
+        .items
+        .len()
+        + Api::<ValidatingWebhookConfiguration>::all(client.clone())
+            .list(&by_label)
+            .await?
+            .items
+            .len();
+    ensure!(
+        configurations == 0,
+        "{configurations} webhook configurations of the package left after its PackageInstall was deleted"
+    );
+    // The pods go with their Deployments (the garbage collector, then the kubelet).
+    wait::until_listed(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().labels(&label),
+        <[Pod]>::is_empty,
+        WAIT,
+    )
+    .await
+    .context("the package's pods still there after its PackageInstall was deleted")?;
+    cluster.run(
+        "kubectl",
+        &[
+            "delete",
+            "clusterrolebinding",
+            &dist::installer_binding(&namespace),
+        ],
+    )?;
+    admitted_as_written(env, "after-package")
+        .await
+        .context("after the PackageInstall was deleted")
 }
 
 /// After the Helm release is gone, the same image installed the kustomize way, as README says:
@@ -1362,7 +1553,7 @@ async fn helm_uninstall_removes_the_webhooks_before_the_pods(cluster: Arc<Cluste
 /// at the registry by digest, places the pods on the node and names the plain-HTTP registry. Both
 /// Deployments become Ready there, and a tagged App is stored pinned.
 async fn kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node(cluster: Arc<Cluster>) -> Result<()> {
-    let pushed = std::fs::read_to_string(holdfast_e2e::dist::target_dir().join("image/pushed"))?;
+    let pushed = std::fs::read_to_string(dist::target_dir().join("image/pushed"))?;
     let (repository, digest) = pushed
         .trim()
         .split_once('@')
@@ -1371,7 +1562,7 @@ async fn kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node(cluster: Ar
     // Beside the overlay it builds on: kustomize takes only relative roots.
     let overlay = tempfile::Builder::new()
         .prefix(".node-overlay-")
-        .tempdir_in(holdfast_e2e::dist::repo().join("manifests/overlays"))?;
+        .tempdir_in(dist::repo().join("manifests/overlays"))?;
     let placement = json!([
         {"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"kubernetes.io/hostname": NODE}},
         {"op": "add", "path": "/spec/template/spec/tolerations",
@@ -1403,14 +1594,24 @@ async fn kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node(cluster: Ar
     // The webhook injects its caBundle into the configurations kubectl just created.
     let mutating = Api::<MutatingWebhookConfiguration>::all(env.client().await?);
     wait::until(&mutating, "holdfast", ca_bundle_injected).await?;
-    let pinned = push_config(&cluster, "node/kustomize", "1.0.0").await?;
-    let namespace = env.namespace("node-kustomize").await?;
-    let url = format!("{registry}/node/kustomize:1.0.0");
-    let yaml = app_yaml("kustomized", &url);
-    // The configurations and the Service are seconds old: the API server's informer may not yet
-    // hold the injected caBundle, nor kube-proxy the Service's rules, and a fail-open webhook is
-    // then skipped. Server dry runs (admitted, stored nowhere) until one comes back pinned.
-    let wanted = format!("{registry}/node/kustomize@{pinned}");
+    stored_pinned_by_a_new_install(&cluster, "kustomized")
+        .await
+        .context("installed with kubectl apply -k")
+}
+
+/// A tagged App `name` applied with kubectl is stored pinned by a webhook installed seconds ago.
+/// Its configurations and Service are that new: the API server's informer may not yet hold the
+/// injected caBundle, nor kube-proxy the Service's rules, and a fail-open webhook is then
+/// skipped. Server dry runs (admitted, stored nowhere) until one comes back pinned, then the
+/// App applied.
+async fn stored_pinned_by_a_new_install(cluster: &Cluster, name: &str) -> Result<()> {
+    let env = &cluster.env;
+    let registry = env.registry();
+    let repository = format!("node/{name}");
+    let pinned = push_config(cluster, &repository, "1.0.0").await?;
+    let namespace = env.namespace(&format!("node-{name}")).await?;
+    let yaml = app_yaml(name, &format!("{registry}/{repository}:1.0.0"));
+    let wanted = format!("{registry}/{repository}@{pinned}");
     let dry_run = PostParams {
         dry_run: true,
         ..Default::default()
@@ -1431,10 +1632,10 @@ async fn kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node(cluster: Ar
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     env.kubectl_apply(&namespace, &yaml)?;
-    let stored = apps(env.client().await?, &namespace).get("kustomized").await?;
+    let stored = app_api.get(name).await?;
     ensure!(
         fetch_url(&stored) == wanted,
-        "installed with kubectl apply -k, the webhook stored {}",
+        "the webhook stored {}, not {wanted}",
         fetch_url(&stored)
     );
     Ok(())

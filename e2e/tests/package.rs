@@ -33,7 +33,6 @@ use kube::api::DynamicObject;
 
 e2e_main!(a_package_install_of_holdfast_is_the_kustomize_rendering);
 
-const INSTALLER: &str = "holdfast-installer";
 /// Where the package installs holdfast (it creates the namespace).
 const INSTALLED_NAMESPACE: &str = "holdfast-system";
 
@@ -51,10 +50,7 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     imgpkg(&["copy", "-b", &packaged.repository_tag, "--to-repo", &private])?;
     let repository_tag = format!("{private}:{}", env!("CARGO_PKG_VERSION"));
 
-    let repository = format!(
-        "apiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageRepository\nmetadata: {{name: holdfast}}\nspec:\n  fetch: {{imgpkgBundle: {{image: {repository_tag}}}}}\n"
-    );
-    let created = create_all(&client, &ns, &repository).await?;
+    let created = create_all(&client, &ns, &dist::package_repository(&repository_tag)).await?;
     let stored = &created[0];
     ensure!(
         stored.data["spec"]["fetch"]["imgpkgBundle"]["image"]
@@ -72,11 +68,11 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
         "the PackageRepository was not pinned by holdfast"
     );
     let repositories = api_for(&client, stored, Some(&ns)).await?;
-    kapp_controller::until_reconciled(&env, &repositories, "holdfast").await?;
+    kapp_controller::until_reconciled(&env, &repositories, dist::PACKAGE_INSTALL).await?;
     let version = env!("CARGO_PKG_VERSION");
     let package = env.kubectl_get(
         "packages.data.packaging.carvel.dev",
-        &format!("holdfast.holdfast.dev.{version}"),
+        &format!("{}.{version}", dist::PACKAGE_NAME),
         &ns,
     )?;
     ensure!(
@@ -106,7 +102,7 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     }
     env.kubectl_get(
         "packagemetadatas.data.packaging.carvel.dev",
-        "holdfast.holdfast.dev",
+        dist::PACKAGE_NAME,
         &ns,
     )?;
 
@@ -128,17 +124,10 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     let mut values = settings.values();
     // The image comes from the package (its ImagesLock), not from the user.
     values.as_object_mut().context("values")?.remove("image");
-    let install = format!(
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: {INSTALLER}}}\n---\napiVersion: v1\nkind: Secret\nmetadata: {{name: holdfast-values}}\nstringData:\n  values.yaml: '{values}'\n---\napiVersion: packaging.carvel.dev/v1alpha1\nkind: PackageInstall\nmetadata: {{name: holdfast}}\nspec:\n  serviceAccountName: {INSTALLER}\n  packageRef: {{refName: holdfast.holdfast.dev, versionSelection: {{constraints: {version}}}}}\n  values: [{{secretRef: {{name: holdfast-values}}}}]\n"
-    );
-    // holdfast installs cluster-wide objects (CRD, webhook configurations, ClusterRoles).
-    env.kubectl_apply(
-        &ns,
-        &format!("apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata: {{name: {ns}-{INSTALLER}}}\nroleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cluster-admin}}\nsubjects: [{{kind: ServiceAccount, name: {INSTALLER}, namespace: {ns}}}]\n"),
-    )?;
-    let created = create_all(&client, &ns, &install).await?;
-    let installs = api_for(&client, &created[2], Some(&ns)).await?;
-    kapp_controller::until_reconciled(&env, &installs, "holdfast").await?;
+    let created = create_all(&client, &ns, &dist::package_install(&ns, version, &values)?).await?;
+    let install = created.last().context("no PackageInstall created")?;
+    let installs = api_for(&client, install, Some(&ns)).await?;
+    kapp_controller::until_reconciled(&env, &installs, dist::PACKAGE_INSTALL).await?;
 
     let expected = settings.kustomize(&kubectl().context("kubectl is not on PATH")?)?;
     let drift = dist::installed_differences(&env, &expected, PACKAGE_ADDS)?;
@@ -153,7 +142,7 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
 
     // Exactly those objects: what kapp deployed for the PackageInstall's App (the objects
     // carrying the app label kapp-controller reports).
-    let app = env.kubectl_get("apps.kappctrl.k14s.io", "holdfast", &ns)?;
+    let app = env.kubectl_get("apps.kappctrl.k14s.io", dist::PACKAGE_INSTALL, &ns)?;
     let label = app["status"]["deploy"]["kapp"]["associatedResources"]["label"]
         .as_str()
         .context("the App reports no kapp app label")?;
@@ -211,14 +200,14 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     let merge = kube::api::PatchParams::default();
     repositories
         .patch(
-            "holdfast",
+            dist::PACKAGE_INSTALL,
             &merge,
             &kube::api::Patch::Merge(
                 serde_json::json!({"spec": {"fetch": {"imgpkgBundle": {"image": next.repository_tag}}}}),
             ),
         )
         .await?;
-    let moved = kapp_controller::until_reconciled(&env, &repositories, "holdfast").await?;
+    let moved = kapp_controller::until_reconciled(&env, &repositories, dist::PACKAGE_INSTALL).await?;
     ensure!(
         moved.data["spec"]["fetch"]["imgpkgBundle"]["image"] == next.repository.as_str(),
         "the PackageRepository moved to {} was stored as {}, not pinned to {}",
@@ -228,18 +217,18 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     );
     env.kubectl_get(
         "packages.data.packaging.carvel.dev",
-        &format!("holdfast.holdfast.dev.{}", next.version),
+        &format!("{}.{}", dist::PACKAGE_NAME, next.version),
         &ns,
     )
     .context("the repository's next bundle did not bring the next Package version")?;
     installs
         .patch(
-            "holdfast",
+            dist::PACKAGE_INSTALL,
             &merge,
             &kube::api::Patch::Merge(serde_json::json!({"spec": {"packageRef": {"versionSelection": {"constraints": next.version}}}})),
         )
         .await?;
-    let upgraded = kapp_controller::until_reconciled(&env, &installs, "holdfast").await?;
+    let upgraded = kapp_controller::until_reconciled(&env, &installs, dist::PACKAGE_INSTALL).await?;
     ensure!(
         upgraded.data["status"]["version"] == next.version.as_str(),
         "the PackageInstall reconciled at version {}, not {}",
@@ -249,9 +238,9 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
     // The PackageInstall reports the version once it has updated its App; kapp deploys the next
     // release when that App has reconciled its new spec.
     let app: DynamicObject =
-        serde_json::from_value(env.kubectl_get("apps.kappctrl.k14s.io", "holdfast", &ns)?)?;
+        serde_json::from_value(env.kubectl_get("apps.kappctrl.k14s.io", dist::PACKAGE_INSTALL, &ns)?)?;
     let apps = api_for(&client, &app, Some(&ns)).await?;
-    kapp_controller::until_reconciled(&env, &apps, "holdfast").await?;
+    kapp_controller::until_reconciled(&env, &apps, dist::PACKAGE_INSTALL).await?;
     kept.check(&env, "the package upgrade")?;
     upgrade::new_field_is_stored(&env, INSTALLED_NAMESPACE)?;
 
@@ -264,7 +253,7 @@ async fn a_package_install_of_holdfast_is_the_kustomize_rendering(env: Arc<Env>)
         &[
             "delete",
             "packageinstall",
-            "holdfast",
+            dist::PACKAGE_INSTALL,
             "-n",
             &ns,
             "--wait",
@@ -356,12 +345,12 @@ impl NextRelease {
             "-o",
             &path(&repository_dir),
         ])?;
-        let packages = repository_dir.join("packages/holdfast.holdfast.dev");
+        let packages = repository_dir.join("packages").join(dist::PACKAGE_NAME);
         let text = std::fs::read_to_string(packages.join(format!("{version}.yml")))?;
         let renamed = [
             (
-                format!("name: holdfast.holdfast.dev.{version}\n"),
-                format!("name: holdfast.holdfast.dev.{next}\n"),
+                format!("name: {}.{version}\n", dist::PACKAGE_NAME),
+                format!("name: {}.{next}\n", dist::PACKAGE_NAME),
             ),
             (format!("version: {version}\n"), format!("version: {next}\n")),
             (
