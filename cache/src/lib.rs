@@ -318,6 +318,15 @@ pub trait Source: Send + Sync + 'static {
         repository: &'a Reference,
         credentials: &'a Credentials,
     ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>>;
+    /// Whether the registry serves `digest`, which it named for the tag `reference`
+    /// ([`ResolveError::DigestNotServed`] if not). Asked only for a digest the cache does not
+    /// already hold for the key, so never in a steady state.
+    fn confirm<'a>(
+        &'a self,
+        reference: &'a Reference,
+        digest: &'a Digest,
+        credentials: &'a Credentials,
+    ) -> BoxFuture<'a, Result<(), ResolveError>>;
 }
 
 impl Source for Resolver {
@@ -335,6 +344,15 @@ impl Source for Resolver {
         credentials: &'a Credentials,
     ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
         self.list_tags(repository, credentials).boxed()
+    }
+
+    fn confirm<'a>(
+        &'a self,
+        reference: &'a Reference,
+        digest: &'a Digest,
+        credentials: &'a Credentials,
+    ) -> BoxFuture<'a, Result<(), ResolveError>> {
+        self.confirm_served(reference, digest, credentials).boxed()
     }
 }
 
@@ -597,7 +615,10 @@ impl DigestCache {
             }
             self.stats.misses.fetch_add(1, Ordering::Relaxed);
         }
-        let Flown { secret_uid, result } = self.flight(&key, target, selection, credentials).await;
+        let held_digest = held.as_ref().map(|entry| entry.digest.clone());
+        let Flown { secret_uid, result } = self
+            .flight(&key, target, selection, held_digest, credentials)
+            .await;
         let checked_at = SystemTime::now();
         match result {
             Ok((digest, tag)) => {
@@ -760,6 +781,7 @@ impl DigestCache {
         key: &CacheKey,
         target: Reference,
         selection: Option<VersionSelection>,
+        held: Option<Digest>,
         credentials: F,
     ) -> Flown
     where
@@ -779,7 +801,14 @@ impl DigestCache {
                     // The slot is inserted below while the lock is held, so the task cannot
                     // land before it exists.
                     let task = tokio::spawn(async move {
-                        let flown = fly(source.as_ref(), &target, selection.as_ref(), credentials).await;
+                        let flown = fly(
+                            source.as_ref(),
+                            &target,
+                            selection.as_ref(),
+                            held.as_ref(),
+                            credentials,
+                        )
+                        .await;
                         let mut slots = slots.lock().unwrap_or_else(|e| e.into_inner());
                         if slots.get(&landing).is_some_and(|(flying, _)| *flying == id) {
                             slots.remove(&landing);
@@ -808,11 +837,12 @@ async fn fly(
     source: &dyn Source,
     target: &Reference,
     selection: Option<&VersionSelection>,
+    held: Option<&Digest>,
     credentials: BoxFuture<'static, Result<Loaded, CacheError>>,
 ) -> Flown {
     match credentials.await {
         Ok(loaded) => Flown {
-            result: resolve(source, target, selection, &loaded.credentials).await,
+            result: resolve(source, target, selection, held, &loaded.credentials).await,
             secret_uid: loaded.secret_uid,
         },
         Err(error) => Flown {
@@ -822,15 +852,18 @@ async fn fly(
     }
 }
 
-/// Asks the registry: the tag's digest, or the selected tag's.
+/// Asks the registry: the tag's digest, or the selected tag's; a digest other than `held` (the
+/// entry's) only once the registry confirms it serves it.
 async fn resolve(
     source: &dyn Source,
     target: &Reference,
     selection: Option<&VersionSelection>,
+    held: Option<&Digest>,
     credentials: &Credentials,
 ) -> Result<Resolved, CacheError> {
     let Some(selection) = selection else {
-        return Ok((source.digest(target, credentials).await?, None));
+        let digest = confirmed(source, target, held, credentials).await?;
+        return Ok((digest, None));
     };
     let tags = source.tags(target, credentials).await?;
     let tag = select_tag(&tags, selection)
@@ -844,7 +877,21 @@ async fn resolve(
         tag: tag.clone(),
         detail: e.to_string(),
     })?;
-    Ok((source.digest(&tagged, credentials).await?, Some(tag)))
+    Ok((confirmed(source, &tagged, held, credentials).await?, Some(tag)))
+}
+
+/// The digest the tag `reference` names, confirmed served unless it is `held` already.
+async fn confirmed(
+    source: &dyn Source,
+    reference: &Reference,
+    held: Option<&Digest>,
+    credentials: &Credentials,
+) -> Result<Digest, CacheError> {
+    let digest = source.digest(reference, credentials).await?;
+    if held != Some(&digest) {
+        source.confirm(reference, &digest, credentials).await?;
+    }
+    Ok(digest)
 }
 
 /// Whether `entry` may still answer after a failed resolution that loaded the credentials of
@@ -892,6 +939,17 @@ mod tests {
         cache
             .lookup(CacheKey::tag(&target, scope), target, None, anonymous)
             .await
+    }
+
+    /// Every lookup asks the registry (no fresh answers, no backoff after a failure: that is
+    /// `a_failed_check_is_not_repeated…`'s), and a failure serves the held digest for an hour.
+    fn asking_every_time() -> CacheConfig {
+        CacheConfig {
+            max_age: Duration::ZERO,
+            max_staleness: Duration::from_secs(3600),
+            negative_ttl: Duration::ZERO,
+            ..Default::default()
+        }
     }
 
     fn cache(source: FakeSource, config: CacheConfig) -> (Arc<FakeSource>, DigestCache) {
@@ -1018,14 +1076,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failing_registry_gets_the_last_digest_within_the_staleness_bound() {
-        let config = CacheConfig {
-            max_age: Duration::ZERO,
-            max_staleness: Duration::from_secs(3600),
-            // Every lookup asks (the backoff is the next test's).
-            negative_ttl: Duration::ZERO,
-            ..Default::default()
-        };
-        let (source, cache) = cache(fake(&[(APP, "v1")]), config);
+        let (source, cache) = cache(fake(&[(APP, "v1")]), asking_every_time());
         lookup(&cache, APP, Scope::Anonymous).await.unwrap();
         source.fail(true);
         let answer = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
@@ -1049,6 +1100,50 @@ mod tests {
         source.fail(false);
         lookup(&cache, APP, Scope::Anonymous).await.unwrap();
         assert_eq!(cache.staleness(later), Staleness::default());
+    }
+
+    /// A tag's new digest is pinned only once the registry confirms it serves it: a digest named
+    /// but not served (a proxy's stale or corrupt answer) leaves the held digest answering,
+    /// stale, and a miss with the error; a digest already held is never confirmed again, so a
+    /// steady state costs one request per check.
+    #[tokio::test]
+    async fn a_digest_named_but_not_served_is_never_pinned() {
+        let (source, cache) = cache(fake(&[(APP, "v1")]), asking_every_time());
+        lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        assert_eq!(source.confirmations(), 1, "a miss confirms its digest");
+        lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        assert_eq!(
+            (source.calls(), source.confirmations()),
+            (2, 1),
+            "the held digest is not confirmed again"
+        );
+
+        source.set(APP, digest("v2"));
+        source.withhold(&digest("v2"), true);
+        let answer = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        assert_eq!(answer.digest, digest("v1"));
+        assert!(
+            matches!(answer.origin, Origin::Stale { ref error, .. } if error.contains("does not serve")),
+            "{answer:?}"
+        );
+        let key = CacheKey::tag(&reference(APP), Scope::Anonymous);
+        assert_eq!(cache.get(&key).unwrap().digest, digest("v1"));
+
+        let other = "registry.example/team/other:1.0";
+        source.set(other, digest("other"));
+        source.withhold(&digest("other"), true);
+        let error = lookup(&cache, other, Scope::Anonymous).await.unwrap_err();
+        assert!(error.to_string().contains("does not serve"), "{error}");
+        assert!(
+            cache
+                .get(&CacheKey::tag(&reference(other), Scope::Anonymous))
+                .is_none()
+        );
+
+        source.withhold(&digest("v2"), false);
+        let answer = lookup(&cache, APP, Scope::Anonymous).await.unwrap();
+        assert_eq!((answer.digest, answer.origin), (digest("v2"), Origin::Registry));
+        assert_eq!(cache.get(&key).unwrap().digest, digest("v2"));
     }
 
     /// A registry that failed an entry's check is asked again only after negative_ttl: the

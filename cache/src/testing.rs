@@ -3,7 +3,7 @@
 //! every behaviour a test needs, and [`Unreachable`], a registry that must never be asked.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -22,7 +22,8 @@ use crate::Source;
 /// the digest of each reference's own name), with the tag list the test set. Unknown tags, and
 /// every lookup while [`fail`] is on, time out. Every digest lookup is counted and recorded,
 /// notifies [`started`], then waits for the [`gated`] semaphore, for a [`hang`]ing registry's
-/// semaphore and for the [`with_latency`] delay.
+/// semaphore and for the [`with_latency`] delay. Every digest it names is served, except those
+/// [`withhold`]ing leaves out (a registry, or a proxy before it, naming a digest it cannot serve).
 ///
 /// [`deriving`]: FakeSource::deriving
 /// [`fail`]: FakeSource::fail
@@ -30,6 +31,7 @@ use crate::Source;
 /// [`gated`]: FakeSource::gated
 /// [`hang`]: FakeSource::hang
 /// [`with_latency`]: FakeSource::with_latency
+/// [`withhold`]: FakeSource::withhold
 #[derive(Default)]
 pub struct FakeSource {
     digests: Mutex<HashMap<String, Digest>>,
@@ -41,6 +43,8 @@ pub struct FakeSource {
     hanging: Mutex<Option<(String, Arc<Semaphore>)>>,
     asked: Mutex<Vec<String>>,
     calls: AtomicUsize,
+    withheld: Mutex<HashSet<Digest>>,
+    confirmations: AtomicUsize,
     started: Arc<Notify>,
 }
 
@@ -118,6 +122,22 @@ impl FakeSource {
         self.calls.load(Ordering::SeqCst)
     }
 
+    /// From now on `digest` is named for its tags but not served (or, with `withheld` false,
+    /// served again).
+    pub fn withhold(&self, digest: &Digest, withheld: bool) {
+        let mut set = lock(&self.withheld);
+        if withheld {
+            set.insert(digest.clone());
+        } else {
+            set.remove(digest);
+        }
+    }
+
+    /// Confirmations that a digest is served, so far.
+    pub fn confirmations(&self) -> usize {
+        self.confirmations.load(Ordering::SeqCst)
+    }
+
     /// Notified as each digest lookup starts.
     pub fn started(&self) -> Arc<Notify> {
         self.started.clone()
@@ -181,6 +201,28 @@ impl Source for FakeSource {
         };
         futures::future::ready(answer).boxed()
     }
+
+    fn confirm<'a>(
+        &'a self,
+        reference: &'a Reference,
+        digest: &'a Digest,
+        _: &'a Credentials,
+    ) -> BoxFuture<'a, Result<(), ResolveError>> {
+        self.confirmations.fetch_add(1, Ordering::SeqCst);
+        let answer = if self.failing.load(Ordering::SeqCst) {
+            Err(Self::timeout(reference))
+        } else if lock(&self.withheld).contains(digest) {
+            Err(ResolveError::DigestNotServed {
+                registry: reference.registry().to_owned(),
+                repository: reference.repository(),
+                tag: reference.identifier().to_owned(),
+                digest: digest.as_str().to_owned(),
+            })
+        } else {
+            Ok(())
+        };
+        futures::future::ready(answer).boxed()
+    }
 }
 
 /// A registry that must never be asked: any lookup panics (the test fails).
@@ -201,5 +243,14 @@ impl Source for Unreachable {
         _: &'a Credentials,
     ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
         panic!("the registry was asked for the tags of {repository}")
+    }
+
+    fn confirm<'a>(
+        &'a self,
+        reference: &'a Reference,
+        digest: &'a Digest,
+        _: &'a Credentials,
+    ) -> BoxFuture<'a, Result<(), ResolveError>> {
+        panic!("the registry was asked whether it serves {reference}@{digest}")
     }
 }

@@ -158,4 +158,13 @@ impl Source for NotCached {
     ) -> BoxFuture<'a, Result<Vec<String>, ResolveError>> {
         Box::pin(async move { Err(Self::error(repository)) })
     }
+
+    fn confirm<'a>(
+        &'a self,
+        reference: &'a Reference,
+        _: &'a Digest,
+        _: &'a Credentials,
+    ) -> BoxFuture<'a, Result<(), ResolveError>> {
+        Box::pin(async move { Err(Self::error(reference)) })
+    }
 }

@@ -212,6 +212,15 @@ pub enum ResolveError {
         #[source]
         source: DigestError,
     },
+    /// The registry named a digest for a tag and then did not serve that digest (a proxy or
+    /// cache answering a stale or corrupt tag mapping): every fetch of a pin to it would fail.
+    #[error("{registry}/{repository}: {tag} resolved to {digest}, which the registry does not serve")]
+    DigestNotServed {
+        registry: String,
+        repository: String,
+        tag: String,
+        digest: String,
+    },
 }
 
 fn ceil_secs(d: Duration) -> u64 {
@@ -231,6 +240,7 @@ impl ResolveError {
             Self::BadResponse { .. } => "bad_response",
             Self::Protocol { .. } => "protocol",
             Self::InvalidDigest { .. } => "invalid_digest",
+            Self::DigestNotServed { .. } => "digest_not_served",
         }
     }
 
@@ -245,7 +255,8 @@ impl ResolveError {
             | Self::Certificate { registry, .. }
             | Self::BadResponse { registry, .. }
             | Self::Protocol { registry, .. }
-            | Self::InvalidDigest { registry, .. } => registry,
+            | Self::InvalidDigest { registry, .. }
+            | Self::DigestNotServed { registry, .. } => registry,
         }
     }
 
@@ -260,7 +271,8 @@ impl ResolveError {
             | Self::Certificate { repository, .. }
             | Self::BadResponse { repository, .. }
             | Self::Protocol { repository, .. }
-            | Self::InvalidDigest { repository, .. } => repository,
+            | Self::InvalidDigest { repository, .. }
+            | Self::DigestNotServed { repository, .. } => repository,
         }
     }
 
@@ -282,7 +294,8 @@ impl ResolveError {
             Self::RateLimited { .. }
             | Self::Timeout { .. }
             | Self::Transport { .. }
-            | Self::Certificate { .. } => true,
+            | Self::Certificate { .. }
+            | Self::DigestNotServed { .. } => true,
             Self::BadResponse { status, .. } => *status >= 500,
             Self::NotFound { .. }
             | Self::Unauthorized { .. }
@@ -486,6 +499,56 @@ impl Resolver {
             );
         }
         Ok(digest)
+    }
+
+    /// Checks that the registry serves `digest`, which it named for the tag `reference`: a HEAD
+    /// of the manifest by digest. A tag's digest is taken from `Docker-Content-Digest`, and a proxy
+    /// or cache in front of a registry can answer a stale or corrupt mapping; a pin to a digest
+    /// that is not served breaks every fetch of it. One request per new digest of a tag (callers
+    /// check only a digest they do not hold), none in steady state.
+    #[tracing::instrument(
+        level = "debug",
+        skip_all,
+        fields(registry = %reference.registry(), repository = %reference.repository(), tag = %reference.identifier(), %digest)
+    )]
+    pub async fn confirm_served(
+        &self,
+        reference: &Reference,
+        digest: &Digest,
+        credentials: &Credentials,
+    ) -> Result<(), ResolveError> {
+        let target = self.target(reference, credentials);
+        let url = target.url(&format!("manifests/{}", digest.as_str()))?;
+        let accept = MANIFEST_MEDIA_TYPES.join(", ");
+        let head = self
+            .authorized(&target, Method::HEAD, &url, &accept, None)
+            .await?;
+        let not_served = || ResolveError::DigestNotServed {
+            registry: target.registry.clone(),
+            repository: target.repository.clone(),
+            tag: reference.identifier().to_owned(),
+            digest: digest.as_str().to_owned(),
+        };
+        match head.status {
+            status if status.is_success() => return Ok(()),
+            StatusCode::NOT_FOUND => return Err(not_served()),
+            StatusCode::METHOD_NOT_ALLOWED | StatusCode::NOT_IMPLEMENTED => {
+                debug!(
+                    status = head.status.as_u16(),
+                    "HEAD not supported; fetching the manifest by digest"
+                );
+            }
+            status => return Err(target.status_error(status, digest.as_str(), &head.body)),
+        }
+        let limit = Some(self.inner.config.max_manifest_bytes);
+        let get = self
+            .authorized(&target, Method::GET, &url, &accept, limit)
+            .await?;
+        match get.status {
+            status if status.is_success() && Digest::sha256_of(&get.body) == *digest => Ok(()),
+            status if status.is_success() || status == StatusCode::NOT_FOUND => Err(not_served()),
+            status => Err(target.status_error(status, digest.as_str(), &get.body)),
+        }
     }
 
     /// The tags of the repository of `reference` that parse as versions (all that

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use holdfast_registry::{AuthConfig, Credentials, ResolveError, resolve::MANIFEST_MEDIA_TYPES};
 use http::Method;
 use support::{
-    ALICE, FakeRegistry, IDENTITY_TOKEN, PAGED_TAGS, STATIC_TOKEN, expected_digest, reference, resolver_for,
+    ALICE, FakeRegistry, IDENTITY_TOKEN, PAGED_TAGS, STATIC_TOKEN, UNSERVED_DIGEST, expected_digest,
+    reference, resolver_for,
 };
 
 fn alice(registry: &FakeRegistry) -> Credentials {
@@ -721,4 +722,47 @@ async fn https_unless_configured_insecure() {
     // The fake speaks plain HTTP, so the TLS handshake fails.
     assert!(matches!(err, ResolveError::Transport { .. }), "{err:?}");
     assert!(registry.requests().is_empty(), "no plain-HTTP request was made");
+}
+
+/// A tag's digest is confirmed by asking for the manifest under that digest: a HEAD, or a GET
+/// hashed where HEAD is not allowed; a digest named for a tag and not served is
+/// `DigestNotServed`, transient (the pin held keeps answering), and says which digest.
+#[tokio::test]
+async fn a_digest_is_confirmed_served_by_its_own_manifest() {
+    let registry = FakeRegistry::start().await;
+    let resolver = resolver_for(&registry, |_| {});
+    let anonymous = Credentials::anonymous();
+    for repository in ["plain/app", "headless/app"] {
+        let tagged = reference(&registry, &format!("{repository}:v1"));
+        let digest = resolver.resolve_digest(&tagged, &anonymous).await.unwrap();
+        resolver
+            .confirm_served(&tagged, &digest, &anonymous)
+            .await
+            .unwrap();
+        let path = format!("/v2/{repository}/manifests/{digest}");
+        assert!(registry.count(&path) >= 1, "{:?}", registry.requests());
+    }
+
+    let tagged = reference(&registry, "unserved/app:v1");
+    let digest = resolver.resolve_digest(&tagged, &anonymous).await.unwrap();
+    assert_eq!(digest.as_str(), UNSERVED_DIGEST);
+    let error = resolver
+        .confirm_served(&tagged, &digest, &anonymous)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&error, ResolveError::DigestNotServed { tag, digest, .. } if tag == "v1" && digest == UNSERVED_DIGEST),
+        "{error:?}"
+    );
+    assert!(error.is_transient());
+    assert_eq!(error.kind(), "digest_not_served");
+    assert!(error.to_string().contains(UNSERVED_DIGEST), "{error}");
+
+    // A digest of another repository's manifest is not this one's.
+    let other = expected_digest("plain/app");
+    let error = resolver
+        .confirm_served(&reference(&registry, "headless/app:v1"), &other, &anonymous)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ResolveError::DigestNotServed { .. }), "{error:?}");
 }

@@ -40,6 +40,13 @@ pub enum Fault {
     RegistryErrors,
     /// The registry answering 429 with `Retry-After: 1` to everything.
     RegistryThrottling,
+    /// The registry slow: every connection to it waits [`SLOW_REGISTRY_DELAY`] (past the
+    /// resolver's request timeout) before it is passed through.
+    RegistrySlow,
+    /// The registry naming, for every tag, a digest it does not serve (a proxy's stale or
+    /// corrupt mapping): the HEADs of tagged manifests answered with a made-up digest, held
+    /// past one refresh round.
+    RegistryWrongDigests,
     /// kube-apiserver stopped (SIGTERM) and started again.
     ApiserverRestarted,
     /// etcd SIGKILLed and started again.
@@ -56,10 +63,12 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 11] = [
         Fault::RegistryStopped,
         Fault::RegistryErrors,
         Fault::RegistryThrottling,
+        Fault::RegistrySlow,
+        Fault::RegistryWrongDigests,
         Fault::ApiserverRestarted,
         Fault::EtcdKilled,
         Fault::LeaderLinkCut,
@@ -73,6 +82,8 @@ impl Fault {
             Fault::RegistryStopped => "registry-stopped",
             Fault::RegistryErrors => "registry-503",
             Fault::RegistryThrottling => "registry-429",
+            Fault::RegistrySlow => "registry-slow",
+            Fault::RegistryWrongDigests => "registry-wrong-digests",
             Fault::ApiserverRestarted => "apiserver-restarted",
             Fault::EtcdKilled => "etcd-killed",
             Fault::LeaderLinkCut => "leader-link-cut",
@@ -164,12 +175,30 @@ impl Timeline {
     }
 }
 
+/// How long a slow registry's connections wait: past the resolver's 3 s request timeout.
+pub const SLOW_REGISTRY_DELAY: Duration = Duration::from_secs(5);
+
 /// What the registry front answers: the registry itself, or an error of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answer {
     Pass,
     /// This status to every request, `Retry-After: 1` with it, then the connection closed.
     Status(u16),
+    /// The registry, after [`SLOW_REGISTRY_DELAY`].
+    Slow,
+    /// A HEAD of a tagged manifest answered with a digest nothing serves ([`unserved_digest`]);
+    /// anything else passed through.
+    WrongDigest,
+}
+
+/// The digest the front names for `path` while it answers [`Answer::WrongDigest`]: no manifest
+/// has it.
+pub fn unserved_digest(path: &str) -> String {
+    use sha2::Digest as _;
+    format!(
+        "sha256:{}",
+        hex::encode(sha2::Sha256::digest(format!("holdfast-soak-unserved {path}")))
+    )
 }
 
 /// A front before the upstream registry that the soak's objects name, so that the registry can
@@ -180,6 +209,8 @@ pub struct RegistryFront {
     /// `host:port` the objects name, and holdfast reaches over plain HTTP.
     pub addr: String,
     answer: watch::Sender<Answer>,
+    /// Digests named that nothing serves, so far ([`Answer::WrongDigest`]).
+    lies: Arc<std::sync::atomic::AtomicUsize>,
     stop: CancellationToken,
 }
 
@@ -190,20 +221,32 @@ impl RegistryFront {
         let upstream = upstream.to_string();
         let answer = watch::Sender::new(Answer::Pass);
         let stop = CancellationToken::new();
-        let (answers, accepting) = (answer.clone(), stop.clone());
+        let lies = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (answers, accepting, told) = (answer.clone(), stop.clone(), lies.clone());
         tokio::spawn(accepting.clone().run_until_cancelled_owned(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let (upstream, mut changed) = (upstream.clone(), answers.subscribe());
                 let now = *changed.borrow_and_update();
+                let told = told.clone();
                 tokio::spawn(accepting.clone().run_until_cancelled_owned(async move {
                     tokio::select! {
-                        _ = serve(inbound, &upstream, now) => {}
+                        _ = serve(inbound, &upstream, now, &told) => {}
                         _ = changed.changed() => {}
                     }
                 }));
             }
         }));
-        Ok(Self { addr, answer, stop })
+        Ok(Self {
+            addr,
+            answer,
+            lies,
+            stop,
+        })
+    }
+
+    /// How many digests it named that nothing serves, so far.
+    pub fn lies(&self) -> usize {
+        self.lies.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// From now on, `answer` to everything.
@@ -219,24 +262,44 @@ impl Drop for RegistryFront {
 }
 
 /// One connection to the front, answered as `answer` says.
-async fn serve(mut inbound: tokio::net::TcpStream, upstream: &str, answer: Answer) {
+async fn serve(
+    mut inbound: tokio::net::TcpStream,
+    upstream: &str,
+    answer: Answer,
+    lies: &std::sync::atomic::AtomicUsize,
+) {
     match answer {
-        Answer::Pass => match tokio::net::TcpStream::connect(upstream).await {
-            Ok(mut outbound) => {
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+        Answer::Pass => pass(inbound, upstream, &[]).await,
+        Answer::Slow => {
+            tokio::time::sleep(SLOW_REGISTRY_DELAY).await;
+            pass(inbound, upstream, &[]).await;
+        }
+        Answer::WrongDigest => {
+            let Some(head) = request_head(&mut inbound).await else {
+                return;
+            };
+            let line = String::from_utf8_lossy(&head);
+            let mut words = line.split_whitespace();
+            let (method, path) = (words.next(), words.next().unwrap_or_default());
+            let tagged = path
+                .rsplit_once("/manifests/")
+                .is_some_and(|(_, reference)| !reference.starts_with("sha256:"));
+            if method != Some("HEAD") || !tagged {
+                // What follows on this connection passes through unchanged too.
+                return pass(inbound, upstream, &head).await;
             }
-            // A stopped registry: the client's connection is closed unanswered, as refused.
-            Err(error) => tracing::debug!(%error, "registry front: upstream refused"),
-        },
+            lies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let response = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.index.v1+json\r\nDocker-Content-Digest: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                unserved_digest(path)
+            );
+            let _ = inbound.write_all(response.as_bytes()).await;
+            let _ = inbound.shutdown().await;
+        }
         Answer::Status(code) => {
             // The request's head, so that the client reads an answer, not a reset.
-            let mut head = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 * 1024 {
-                match tokio::time::timeout(Duration::from_secs(5), inbound.read(&mut buf)).await {
-                    Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
-                    _ => return,
-                }
+            if request_head(&mut inbound).await.is_none() {
+                return;
             }
             let reason = match code {
                 429 => "Too Many Requests",
@@ -252,6 +315,37 @@ async fn serve(mut inbound: tokio::net::TcpStream, upstream: &str, answer: Answe
     }
 }
 
+/// The connection passed through to the registry, `read` (bytes already read from the client)
+/// first.
+async fn pass(mut inbound: tokio::net::TcpStream, upstream: &str, read: &[u8]) {
+    match tokio::net::TcpStream::connect(upstream).await {
+        Ok(mut outbound) => {
+            if outbound.write_all(read).await.is_ok() {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            }
+        }
+        // A stopped registry: the client's connection is closed unanswered, as refused.
+        Err(error) => tracing::debug!(%error, "registry front: upstream refused"),
+    }
+}
+
+/// The first request's head (through its blank line; a GET or HEAD has no body), or none if the
+/// client sends none within 5 s or past 64 KiB.
+async fn request_head(inbound: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        if head.len() >= 64 * 1024 {
+            return None;
+        }
+        match tokio::time::timeout(Duration::from_secs(5), inbound.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
+            _ => return None,
+        }
+    }
+    Some(head)
+}
+
 /// What the injector needs to reach: the environment's processes, the upstream registry and its
 /// front, holdfast's replicas.
 pub struct Injector {
@@ -264,6 +358,8 @@ pub struct Injector {
     pub timeline: Timeline,
     /// How long a fault is held before recovery begins.
     pub hold: Duration,
+    /// The controllers' refresh interval.
+    pub refresh: Duration,
     /// The quiet spell before each fault.
     pub quiet: Duration,
     /// The soak's start, which logged times count from.
@@ -313,6 +409,33 @@ impl Injector {
             }
             Fault::RegistryErrors => self.registry_answers(503).await,
             Fault::RegistryThrottling => self.registry_answers(429).await,
+            Fault::RegistrySlow => {
+                self.front.answer(Answer::Slow);
+                tokio::time::sleep(self.hold).await;
+                self.front.answer(Answer::Pass);
+                Ok(format!(
+                    "registry answered after {SLOW_REGISTRY_DELAY:?} for {:?}",
+                    self.hold
+                ))
+            }
+            Fault::RegistryWrongDigests => {
+                // Past one refresh round, so that the controller's checks meet it.
+                let held = self.refresh + self.hold;
+                let before = self.front.lies();
+                self.front.answer(Answer::WrongDigest);
+                tokio::time::sleep(held).await;
+                self.front.answer(Answer::Pass);
+                let lies = self.front.lies() - before;
+                // A fault no resolution met would prove nothing: a refresh round runs within it.
+                anyhow::ensure!(
+                    lies > 0,
+                    "no tag was resolved through the registry in {held:?} of wrong digests (the refresh interval is {:?})",
+                    self.refresh
+                );
+                Ok(format!(
+                    "registry named unserved digests for {held:?} ({lies} HEADs answered so)"
+                ))
+            }
             Fault::ApiserverRestarted => {
                 let mut env = self.env.lock().await;
                 env.respawn_process(KUBE_APISERVER, Stop::Term(Duration::from_secs(10)))?;

@@ -226,6 +226,7 @@ pub async fn run(config: Config) -> Result<Report> {
         client: client.clone(),
         timeline: shared.timeline.clone(),
         hold: config.hold,
+        refresh: config.refresh,
         quiet: config.quiet,
         started,
     };

@@ -29,7 +29,12 @@
 //! - `offsite-I/app`: one page of versions whose `Link` names a next page of another origin,
 //!   `OFFSITE_LINKS[I]`;
 //! - `gated/app`: holds every manifest request until [`FakeRegistry::release`] (a registry that
-//!   hangs, then answers).
+//!   hangs, then answers);
+//! - `unserved/app`: tag `v1` names [`UNSERVED_DIGEST`], which no manifest has (a proxy's stale
+//!   answer).
+//!
+//! By digest, `plain/app` and `headless/app` serve their index ([`expected_digest`]; HEAD is not
+//! allowed for `headless/app`); every other digest is unknown.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test fixture
 
 use std::{
@@ -56,6 +61,8 @@ use sha2::{Digest as _, Sha256};
 pub const ALICE: (&str, &str) = ("alice", "secret");
 pub const IDENTITY_TOKEN: &str = "refresh-123";
 pub const STATIC_TOKEN: &str = "static-token";
+/// The digest `unserved/app:v1` names and nothing serves.
+pub const UNSERVED_DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000bad";
 pub const PAGED_TAGS: [&str; 5] = ["latest", "v1.0.0", "v1.1.0", "v2.0.0", "v2.0.0-rc.1"];
 
 /// One request as the fake saw it.
@@ -368,6 +375,9 @@ async fn manifest(
     reference: &str,
     authorization: Option<&str>,
 ) -> Response {
+    if reference.starts_with("sha256:") {
+        return by_digest(method, repository, reference);
+    }
     if reference != "v1" && reference != "v2" {
         return not_found();
     }
@@ -428,6 +438,20 @@ async fn manifest(
             .into_response(),
         "baddigest/app" => {
             (StatusCode::OK, [("Docker-Content-Digest", "sha256:not-a-digest")]).into_response()
+        }
+        "unserved/app" => (StatusCode::OK, [("Docker-Content-Digest", UNSERVED_DIGEST)]).into_response(),
+        _ => not_found(),
+    }
+}
+
+/// A manifest by digest: the index of `plain/app` or `headless/app` under its own digest.
+fn by_digest(method: &Method, repository: &str, digest: &str) -> Response {
+    match repository {
+        "plain/app" | "headless/app" if sha256(&index_manifest(repository)) == digest => {
+            if repository == "headless/app" && *method == Method::HEAD {
+                return StatusCode::METHOD_NOT_ALLOWED.into_response();
+            }
+            serve_manifest(method, repository, true)
         }
         _ => not_found(),
     }
