@@ -80,7 +80,7 @@ async fn main() -> Result<()> {
     let args = holdfast_runtime::start(|args: &Args| args.log_format)?;
     let terminated = holdfast_runtime::terminated()?;
     let cancel = CancellationToken::new();
-    let client = kube::Client::try_default()
+    let client = holdfast_runtime::kube_client("holdfast-controller", Some(&args.identity))
         .await
         .context("connecting to the Kubernetes API")?;
 

@@ -8,9 +8,10 @@ use anyhow::{Context, Result};
 use k8s_openapi::jiff::Timestamp;
 use serde::Deserialize;
 
-/// Writes to the resources the controller writes: its pinned kinds, Events, Leases and the
-/// digest cache. Reads, watches and everything else are not logged; neither is the
-/// `RequestReceived` stage (each request is one line, at `ResponseComplete`, or `Panic`).
+/// Writes to the resources the controller writes: its pinned kinds, Events, Leases, the
+/// digest cache and the pinning policy's parameters. Reads, watches and everything else are
+/// not logged; neither is the `RequestReceived` stage (each request is one line, at
+/// `ResponseComplete`, or `Panic`).
 pub const POLICY: &str = "\
 apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -32,7 +33,7 @@ rules:
   - group: coordination.k8s.io
     resources: [leases]
   - group: holdfast.dev
-    resources: [digestcacheentries]
+    resources: [digestcacheentries, digestpins, clusterdigestpins]
 # Deletes of what holdfast's removal orders (the package suite): its webhook configurations
 # before anything an admission goes through.
 - level: Metadata

@@ -1,7 +1,8 @@
-//! Creating objects from YAML text, whatever their kind, the way `kubectl create` would.
+//! Creating objects from YAML text, whatever their kind, the way `kubectl create` would; and the
+//! few objects the suites build by hand.
 
 use anyhow::{Context, Result};
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::{
     Api, Client,
     api::{DynamicObject, GroupVersionKind, ObjectMeta, PostParams},
@@ -76,4 +77,23 @@ pub async fn create_namespace(client: &Client, name: &str) -> Result<()> {
         .await
         .with_context(|| format!("creating namespace {name}"))?;
     Ok(())
+}
+
+/// A registry's credentials as the Secret `name` that `secretRef`s name, in the shape vendir
+/// reads (`username` and `password` keys).
+pub fn registry_credentials(name: &str, user: (&str, &str)) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        string_data: Some(
+            [
+                ("username".to_string(), user.0.to_string()),
+                ("password".to_string(), user.1.to_string()),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    }
 }

@@ -20,7 +20,7 @@ use holdfast_e2e::{
 use k8s_openapi::api::{core::v1::Secret, events::v1::Event};
 use kube::{
     Api,
-    api::{DynamicObject, ObjectMeta, PostParams},
+    api::{DynamicObject, PostParams},
     runtime::WatchStreamExt,
 };
 use serde_json::Value;
@@ -291,21 +291,7 @@ async fn a_private_registry_is_pinned_with_the_secret_and_only_for_it(env: Arc<E
     .await?;
     let with_secret = webhook.namespace("private").await?;
     let without = webhook.namespace("no-secret").await?;
-    // The Secret shape vendir reads: `username` and `password` keys.
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some("registry-creds".into()),
-            ..Default::default()
-        },
-        string_data: Some(
-            [
-                ("username".to_string(), user.0.to_string()),
-                ("password".to_string(), user.1.to_string()),
-            ]
-            .into(),
-        ),
-        ..Default::default()
-    };
+    let secret = holdfast_e2e::objects::registry_credentials("registry-creds", user);
     Api::<Secret>::namespaced(client.clone(), &with_secret)
         .create(&PostParams::default(), &secret)
         .await?;

@@ -28,7 +28,11 @@ async fn the_short_soak() -> Result<()> {
         Fault::ALL.len()
     );
     ensure!(
-        report.admissions > 0 && report.tag_moves > 0 && report.follows_checked > 0,
+        report.admissions > 0
+            && report.tag_moves > 0
+            && report.follows_checked > 0
+            && report.controller_writes_judged > 0
+            && report.private_pins_in_owner_namespace > 0,
         "the load did not run: {report}"
     );
     Ok(())

@@ -7,6 +7,7 @@
 //! - [`registry_ca`]: `--registry-ca-file`, loaded and re-read when it changes.
 //! - [`admin`]: the plain-HTTP admin port's scaffolding (`/healthz`, `/readyz`, `/metrics` over a
 //!   binary's [`admin::Probes`]); each binary keeps its own readiness and metrics.
+//! - [`kube_client`]: the API client, with a user agent that names the binary and the replica.
 
 use std::future::Future;
 
@@ -34,6 +35,38 @@ pub fn start<A: clap::Parser>(
     Ok(args)
 }
 
+/// The API client could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("no Kubernetes configuration (in-cluster or kubeconfig): {0}")]
+    Config(#[from] kube::config::InferConfigError),
+    #[error("the user agent {0:?} is not a valid header value")]
+    UserAgent(String),
+    #[error("building the Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// The user agent of `binary`'s requests: `binary/VERSION`, and ` (instance)` when given (the
+/// controller's Lease identity, its pod's name).
+pub fn user_agent(binary: &str, instance: Option<&str>) -> String {
+    let version = env!("CARGO_PKG_VERSION");
+    match instance {
+        Some(instance) => format!("{binary}/{version} ({instance})"),
+        None => format!("{binary}/{version}"),
+    }
+}
+
+/// The API client of `binary`: the in-cluster configuration (or the kubeconfig), its requests
+/// carrying [`user_agent`]. kube-rs sends no user agent of its own, so without it the API
+/// server's audit log cannot tell holdfast's requests, or one replica's from another's.
+pub async fn kube_client(binary: &str, instance: Option<&str>) -> Result<kube::Client, ClientError> {
+    let mut config = kube::Config::infer().await?;
+    let agent = user_agent(binary, instance);
+    let value = http::HeaderValue::from_str(&agent).map_err(|_| ClientError::UserAgent(agent))?;
+    config.headers.push((http::header::USER_AGENT, value));
+    Ok(kube::Client::try_from(config)?)
+}
+
 /// SIGTERM or SIGINT, whichever comes first, listened for from this call on: the future gives
 /// the signal's name (`SIGTERM`, `SIGINT`).
 pub fn terminated() -> std::io::Result<impl Future<Output = &'static str> + Send + 'static> {
@@ -45,4 +78,23 @@ pub fn terminated() -> std::io::Result<impl Future<Output = &'static str> + Send
             _ = tokio::signal::ctrl_c() => "SIGINT",
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_user_agent_names_the_binary_its_version_and_the_replica() {
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(
+            user_agent("holdfast-controller", Some("holdfast-controller-7d9f-x2k4q")),
+            format!("holdfast-controller/{version} (holdfast-controller-7d9f-x2k4q)")
+        );
+        assert_eq!(
+            user_agent("holdfast-webhook", None),
+            format!("holdfast-webhook/{version}")
+        );
+        assert!(http::HeaderValue::from_str(&user_agent("holdfast-webhook", None)).is_ok());
+    }
 }

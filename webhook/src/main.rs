@@ -30,7 +30,7 @@ async fn main() -> Result<()> {
     let mirror = args.registry.mirror()?;
     let terminated = holdfast_runtime::terminated()?;
     let cancel = CancellationToken::new();
-    let client = kube::Client::try_default()
+    let client = holdfast_runtime::kube_client("holdfast-webhook", None)
         .await
         .context("connecting to the Kubernetes API")?;
     if args.remove_webhook_configurations {

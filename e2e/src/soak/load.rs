@@ -17,7 +17,10 @@ use kube::{
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::invariants::{Move, Shared, lock};
+use super::{
+    invariants::{Move, Shared, lock},
+    private::Private,
+};
 use crate::{images, peers::kapp_controller};
 
 /// The label on every object of the load: the number of the tag it names.
@@ -41,11 +44,16 @@ pub fn api_all(client: &Client, kind: PinnedKind) -> Api<DynamicObject> {
 /// `spec.fetch.image.url` of a PackageRepository), and the tag its label names.
 pub fn tag_and_url(object: &DynamicObject, kind: PinnedKind) -> Option<(usize, &str)> {
     let tag = object.metadata.labels.as_ref()?.get(TAG_LABEL)?.parse().ok()?;
+    Some((tag, fetch_url(object, kind)?))
+}
+
+/// The URL a load object fetches, as stored.
+fn fetch_url(object: &DynamicObject, kind: PinnedKind) -> Option<&str> {
     let pointer = match kind {
         PinnedKind::PackageRepository => "/spec/fetch/image/url",
         _ => "/spec/fetch/0/image/url",
     };
-    Some((tag, object.data.pointer(pointer)?.as_str()?))
+    object.data.pointer(pointer)?.as_str()
 }
 
 /// How one admission went, from the client's side.
@@ -63,6 +71,8 @@ pub struct Admission {
     pub start: Instant,
     pub end: Instant,
     pub outcome: Outcome,
+    /// Of a private App ([`Private`]): unpinned is what it may be.
+    pub private: bool,
     /// The object, and for a failure its error.
     pub detail: String,
 }
@@ -88,7 +98,8 @@ struct Live {
     namespace: String,
     name: String,
     kind: PinnedKind,
-    tag: usize,
+    /// The tag it names; none for a private App.
+    tag: Option<usize>,
 }
 
 pub struct Load {
@@ -100,17 +111,21 @@ pub struct Load {
     shared: Shared,
     live: VecDeque<Live>,
     created: usize,
+    /// The private image, its Secret in the first namespace.
+    private: Private,
+    private_created: usize,
     pub admissions: Vec<Admission>,
     pub failed_deletes: usize,
 }
 
 impl Load {
-    /// Creates the namespaces (with kapp-controller's deployer) and pushes every tag's first
-    /// image; objects will name the tags at `front`.
+    /// Creates the namespaces (with kapp-controller's deployer), the private registry's Secret
+    /// in the first, and pushes every tag's first image; objects will name the tags at `front`.
     pub async fn prepare(
         env: &crate::Env,
         registry: &str,
         front: &str,
+        private: Private,
         shape: Shape,
         shared: Shared,
     ) -> Result<Self> {
@@ -120,14 +135,18 @@ impl Load {
             kapp_controller::add_deployer(env, &namespace)?;
             namespaces.push(namespace);
         }
+        let client = env.client().await?;
+        private.grant(&client, &namespaces[0]).await?;
         let load = Self {
-            client: env.client().await?,
+            client,
             registry: registry.into(),
             namespaces,
             shape,
             shared,
             live: VecDeque::new(),
             created: 0,
+            private,
+            private_created: 0,
             admissions: Vec::new(),
             failed_deletes: 0,
         };
@@ -166,9 +185,18 @@ impl Load {
         self
     }
 
+    /// The namespace holding the private registry's Secret.
+    pub fn owner(&self) -> &str {
+        &self.namespaces[0]
+    }
+
     async fn create(&mut self) {
         let n = self.created;
         self.created += 1;
+        // One in eight is a private App, the namespaces in turn.
+        if n % 8 == 6 {
+            return self.create_private().await;
+        }
         let (tag, namespace) = (
             n % self.shape.tags,
             self.namespaces[n % self.namespaces.len()].clone(),
@@ -194,7 +222,35 @@ impl Load {
             }),
         };
         object["metadata"]["labels"] = json!({TAG_LABEL: tag.to_string()});
-        let api = api(&self.client, &namespace, kind);
+        let live = Live {
+            namespace,
+            name,
+            kind,
+            tag: Some(tag),
+        };
+        self.create_as(live, object).await;
+    }
+
+    async fn create_private(&mut self) {
+        let k = self.private_created;
+        self.private_created += 1;
+        let namespace = self.namespaces[k % self.namespaces.len()].clone();
+        let name = format!("soak-private-{k:06}");
+        let owned = namespace == self.owner();
+        let app = self.private.app(&name, owned, self.shape.sync_period);
+        let live = Live {
+            namespace,
+            name,
+            kind: PinnedKind::App,
+            tag: None,
+        };
+        self.create_as(live, app).await;
+    }
+
+    /// Creates `object`, the live object `live` describes, counting the admission; keeps it
+    /// when it was stored.
+    async fn create_as(&mut self, live: Live, object: serde_json::Value) {
+        let api = api(&self.client, &live.namespace, live.kind);
         let start = Instant::now();
         let result = match serde_json::from_value::<DynamicObject>(object) {
             Ok(object) => api
@@ -203,15 +259,19 @@ impl Load {
                 .map_err(anyhow::Error::from),
             Err(e) => Err(e.into()),
         };
-        let what = format!("create {kind} {namespace}/{name}");
-        if self.admitted(start, what, kind, result) {
-            *lock(&self.shared.live).entry(tag).or_default() += 1;
-            self.live.push_back(Live {
-                namespace,
-                name,
-                kind,
-                tag,
-            });
+        let private = live.tag.is_none();
+        let what = format!(
+            "create {}{} {}/{}",
+            if private { "private " } else { "" },
+            live.kind,
+            live.namespace,
+            live.name
+        );
+        if self.admitted(start, what, live.kind, private, result) {
+            if let Some(tag) = live.tag {
+                *lock(&self.shared.live).entry(tag).or_default() += 1;
+            }
+            self.live.push_back(live);
         }
     }
 
@@ -221,13 +281,18 @@ impl Load {
         let Some(live) = self.live.get(n % self.live.len().max(1)).cloned() else {
             return;
         };
-        let url = lock(&self.shared.history)
-            .reference(live.tag)
-            .unwrap_or_default()
-            .to_string();
-        let fetch = match live.kind {
-            PinnedKind::PackageRepository => json!({"image": {"url": url}}),
-            _ => json!([{"image": {"url": url}}]),
+        let fetch = match live.tag {
+            None => self.private.fetch(),
+            Some(tag) => {
+                let url = lock(&self.shared.history)
+                    .reference(tag)
+                    .unwrap_or_default()
+                    .to_string();
+                match live.kind {
+                    PinnedKind::PackageRepository => json!({"image": {"url": url}}),
+                    _ => json!([{"image": {"url": url}}]),
+                }
+            }
         };
         let patch = json!({
             "metadata": {"annotations": {"soak.holdfast.dev/update": n.to_string()}},
@@ -240,12 +305,14 @@ impl Load {
             .await
             .map_err(anyhow::Error::from);
         let what = format!("update {} {}/{}", live.kind, live.namespace, live.name);
-        self.admitted(start, what, live.kind, result);
+        self.admitted(start, what, live.kind, live.tag.is_none(), result);
     }
 
     async fn delete_oldest(&mut self) {
         let Some(live) = self.live.pop_front() else { return };
-        if let Some(count) = lock(&self.shared.live).get_mut(&live.tag) {
+        if let Some(tag) = live.tag
+            && let Some(count) = lock(&self.shared.live).get_mut(&tag)
+        {
             *count = count.saturating_sub(1);
         }
         let api = api(&self.client, &live.namespace, live.kind);
@@ -259,18 +326,19 @@ impl Load {
         }
     }
 
-    /// Counts one admission; whether the object was stored.
+    /// Counts one admission (of a private App: `private`); whether the object was stored.
     fn admitted(
         &mut self,
         start: Instant,
         what: String,
         kind: PinnedKind,
+        private: bool,
         result: Result<DynamicObject>,
     ) -> bool {
         let (outcome, detail) = match &result {
-            Ok(stored) => match tag_and_url(stored, kind) {
-                Some((_, url)) if url.contains('@') => (Outcome::Pinned, what),
-                Some((_, url)) => (Outcome::Unpinned, format!("{what}: stored as {url}")),
+            Ok(stored) => match fetch_url(stored, kind) {
+                Some(url) if url.contains('@') => (Outcome::Pinned, what),
+                Some(url) => (Outcome::Unpinned, format!("{what}: stored as {url}")),
                 None => (Outcome::Unpinned, format!("{what}: stored without its fetch URL")),
             },
             Err(error) => (Outcome::Failed, format!("{what}: {error:#}")),
@@ -279,6 +347,7 @@ impl Load {
             start,
             end: Instant::now(),
             outcome,
+            private,
             detail,
         });
         result.is_ok()

@@ -6,14 +6,16 @@
 //! kapp-controller, and holdfast's own binaries as processes ([`replicas`]: two webhooks behind
 //! a front that balances connections, two controllers electing a leader, each through a link of
 //! its own). The upstream registry is a registry of the soak's own behind a front that can
-//! answer 503 or 429 ([`faults::RegistryFront`]); the objects name the front. Not yet here:
-//! `make cluster`'s real node, kpack and Korifi (org deletions), the mirror registry and its
-//! faults, a registry answering wrong digests, and the audit-log check of writes by a
-//! controller that was not leader.
+//! answer 503 or 429, slowly, or with digests nothing serves ([`faults::RegistryFront`]); the
+//! objects name the front. At the end the API server's audit log judges every controller write
+//! against the Lease's terms ([`leadership`]). Not yet here: `make cluster`'s real node, kpack
+//! and Korifi (org deletions), the mirror registry and its faults.
 
 pub mod faults;
 pub mod invariants;
+pub mod leadership;
 pub mod load;
+pub mod private;
 pub mod replicas;
 pub mod report;
 
@@ -138,7 +140,9 @@ pub async fn run(config: Config) -> Result<Report> {
         Arc::new(RegistryFront::start(&registry.addr).await?),
     );
     let registry = Arc::new(tokio::sync::Mutex::new(registry));
-    let holdfast = Arc::new(Holdfast::start(&mut env, &front.addr, config.refresh).await?);
+    let private = private::Private::start(&env).await?;
+    let registries = [front.addr.as_str(), private.addr.as_str()];
+    let holdfast = Arc::new(Holdfast::start(&mut env, &registries, config.refresh).await?);
     env.kapp_controller().await?;
     let client = env.client().await?;
     let shared = Shared {
@@ -147,7 +151,15 @@ pub async fn run(config: Config) -> Result<Report> {
         violations: Violations::default(),
         timeline: Timeline::default(),
     };
-    let mut load = Load::prepare(&env, &pushes, &front.addr, config.shape.clone(), shared.clone()).await?;
+    let mut load = Load::prepare(
+        &env,
+        &pushes,
+        &front.addr,
+        private,
+        config.shape.clone(),
+        shared.clone(),
+    )
+    .await?;
 
     let stop_checks = CancellationToken::new();
     let kinds = [PinnedKind::App, PinnedKind::PackageRepository];
@@ -166,6 +178,11 @@ pub async fn run(config: Config) -> Result<Report> {
         shared.clone(),
         stop_checks.clone(),
     )));
+    let private_pins = tokio::spawn(private::watch(
+        load::api_all(&client, PinnedKind::App),
+        shared.violations.clone(),
+        stop_checks.clone(),
+    ));
     load.fill().await?;
     eprintln!(
         "soak: ready in {:.1} s: {} objects over {} tags, 2 webhook and 2 controller replicas, kapp-controller; faults after a {:?} warm-up",
@@ -243,22 +260,31 @@ pub async fn run(config: Config) -> Result<Report> {
     for watch in watches {
         watch.await?;
     }
+    let private_pins = private_pins.await?;
 
     let violations = &shared.violations;
     for panic in invariants::panics(&*env.lock().await, &holdfast) {
         violations.record("panic", panic);
     }
+    let audit = env.lock().await.audit_log()?;
+    let leadership = leadership::judge(&audit, NAMESPACE, replicas::LEASE);
+    for write in leadership.outside {
+        violations.record("write-outside-leadership", write);
+    }
     let timeline = &shared.timeline;
     let excused =
         |a: &load::Admission, which: fn(Fault) -> bool| timeline.overlaps(a.start, a.end, GRACE, which);
     let of = |outcome: Outcome| load.admissions.iter().filter(move |a| a.outcome == outcome);
+    // A private App outside the Secret's namespace is never pinned; the owner's first neither,
+    // until the controller reads the Secret. The private watch judges them.
+    let public = |outcome: Outcome| of(outcome).filter(|a| !a.private);
     let (mut failed_outside, mut unpinned_outside) = (0, 0);
     for admission in of(Outcome::Failed).filter(|a| !excused(a, Fault::apiserver_down)) {
         failed_outside += 1;
         violations.record("admission-failed", admission.detail.clone());
     }
     let down = |f: Fault| f.apiserver_down() || f.webhook_down();
-    for admission in of(Outcome::Unpinned).filter(|a| !excused(a, down)) {
+    for admission in public(Outcome::Unpinned).filter(|a| !excused(a, down)) {
         unpinned_outside += 1;
         violations.record("admitted-unpinned", admission.detail.clone());
     }
@@ -292,12 +318,14 @@ pub async fn run(config: Config) -> Result<Report> {
         admissions: load.admissions.len(),
         failed_admissions: count(Outcome::Failed),
         failed_admissions_outside_apiserver_down: failed_outside,
-        unpinned_admissions: count(Outcome::Unpinned),
+        unpinned_admissions: public(Outcome::Unpinned).count(),
         unpinned_outside_webhook_or_apiserver_down: unpinned_outside,
         tag_moves,
         follows_checked,
         restarts: restarts.len(),
         panics: violations.all().iter().filter(|v| v.invariant == "panic").count(),
+        controller_writes_judged: leadership.writes,
+        private_pins_in_owner_namespace: private_pins,
     };
     // The environment's processes stop with it, here, on the runtime that started them.
     drop(env);

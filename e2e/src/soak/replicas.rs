@@ -56,10 +56,14 @@ pub struct Holdfast {
 
 impl Holdfast {
     /// Creates holdfast's namespace and webhook configurations (calling the front) and starts
-    /// the four processes, each speaking plain HTTP to `registry` (the soak's registry front) and
-    /// the controllers refreshing every `refresh`; returns once all four are ready.
-    pub async fn start(env: &mut Env, registry: &str, refresh: Duration) -> Result<Self> {
-        let insecure = format!("--insecure-registry={registry}");
+    /// the four processes, each speaking plain HTTP to `registries` (the soak's registry front,
+    /// its private registry) and the controllers refreshing every `refresh`; returns once all
+    /// four are ready.
+    pub async fn start(env: &mut Env, registries: &[&str], refresh: Duration) -> Result<Self> {
+        let insecure: Vec<String> = registries
+            .iter()
+            .map(|registry| format!("--insecure-registry={registry}"))
+            .collect();
         let ports = [(free_port()?, free_port()?), (free_port()?, free_port()?)];
         let front = Balancer::start(
             ports
@@ -73,7 +77,7 @@ impl Holdfast {
         let mut webhooks = Vec::new();
         for (name, (port, admin_port)) in WEBHOOKS.into_iter().zip(ports) {
             let mut args = installed::webhook_args(env, port, admin_port);
-            args.push(insecure.clone());
+            args.extend(insecure.iter().cloned());
             spawn(env, name, WEBHOOK, &args, &kubeconfig)?;
             let replica = Replica {
                 name,
@@ -95,8 +99,8 @@ impl Holdfast {
             write_kubeconfig_via(&kubeconfig, &apiserver, &link.addr, &through_link)?;
             let admin = format!("127.0.0.1:{}", free_port()?);
             let mut args = installed::controller_args(env, &admin);
+            args.extend(insecure.iter().cloned());
             args.extend([
-                insecure.clone(),
                 format!("--identity={name}"),
                 format!("--lease-name={LEASE}"),
                 format!("--refresh-seconds={}", refresh.as_secs()),

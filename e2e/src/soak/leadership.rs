@@ -1,0 +1,180 @@
+//! The invariant the API server's audit log judges: no controller wrote while it did not hold
+//! the Lease. A replica is told apart by its user agent (`holdfast-controller/VERSION (IDENTITY)`,
+//! `holdfast_runtime::user_agent`); its terms are read from the Lease writes the log records,
+//! as the controller suite's fencing test reads them for one cut.
+
+use k8s_openapi::jiff::Timestamp;
+
+use crate::audit::Event;
+
+/// The Lease identity in a controller's user agent; none for any other client.
+fn replica(event: &Event) -> Option<&str> {
+    let (_, rest) = event
+        .user_agent
+        .strip_prefix("holdfast-controller/")?
+        .split_once(" (")?;
+    rest.strip_suffix(')')
+}
+
+/// One replica's hold of the Lease: from its acquiring write (received, completed) on, until
+/// another replica's acquiring write.
+#[derive(Debug)]
+struct Term<'a> {
+    holder: &'a str,
+    received: Timestamp,
+    completed: Timestamp,
+}
+
+/// What the audit log showed of the controllers' writes.
+#[derive(Debug, Default)]
+pub struct Judgement {
+    /// Successful writes of controller replicas, the Lease's own aside.
+    pub writes: usize,
+    /// Those not made wholly inside a term of their replica's own, each as a line for the report.
+    pub outside: Vec<String>,
+}
+
+/// Judges every successful write of a controller replica (the Lease's own aside): it must be
+/// made wholly inside a term of its own, neither received before its acquiring write completed
+/// nor completed after the next holder's acquiring write was received.
+pub fn judge(events: &[Event], namespace: &str, lease: &str) -> Judgement {
+    let mut writes: Vec<(&Event, &str)> = events
+        .iter()
+        .filter(|e| e.is_lease(namespace, lease) && e.succeeded())
+        .filter_map(|e| Some((e, replica(e)?)))
+        .collect();
+    writes.sort_by_key(|(e, _)| e.stage_timestamp);
+    let mut terms: Vec<Term> = Vec::new();
+    for (event, holder) in writes {
+        if terms.last().map(|t| t.holder) != Some(holder) {
+            terms.push(Term {
+                holder,
+                received: event.request_received_timestamp,
+                completed: event.stage_timestamp,
+            });
+        }
+    }
+    let mut judgement = Judgement::default();
+    let outside = &mut judgement.outside;
+    for (write, writer) in events
+        .iter()
+        .filter(|e| e.succeeded() && !e.is_lease(namespace, lease))
+        .filter_map(|e| Some((e, replica(e)?)))
+    {
+        judgement.writes += 1;
+        let next = terms.partition_point(|t| t.completed <= write.request_received_timestamp);
+        let current = next.checked_sub(1).map(|i| &terms[i]);
+        match (current, terms.get(next)) {
+            (Some(term), _) if term.holder != writer => outside.push(format!(
+                "{writer} wrote while {} held the Lease: {}",
+                term.holder,
+                write.describe()
+            )),
+            (None, _) => outside.push(format!(
+                "{writer} wrote before any replica held the Lease: {}",
+                write.describe()
+            )),
+            (_, Some(successor)) if successor.received < write.stage_timestamp => outside.push(format!(
+                "{writer}'s write completed after {}'s acquiring Lease write was received ({}): {}",
+                successor.holder,
+                successor.received,
+                write.describe()
+            )),
+            _ => {}
+        }
+    }
+    judgement
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One audit line: `verb` of `resource`/`name` by replica `who` (an empty one: another
+    /// client), received at second `received`, completed at `completed`.
+    fn event(who: &str, resource: &str, name: &str, received: u32, completed: u32, code: u16) -> Event {
+        let agent = if who.is_empty() {
+            "kubectl/v1.37.2".to_string()
+        } else {
+            format!("holdfast-controller/0.1.0 ({who})")
+        };
+        let line = serde_json::json!({
+            "auditID": format!("{who}-{received}"),
+            "stage": "ResponseComplete",
+            "verb": "update",
+            "userAgent": agent,
+            "user": {"username": "system:serviceaccount:holdfast-system:holdfast-controller"},
+            "objectRef": {"resource": resource, "namespace": "holdfast-system", "name": name},
+            "responseStatus": {"code": code},
+            "requestReceivedTimestamp": format!("2026-12-06T20:00:{received:02}.000000Z"),
+            "stageTimestamp": format!("2026-12-06T20:00:{completed:02}.000000Z"),
+        });
+        serde_json::from_value(line).unwrap()
+    }
+
+    fn lease(who: &str, received: u32, completed: u32) -> Event {
+        event(who, "leases", "holdfast-controller", received, completed, 200)
+    }
+
+    fn pin(who: &str, received: u32, completed: u32) -> Event {
+        event(who, "apps", "app", received, completed, 200)
+    }
+
+    fn judged(events: &[Event]) -> Vec<String> {
+        judge(events, "holdfast-system", "holdfast-controller").outside
+    }
+
+    #[test]
+    fn writes_inside_each_replicas_own_terms_pass() {
+        let events = [
+            lease("a", 1, 2),
+            pin("a", 3, 4),
+            lease("a", 5, 5),
+            pin("a", 6, 7),
+            lease("b", 20, 21),
+            pin("b", 22, 23),
+            // A failed write and another client's write are not the controllers'.
+            event("a", "apps", "app", 24, 25, 409),
+            event("", "apps", "app", 24, 25, 200),
+            lease("a", 40, 41),
+            pin("a", 42, 43),
+        ];
+        let judgement = judge(&events, "holdfast-system", "holdfast-controller");
+        assert_eq!((judgement.writes, judgement.outside), (4, Vec::<String>::new()));
+    }
+
+    #[test]
+    fn a_write_by_a_replica_that_did_not_hold_the_lease_is_reported() {
+        let events = [lease("a", 1, 2), pin("b", 3, 4), pin("a", 5, 6)];
+        let outside = judged(&events);
+        assert_eq!(outside.len(), 1, "{outside:?}");
+        assert!(
+            outside[0].starts_with("b wrote while a held the Lease"),
+            "{outside:?}"
+        );
+    }
+
+    #[test]
+    fn a_write_completed_after_the_successor_acquired_is_reported() {
+        // A's write hung in its link and landed after B took over.
+        let events = [
+            lease("a", 1, 2),
+            pin("a", 10, 30),
+            lease("b", 25, 26),
+            pin("b", 27, 28),
+        ];
+        let outside = judged(&events);
+        assert_eq!(outside.len(), 1, "{outside:?}");
+        assert!(
+            outside[0].starts_with("a's write completed after b's acquiring Lease write"),
+            "{outside:?}"
+        );
+    }
+
+    #[test]
+    fn a_write_before_any_lease_is_reported() {
+        let outside = judged(&[pin("a", 1, 2), lease("a", 3, 4)]);
+        assert_eq!(outside.len(), 1, "{outside:?}");
+        assert!(outside[0].contains("before any replica held"), "{outside:?}");
+    }
+}
