@@ -10,11 +10,12 @@
 #     the vendir/ytt/kapp/kbld it runs, kpack (v0.17.2; v0.17.1 for Korifi; v0.16.1 for the
 #     org-deletion benchmark only, with --bench), Korifi's controllers, local-path-provisioner;
 #     the real node of `make cluster` (scripts/node.sh): kubelet and kube-proxy of the same
-#     Kubernetes release, containerd 2.4 with its runc shim (static), crictl, agnhost (static) and
-#     the pause program (static, compiled from
-#     the Kubernetes module's build/pause/linux/pause.c), both packed as OCI image layouts,
-#     kube-router (its NetworkPolicy controller), and kapp-controller, vendir, ytt, kapp, kbld and
-#     helm again, static, for kapp-controller's image (scripts/kapp-controller.sh);
+#     Kubernetes release, containerd 2.4 with its runc shim (static), crictl, the pause program
+#     (static, compiled from the Kubernetes module's build/pause/linux/pause.c) and the test pods'
+#     netcheck (ours, e2e/netcheck/netcheck.c, static), both packed as OCI image layouts, and
+#     kube-router (its NetworkPolicy controller); kapp-controller, vendir, ytt, kapp, kbld and helm
+#     are static in every mode (CGO_ENABLED=0), the same programs on the host and in
+#     kapp-controller's image (scripts/kapp-controller.sh);
 #     and the release tools: helm (the chart), imgpkg (the Carvel bundles), cosign (signing the
 #     image), umoci (the image's layout); cargo-cyclonedx from crates.io (the SBOMs); the arm64
 #     cross toolchain: cargo-zigbuild from crates.io and zig from PyPI (the ziglang wheel).
@@ -153,6 +154,15 @@ check_go() {
   export GONOSUMDB=carvel.dev,github.com/pivotal/kpack GOFLAGS="-mod=readonly -buildvcs=false"
 }
 
+# peer_key NAME: the cache key of e2e/peers/NAME's build: its go.mod and go.sum, and whether it
+# is static (CGO_ENABLED=0 is keyed apart: a cached cgo build never stands in for a static one).
+peer_key() {
+  {
+    cat "$ROOT/e2e/peers/$1/go.mod" "$ROOT/e2e/peers/$1/go.sum"
+    if [ "${CGO_ENABLED:-}" = 0 ]; then echo CGO_ENABLED=0; fi
+  } | sha256sum | cut -c1-12
+}
+
 # build_peer NAME LDFLAGS PKG=OUT... : builds the packages of e2e/peers/NAME into the cache, each
 # one whose program is not there yet (so a smaller set built first, as --demo's Kubernetes without
 # kube-scheduler, is completed by a later run instead of built again).
@@ -160,7 +170,7 @@ build_peer() {
   local name=$1 ldflags=$2
   shift 2
   local mod="$ROOT/e2e/peers/$name" key dir pair missing=()
-  key=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)
+  key=$(peer_key "$name")
   dir="$PEERS_DIR/$name-$key"
   for pair in "$@"; do
     [ -x "$dir/bin/${pair#*=}" ] || missing+=("$pair")
@@ -316,7 +326,7 @@ build_kwok() {
 # later build of the peer replaces the directory and collects them again.
 crds_only() {
   local name=$1 mod="$ROOT/e2e/peers/$1" key
-  key=$(cat "$mod/go.mod" "$mod/go.sum" | sha256sum | cut -c1-12)
+  key=$(peer_key "$name")
   mkdir -p "$PEERS_DIR/$name-$key"
   ln -sfn "$name-$key" "$PEERS_DIR/$name"
   # Nothing builds it, so nothing else brings its source into the module cache.
@@ -343,34 +353,21 @@ build_carvel() {
 # kapp-controller with its CRDs and the tools it runs (helm is a group of its own).
 build_kapp_controller() {
   build_kapp_controller_core
-  build_peer kbld "-s -w" carvel.dev/kbld/cmd/kbld=kbld
+  CGO_ENABLED=0 build_peer kbld "-s -w" carvel.dev/kbld/cmd/kbld=kbld
 }
 
-# kapp-controller with its CRDs, vendir, ytt and kapp: what every App runs.
+# kapp-controller with its CRDs, vendir, ytt and kapp: what every App runs. Static
+# (CGO_ENABLED=0, as upstream's Dockerfile builds them), so that the same programs run on the host
+# (make up) and in kapp-controller's image on the real node (make cluster,
+# scripts/kapp-controller.sh), built once.
 build_kapp_controller_core() {
-  build_peer kapp-controller "-s -w -X main.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
+  CGO_ENABLED=0 build_peer kapp-controller "-s -w -X main.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
     carvel.dev/kapp-controller/cmd/controller=kapp-controller
   collect_crds kapp-controller carvel.dev/kapp-controller config/config/crds.yml
-  build_peer vendir "-s -w" carvel.dev/vendir/cmd/vendir=vendir
-  build_peer ytt "-s -w" carvel.dev/ytt/cmd/ytt=ytt
-  build_peer kapp "-s -w" carvel.dev/kapp/cmd/kapp=kapp
-}
-
-# kapp-controller's image for the real node (make cluster runs it as a pod there,
-# scripts/kapp-controller.sh): kapp-controller and the tools it runs, built static as its own
-# Dockerfile builds them (CGO_ENABLED=0: the image has no libc), from the same modules as the host
-# builds above and beside them, under bin/static/. Its own group: without cgo hardly a compiled
-# package is shared with the host builds.
-build_kapp_controller_static() {
   local name
-  CGO_ENABLED=0 build_peer kapp-controller "-s -w -X main.Version=$(required_version kapp-controller carvel.dev/kapp-controller)" \
-    carvel.dev/kapp-controller/cmd/controller=static/kapp-controller
-  for name in vendir ytt kapp kbld; do
-    CGO_ENABLED=0 build_peer "$name" "-s -w" "carvel.dev/$name/cmd/$name=static/$name"
+  for name in vendir ytt kapp; do
+    CGO_ENABLED=0 build_peer "$name" "-s -w" "carvel.dev/$name/cmd/$name=$name"
   done
-  # helm for Apps and Packages that template with helmTemplate (holdfast's own package does), as
-  # upstream's image has it; linked as the host's helm below.
-  CGO_ENABLED=0 build_peer helm "$(helm_ldflags)" helm.sh/helm/v3/cmd/helm=static/helm
 }
 
 build_kpack() {
@@ -465,16 +462,18 @@ build_node() {
     sigs.k8s.io/cri-tools/cmd/crictl=crictl
 }
 
-# The node's other programs: the image of agnhost its test pods run (static, so it shares no
-# compiled package with the cgo builds), and kube-router (its NetworkPolicy controller only).
+# The node's other programs: the image of its test pods' program (e2e/netcheck/netcheck.c, ours;
+# static, keyed by its source), and kube-router (its NetworkPolicy controller only).
 build_node_tools() {
-  local tag
-  CGO_ENABLED=0 build_peer agnhost "-s -w" k8s.io/kubernetes/test/images/agnhost=agnhost
-  if [ ! -f "$PEERS_DIR/agnhost/images/agnhost/index.json" ]; then
-    tag=$(cat "$(module_dir agnhost k8s.io/kubernetes)/test/images/agnhost/VERSION")
-    oci_layout "$PEERS_DIR/agnhost/images/agnhost" "$PEERS_DIR/agnhost/bin/agnhost" "$tag" ""
-    log "built the agnhost image $tag"
+  local src="$ROOT/e2e/netcheck/netcheck.c" dir
+  dir="$PEERS_DIR/netcheck-$(sha256sum <"$src" | cut -c1-12)"
+  if [ ! -f "$dir/images/netcheck/index.json" ]; then
+    mkdir -p "$dir/bin"
+    gcc -Os -Wall -Wextra -Werror -static -o "$dir/bin/netcheck" "$src"
+    oci_layout "$dir/images/netcheck" "$dir/bin/netcheck" "$(basename "$dir" | cut -d- -f2)" ""
+    log "built the netcheck image (static, from $src)"
   fi
+  ln -sfn "$(basename "$dir")" "$PEERS_DIR/netcheck"
   build_peer kube-router "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$(required_version kube-router github.com/cloudnativelabs/kube-router/v2)" \
     github.com/cloudnativelabs/kube-router/v2/cmd/kube-router=kube-router
 }
@@ -492,9 +491,10 @@ helm_ldflags() {
   echo "$ld"
 }
 
-# Release tools: the chart (make chart, tests/dist.rs).
+# Release tools: the chart (make chart, tests/dist.rs); static, as the host's kapp-controller
+# (the same program is in kapp-controller's image, for helmTemplate).
 build_helm() {
-  build_peer helm "$(helm_ldflags)" helm.sh/helm/v3/cmd/helm=helm
+  CGO_ENABLED=0 build_peer helm "$(helm_ldflags)" helm.sh/helm/v3/cmd/helm=helm
 }
 
 # The image's layout (make image) and signing it (make sign).
@@ -599,10 +599,10 @@ RUN_GROUPS=()
 # Longest first (CONTRIBUTING.md "The test environment" has each build's time).
 [ "$DO_PEERS" = true ] && RUN_GROUPS+=(build_kubernetes build_kpack build_carvel build_korifi build_helm build_cluster_tools)
 [ "$DO_DEMO" = true ] && RUN_GROUPS+=(build_kubernetes_demo build_demo_peers build_etcd)
-# With the node's builds, what make cluster runs beyond the demo's set: kapp-controller's image's
-# static programs, kube-scheduler, kwok's nodes (for pods that need no container) and helm (it
+# With the node's builds, what make cluster runs beyond the demo's set: kbld (kapp-controller's
+# image has it), kube-scheduler, kwok's nodes (for pods that need no container) and helm (it
 # installs holdfast with it).
-[ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools build_kapp_controller_static build_kubernetes build_kwok build_helm)
+[ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools build_kapp_controller build_kubernetes build_kwok build_helm)
 [ "$DO_RELEASE_TOOLS" = true ] && RUN_GROUPS+=(build_image_tools install_cyclonedx install_cross)
 if [ "${#RUN_GROUPS[@]}" -gt 0 ]; then
   plan "${RUN_GROUPS[@]}"

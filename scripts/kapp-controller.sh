@@ -9,8 +9,8 @@
 #                                           cached beside the programs): kapp-controller, vendir,
 #                                           ytt, kapp, kbld and helm (helmTemplate, as holdfast's
 #                                           own package templates), static (CGO_ENABLED=0, as
-#                                           upstream's Dockerfile builds them;
-#                                           scripts/install-deps.sh --node),
+#                                           upstream's Dockerfile builds them; the host's
+#                                           programs, scripts/install-deps.sh),
 #                                           laid out as upstream's image lays them out: the programs
 #                                           in / (on PATH, where kapp-controller runs them from),
 #                                           the user kapp-controller (1000, group 0) in /etc/passwd,
@@ -47,9 +47,9 @@ GO=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
 log() { printf '[kapp-controller %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 die() { echo "kapp-controller: $*" >&2; exit 1; }
 
-# static NAME: the static build of NAME (kapp-controller or one of TOOLS).
+# static NAME: the build of NAME (kapp-controller or one of TOOLS), static in every mode.
 static() {
-  local bin="$PEERS_DIR/$1/bin/static/$1"
+  local bin="$PEERS_DIR/$1/bin/$1"
   [ -x "$bin" ] || die "$bin is missing: run scripts/install-deps.sh --node (make cluster) first"
   echo "$bin"
 }

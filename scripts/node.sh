@@ -10,7 +10,7 @@
 #
 #   scripts/node.sh up [STATE]     start it (STATE/env must exist: `make up`); returns once the
 #                                  Node is Ready; writes STATE/node/env (images, crictl endpoint)
-#   scripts/node.sh check [STATE]  prove it on the running node, in a namespace of its own: agnhost
+#   scripts/node.sh check [STATE]  prove it on the running node, in a namespace of its own: netcheck
 #                                  pods Ready with bridge addresses, a ClusterIP Service reached
 #                                  from the host and from a pod through kube-proxy, kubectl logs
 #                                  and exec, a NetworkPolicy letting one client in and not another
@@ -329,7 +329,7 @@ EOF
 
 push_images() {
   local registry=$1 layout tag
-  for layout in "$(peer kubernetes-node)/images/pause" "$(peer agnhost)/images/agnhost"; do
+  for layout in "$(peer kubernetes-node)/images/pause" "$(peer netcheck)/images/netcheck"; do
     tag=$(jq -r '.manifests[0].annotations["org.opencontainers.image.ref.name"]' "$layout/index.json")
     skopeo copy -q --dest-tls-verify=false "oci:$layout:$tag" "docker://$registry/$(basename "$layout"):$tag"
     echo "$registry/$(basename "$layout"):$tag"
@@ -372,7 +372,7 @@ up() {
     return
   fi
   [ ! -f "$DIR/pids" ] || down_node
-  local started=$SECONDS images pause agnhost
+  local started=$SECONDS images pause netcheck
   mkdir -p "$DIR"
   : >"$DIR/pids"
   # A start that fails stops what it started and takes away what it made.
@@ -390,8 +390,8 @@ up() {
   kubernetes_endpoints "$apiserver_port"
   images=$(push_images "$registry")
   pause=$(echo "$images" | sed -n 1p)
-  agnhost=$(echo "$images" | sed -n 2p)
-  log "pushed $pause and $agnhost"
+  netcheck=$(echo "$images" | sed -n 2p)
+  log "pushed $pause and $netcheck"
 
   write_containerd_config "$registry" "$pause"
   write_cni_config
@@ -424,7 +424,7 @@ export HOLDFAST_NODE_TAINT=$TAINT
 export HOLDFAST_NODE_IP=$NODE_IP
 export HOLDFAST_CLUSTER_REGISTRY=$registry
 export HOLDFAST_PAUSE_IMAGE=$pause
-export HOLDFAST_AGNHOST_IMAGE=$agnhost
+export HOLDFAST_NETCHECK_IMAGE=$netcheck
 export CRI_CONFIG_FILE=$DIR/crictl.yaml
 export PATH=$PEERS_DIR/cri-tools/bin:\$PATH
 EOF
@@ -597,7 +597,7 @@ EOF
 
 # --- check ---
 
-# check_pod NAME LABEL ARGS...: an agnhost pod on the real node.
+# check_pod NAME LABEL ARGS...: a netcheck pod on the real node (e2e/netcheck/netcheck.c).
 check_pod() {
   local name=$1 label=$2 args
   shift 2
@@ -613,7 +613,7 @@ spec:
   securityContext: {runAsNonRoot: true, runAsUser: 65532, seccompProfile: {type: RuntimeDefault}}
   containers:
   - name: main
-    image: $HOLDFAST_AGNHOST_IMAGE
+    image: $HOLDFAST_NETCHECK_IMAGE
     args: [${args%,}]
     securityContext: {readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}
 EOF
@@ -621,7 +621,7 @@ EOF
 
 # connects FROM TARGET: whether the pod FROM opens a TCP connection to TARGET (host:port).
 connects() {
-  kubectl exec -n "$CHECK_NS" "$1" -- /agnhost connect "$2" --timeout=3s >/dev/null 2>&1
+  kubectl exec -n "$CHECK_NS" "$1" -- /netcheck connect "$2" 3 >/dev/null 2>&1
 }
 
 pass() { log "ok: $*"; }
@@ -633,7 +633,7 @@ check() {
   CHECK_NS=node-check-$RANDOM
   kubectl create namespace "$CHECK_NS" >/dev/null
   trap 'kubectl delete namespace "$CHECK_NS" --wait=false >/dev/null 2>&1 || true' EXIT
-  check_pod server "app: server" netexec --http-port=8080
+  check_pod server "app: server" serve 8080
   check_pod client-allowed "role: allowed" pause
   check_pod client-other "role: other" pause
   kubectl apply -n "$CHECK_NS" -f - >/dev/null <<EOF
@@ -654,7 +654,7 @@ EOF
   pass "the host reaches the Service at $cluster_ip through kube-proxy: $(curl -fsS -m 2 "http://$cluster_ip/hostname")"
   connects client-other "$cluster_ip:80" || die "client-other could not reach the Service at $cluster_ip:80"
   pass "a pod reaches the Service at $cluster_ip:80 (kubectl exec)"
-  [[ $(kubectl logs -n "$CHECK_NS" server) == *"Started HTTP server"* ]] || die "kubectl logs did not show agnhost's log"
+  [[ $(kubectl logs -n "$CHECK_NS" server) == *"GET /hostname"* ]] || die "kubectl logs did not show the server's requests"
   pass "kubectl logs"
   kubectl apply -n "$CHECK_NS" -f - >/dev/null <<EOF
 apiVersion: networking.k8s.io/v1

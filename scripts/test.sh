@@ -5,12 +5,12 @@
 #      there) run in the background while cargo builds the lints, the fuzz targets and the test
 #      binaries, which need none of them;
 #   2. then every suite but the image's runs, while what only those need builds at the lowest
-#      priority in the background (install-deps.sh --release-tools: umoci, cosign,
-#      cargo-cyclonedx; scripts/image.sh binaries: the static release binaries, and
-#      scripts/instructions.sh build: the admission driver callgrind counts; install-deps.sh
-#      --node: containerd, kubelet, kube-proxy, kube-router, crictl, pause and agnhost for the real
-#      node): the suites spend much of their time waiting on controllers, and the builds take what
-#      they leave;
+#      priority in the background, in two chains side by side (one: install-deps.sh
+#      --release-tools: umoci, cosign, cargo-cyclonedx, the arm64 cross toolchain; then
+#      scripts/image.sh binaries: the static release binaries, and scripts/instructions.sh build:
+#      the admission driver callgrind counts; the other: install-deps.sh --node: containerd,
+#      kubelet, kube-proxy, kube-router, crictl, pause and netcheck for the real node): the suites
+#      spend much of their time waiting on controllers, and the builds take what they leave;
 #   3. then the admission hot path's instruction counts against their baseline
 #      (scripts/instructions.sh check), and the image's suites (IMAGE_SUITES), the real node's
 #      among them.
@@ -23,6 +23,8 @@ CARGO=${CARGO:-cargo}
 STATE=.holdfast
 LOG="$STATE/install-deps.log"
 TOOLS_LOG="$STATE/release-tools.log"
+NODE_LOG="$STATE/node-builds.log"
+TOOLS_CHAIN='scripts/install-deps.sh --release-tools && scripts/image.sh binaries && scripts/instructions.sh build'
 # The test targets that build, push, sign or package the image (e2e/src/dist.rs), by name: a
 # name selects that target in every package that has one (manifest-checks' chart.rs too).
 IMAGE_SUITES=(chart image package node)
@@ -48,7 +50,8 @@ log "Go builds of the control plane and the peers in the background (scripts/ins
 setsid scripts/install-deps.sh --peers >"$LOG" 2>&1 &
 deps=$!
 tools=
-trap 'kill -- "-$deps" ${tools:+"-$tools"} 2>/dev/null || true' EXIT
+node=
+trap 'kill -- "-$deps" ${tools:+"-$tools"} ${node:+"-$node"} 2>/dev/null || true' EXIT
 
 make --no-print-directory lint CARGO="$CARGO"
 # BENCHMARKS.md's plots are what the committed bench data draws.
@@ -71,13 +74,16 @@ done
 
 log "waiting for the Go builds of the control plane and the peers"
 await "$deps" "$LOG" "scripts/install-deps.sh --peers"
-log "the image's tools and static binaries and the real node's builds at the lowest priority in the background, log: $TOOLS_LOG"
-setsid nice -n 19 bash -c 'scripts/install-deps.sh --release-tools && scripts/image.sh binaries && scripts/instructions.sh build && scripts/install-deps.sh --node' >"$TOOLS_LOG" 2>&1 &
+log "the image's tools and static binaries (log: $TOOLS_LOG) and the real node's builds (log: $NODE_LOG) at the lowest priority in the background"
+setsid nice -n 19 bash -c "$TOOLS_CHAIN" >"$TOOLS_LOG" 2>&1 &
 tools=$!
+setsid nice -n 19 scripts/install-deps.sh --node >"$NODE_LOG" 2>&1 &
+node=$!
 "$CARGO" test --workspace --lib --bins "${first[@]}"
 "$CARGO" test --workspace --doc
 log "waiting for the image's tools and static binaries, and the real node's builds"
-await "$tools" "$TOOLS_LOG" "scripts/install-deps.sh --release-tools && scripts/image.sh binaries && scripts/instructions.sh build && scripts/install-deps.sh --node"
+await "$tools" "$TOOLS_LOG" "$TOOLS_CHAIN"
+await "$node" "$NODE_LOG" "scripts/install-deps.sh --node"
 # The admission hot path's instruction counts against their baseline (no timing: callgrind).
 scripts/instructions.sh check
 image=()

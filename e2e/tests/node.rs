@@ -648,10 +648,10 @@ fn connects(cluster: &Cluster, namespace: &str, pod: &str, target: &str) -> bool
                 namespace,
                 pod,
                 "--",
-                "/agnhost",
+                "/netcheck",
                 "connect",
                 target,
-                "--timeout=3s",
+                "3",
             ],
         )
         .is_ok()
@@ -661,7 +661,7 @@ fn client_pod(cluster: &Cluster, namespace: &str) -> Result<()> {
     labelled_client_pod(cluster, namespace, "client", &json!({}))
 }
 
-/// An agnhost pod `name` in `namespace`, labelled `labels`, on the real node (Pod Security
+/// A netcheck pod (e2e/netcheck/netcheck.c) `name` in `namespace`, labelled `labels`, on the real node (Pod Security
 /// `restricted`), Ready.
 fn labelled_client_pod(cluster: &Cluster, namespace: &str, name: &str, labels: &Value) -> Result<()> {
     let pod = json!({
@@ -673,7 +673,7 @@ fn labelled_client_pod(cluster: &Cluster, namespace: &str, name: &str, labels: &
             "automountServiceAccountToken": false,
             "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
-                "name": "main", "image": cluster.var("HOLDFAST_AGNHOST_IMAGE")?, "args": ["pause"],
+                "name": "main", "image": cluster.var("HOLDFAST_NETCHECK_IMAGE")?, "args": ["pause"],
                 "securityContext": {"readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}
             }]
         }
