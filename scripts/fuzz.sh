@@ -17,11 +17,12 @@ TARGETS=(admission_review reference www_authenticate manifest bundle semver dock
 LIMITS=(-rss_limit_mb=1024 -timeout=10 -print_final_stats=1)
 export RUSTC_BOOTSTRAP=1
 
-# cargo-fuzz from crates.io when missing (cached in ~/.cargo/bin afterwards).
+# cargo-fuzz from crates.io when missing (cached in ~/.cargo/bin afterwards); unoptimized (--debug):
+# it only drives cargo, and its optimized build took minutes of a new machine's make test.
 ensure_cargo_fuzz() {
     if ! cargo fuzz --version >/dev/null 2>&1; then
         echo "fuzz: installing cargo-fuzz (once)" >&2
-        cargo install --locked cargo-fuzz
+        cargo install --locked --debug cargo-fuzz
     fi
 }
 

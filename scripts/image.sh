@@ -90,7 +90,7 @@ build_binaries() {
     cargo build --release --locked --target "$(triple amd64)" "${packages[@]}")
   log "building ${BINARIES[*]} for $(triple arm64) (release, static; cargo-zigbuild)"
   if [ ! -x "$ZIGBUILD" ] || [ ! -x "$ZIG_VENV/bin/python3" ]; then
-    echo "image: cargo-zigbuild or zig is missing: run \`scripts/install-deps.sh --release-tools\` first" >&2
+    echo "image: cargo-zigbuild or zig is missing: run \`scripts/install-deps.sh --cross\` (or --release-tools) first" >&2
     exit 1
   fi
   # zig from the virtualenv (cargo-zigbuild runs `python3 -m ziglang`), its cache in target/.

@@ -41,6 +41,9 @@
 #                                                helm); no other mode builds the node's
 #   scripts/install-deps.sh --release-tools      only the tools that the image's suites alone need
 #                                                (umoci, cosign, cargo-cyclonedx, cargo-zigbuild, zig)
+#   scripts/install-deps.sh --cross              of those, only the arm64 cross toolchain (cargo-zigbuild,
+#                                                zig: scripts/image.sh binaries needs nothing else)
+#   scripts/install-deps.sh --image-tools        of those, only the rest (umoci, cosign, cargo-cyclonedx)
 # (--peers and --release-tools together are --builds: make test runs them one after the other and
 # the suites that need no release tool in between, scripts/test.sh.)
 # The builds run HOLDFAST_DEPS_JOBS (2) groups at a time: one `go build` leaves a core idle while
@@ -56,6 +59,8 @@ WITH_BENCH_PEERS=false
 DO_PACKAGES=true
 DO_PEERS=true
 DO_RELEASE_TOOLS=true
+# Which of the release tools (--cross and --image-tools each select some).
+RELEASE_TOOL_GROUPS=(build_image_tools install_cyclonedx install_cross)
 # The real node's builds: only with --node (make cluster runs it), so that neither make up nor
 # make test spends ~35 min of builds on a node none of their steps runs.
 DO_NODE=false
@@ -68,9 +73,11 @@ for arg in "$@"; do
     --builds) DO_PACKAGES=false ;;
     --peers) DO_PACKAGES=false DO_RELEASE_TOOLS=false ;;
     --release-tools) DO_PACKAGES=false DO_PEERS=false ;;
+    --cross) DO_PACKAGES=false DO_PEERS=false RELEASE_TOOL_GROUPS=(install_cross) ;;
+    --image-tools) DO_PACKAGES=false DO_PEERS=false RELEASE_TOOL_GROUPS=(build_image_tools install_cyclonedx) ;;
     --node) DO_PACKAGES=false DO_PEERS=false DO_RELEASE_TOOLS=false DO_NODE=true ;;
     --demo) DO_PEERS=false DO_RELEASE_TOOLS=false DO_DEMO=true ;;
-    *) echo "usage: $0 [--packages | --builds | --peers | --release-tools | --node | --demo] [--bench]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--packages | --builds | --peers | --release-tools | --cross | --image-tools | --node | --demo] [--bench]" >&2; exit 2 ;;
   esac
 done
 DEPS_JOBS=${HOLDFAST_DEPS_JOBS:-2}
@@ -505,24 +512,27 @@ build_image_tools() {
     github.com/sigstore/cosign/v2/cmd/cosign=cosign
 }
 
-# cargo-cyclonedx (the SBOMs, scripts/sign.sh) from crates.io, into the cache.
+# cargo-cyclonedx (the SBOMs, scripts/sign.sh) from crates.io, into the cache. Unoptimized
+# (--debug): it reads cargo's metadata of one workspace, and its optimized build (the cargo crate
+# and ~300 more) was the longest of a new machine's release tools.
 install_cyclonedx() {
   local version=0.5.9
   if [ "$("$CACHE_DIR/cargo-tools/bin/cargo-cyclonedx" cyclonedx --version 2>/dev/null | awk '{print $2}')" != "$version" ]; then
     log "installing cargo-cyclonedx $version from crates.io"
-    cargo install --quiet --locked cargo-cyclonedx --version "$version" --root "$CACHE_DIR/cargo-tools"
+    cargo install --quiet --locked --debug cargo-cyclonedx --version "$version" --root "$CACHE_DIR/cargo-tools"
   fi
 }
 
 # The arm64 cross toolchain of scripts/image.sh: cargo-zigbuild (crates.io) links with zig's
 # bundled musl and compiles ring's and mimalloc's C for aarch64 with `zig cc`; zig from PyPI's
 # ziglang wheel (the Zig Software Foundation's release, repackaged), in a virtualenv of the cache.
-# Debian has no zig and no aarch64 musl cross compiler.
+# Debian has no zig and no aarch64 musl cross compiler. cargo-zigbuild unoptimized (--debug): it only
+# starts zig and cargo.
 install_cross() {
   local zigbuild=0.24.1 zig=0.14.1
   if [ "$("$CACHE_DIR/cargo-tools/bin/cargo-zigbuild" --version 2>/dev/null | awk '{print $2}')" != "$zigbuild" ]; then
     log "installing cargo-zigbuild $zigbuild from crates.io"
-    cargo install --quiet --locked cargo-zigbuild --version "$zigbuild" --root "$CACHE_DIR/cargo-tools"
+    cargo install --quiet --locked --debug cargo-zigbuild --version "$zigbuild" --root "$CACHE_DIR/cargo-tools"
   fi
   local venv="$CACHE_DIR/zig-$zig"
   if [ "$("$venv/bin/python" -m ziglang version 2>/dev/null)" != "$zig" ]; then
@@ -603,7 +613,7 @@ RUN_GROUPS=()
 # image has it), kube-scheduler, kwok's nodes (for pods that need no container) and helm (it
 # installs holdfast with it).
 [ "$DO_NODE" = true ] && RUN_GROUPS+=(build_node build_node_tools build_kapp_controller build_kubernetes build_kwok build_helm)
-[ "$DO_RELEASE_TOOLS" = true ] && RUN_GROUPS+=(build_image_tools install_cyclonedx install_cross)
+[ "$DO_RELEASE_TOOLS" = true ] && RUN_GROUPS+=("${RELEASE_TOOL_GROUPS[@]}")
 if [ "${#RUN_GROUPS[@]}" -gt 0 ]; then
   plan "${RUN_GROUPS[@]}"
   log "building ${#RUN_GROUPS[@]} groups, $DEPS_JOBS at a time (a build already cached for its go.mod is skipped): ${RUN_GROUPS[*]#build_}"

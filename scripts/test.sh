@@ -5,12 +5,13 @@
 #      there) run in the background while cargo builds the lints, the fuzz targets and the test
 #      binaries, which need none of them;
 #   2. then every suite but the image's runs, while what only those need builds at the lowest
-#      priority in the background, in two chains side by side (one: install-deps.sh
-#      --release-tools: umoci, cosign, cargo-cyclonedx, the arm64 cross toolchain; then
-#      scripts/image.sh binaries: the static release binaries, and scripts/instructions.sh build:
-#      the admission driver callgrind counts; the other: install-deps.sh --node: containerd,
-#      kubelet, kube-proxy, kube-router, crictl, pause and netcheck for the real node): the suites
-#      spend much of their time waiting on controllers, and the builds take what they leave;
+#      priority in the background, in two chains side by side (one: install-deps.sh --cross: the
+#      arm64 cross toolchain; then scripts/image.sh binaries: the static release binaries, and
+#      scripts/instructions.sh build: the admission driver callgrind counts; the other:
+#      install-deps.sh --node: containerd, kubelet, kube-proxy, kube-router, crictl, pause and
+#      netcheck for the real node, then install-deps.sh --image-tools: umoci, cosign,
+#      cargo-cyclonedx): the suites spend much of their time waiting on controllers, and the
+#      builds take what they leave;
 #   3. then the admission hot path's instruction counts against their baseline
 #      (scripts/instructions.sh check), and the image's suites (IMAGE_SUITES), the real node's
 #      among them.
@@ -24,7 +25,8 @@ STATE=.holdfast
 LOG="$STATE/install-deps.log"
 TOOLS_LOG="$STATE/release-tools.log"
 NODE_LOG="$STATE/node-builds.log"
-TOOLS_CHAIN='scripts/install-deps.sh --release-tools && scripts/image.sh binaries && scripts/instructions.sh build'
+TOOLS_CHAIN='scripts/install-deps.sh --cross && scripts/image.sh binaries && scripts/instructions.sh build'
+NODE_CHAIN='scripts/install-deps.sh --node && scripts/install-deps.sh --image-tools'
 # The test targets that build, push, sign or package the image (e2e/src/dist.rs), by name: a
 # name selects that target in every package that has one (manifest-checks' chart.rs too).
 IMAGE_SUITES=(chart image package node)
@@ -74,16 +76,16 @@ done
 
 log "waiting for the Go builds of the control plane and the peers"
 await "$deps" "$LOG" "scripts/install-deps.sh --peers"
-log "the image's tools and static binaries (log: $TOOLS_LOG) and the real node's builds (log: $NODE_LOG) at the lowest priority in the background"
+log "the image's static binaries (log: $TOOLS_LOG), the real node's builds and the image's tools (log: $NODE_LOG) at the lowest priority in the background"
 setsid nice -n 19 bash -c "$TOOLS_CHAIN" >"$TOOLS_LOG" 2>&1 &
 tools=$!
-setsid nice -n 19 scripts/install-deps.sh --node >"$NODE_LOG" 2>&1 &
+setsid nice -n 19 bash -c "$NODE_CHAIN" >"$NODE_LOG" 2>&1 &
 node=$!
 "$CARGO" test --workspace --lib --bins "${first[@]}"
 "$CARGO" test --workspace --doc
 log "waiting for the image's tools and static binaries, and the real node's builds"
 await "$tools" "$TOOLS_LOG" "$TOOLS_CHAIN"
-await "$node" "$NODE_LOG" "scripts/install-deps.sh --node"
+await "$node" "$NODE_LOG" "$NODE_CHAIN"
 # The admission hot path's instruction counts against their baseline (no timing: callgrind).
 scripts/instructions.sh check
 image=()

@@ -32,7 +32,8 @@ async fn the_short_soak() -> Result<()> {
             && report.tag_moves > 0
             && report.follows_checked > 0
             && report.controller_writes_judged > 0
-            && report.private_pins_in_owner_namespace > 0,
+            && report.private_pins_in_owner_namespace > 0
+            && report.mirror_pins > 0,
         "the load did not run: {report}"
     );
     Ok(())

@@ -60,10 +60,16 @@ pub enum Fault {
     ControllerKilled,
     /// A new serving certificate written to the webhooks' Secret; both replicas must serve it.
     CertificateRotated,
+    /// The mirror full: every write to it (an upload, a manifest) answered 507 Insufficient
+    /// Storage, reads served; held until a copy meets it, and the hold after.
+    MirrorFull,
+    /// The mirror refusing writes (403 `DENIED`, as a registry in read-only mode or over its
+    /// quota answers), reads served; held until a copy meets it, and the hold after.
+    MirrorRefusingWrites,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 13] = [
         Fault::RegistryStopped,
         Fault::RegistryErrors,
         Fault::RegistryThrottling,
@@ -75,6 +81,8 @@ impl Fault {
         Fault::WebhookKilled,
         Fault::ControllerKilled,
         Fault::CertificateRotated,
+        Fault::MirrorFull,
+        Fault::MirrorRefusingWrites,
     ];
 
     pub fn name(self) -> &'static str {
@@ -90,6 +98,8 @@ impl Fault {
             Fault::WebhookKilled => "webhook-killed",
             Fault::ControllerKilled => "controller-killed",
             Fault::CertificateRotated => "certificate-rotated",
+            Fault::MirrorFull => "mirror-full",
+            Fault::MirrorRefusingWrites => "mirror-refusing-writes",
         }
     }
 
@@ -189,6 +199,10 @@ pub enum Answer {
     /// A HEAD of a tagged manifest answered with a digest nothing serves ([`unserved_digest`]);
     /// anything else passed through.
     WrongDigest,
+    /// A write (`POST`, `PUT`, `PATCH`, `DELETE`) answered with this status and a registry error
+    /// body; a read passed through on a connection closed after it, so that the client's next
+    /// request comes on a new one and is judged too.
+    RefuseWrites(u16),
 }
 
 /// The digest the front names for `path` while it answers [`Answer::WrongDigest`]: no manifest
@@ -209,8 +223,9 @@ pub struct RegistryFront {
     /// `host:port` the objects name, and holdfast reaches over plain HTTP.
     pub addr: String,
     answer: watch::Sender<Answer>,
-    /// Digests named that nothing serves, so far ([`Answer::WrongDigest`]).
-    lies: Arc<std::sync::atomic::AtomicUsize>,
+    /// Requests answered with the fault itself so far: digests named that nothing serves
+    /// ([`Answer::WrongDigest`]), writes refused ([`Answer::RefuseWrites`]).
+    faulted: watch::Sender<usize>,
     stop: CancellationToken,
 }
 
@@ -221,8 +236,8 @@ impl RegistryFront {
         let upstream = upstream.to_string();
         let answer = watch::Sender::new(Answer::Pass);
         let stop = CancellationToken::new();
-        let lies = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (answers, accepting, told) = (answer.clone(), stop.clone(), lies.clone());
+        let faulted = watch::Sender::new(0);
+        let (answers, accepting, told) = (answer.clone(), stop.clone(), faulted.clone());
         tokio::spawn(accepting.clone().run_until_cancelled_owned(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let (upstream, mut changed) = (upstream.clone(), answers.subscribe());
@@ -239,14 +254,23 @@ impl RegistryFront {
         Ok(Self {
             addr,
             answer,
-            lies,
+            faulted,
             stop,
         })
     }
 
-    /// How many digests it named that nothing serves, so far.
-    pub fn lies(&self) -> usize {
-        self.lies.load(std::sync::atomic::Ordering::Relaxed)
+    /// How many requests it answered with the fault itself so far (a made-up digest, a refused
+    /// write): a fault no request met proves nothing.
+    pub fn faulted(&self) -> usize {
+        *self.faulted.borrow()
+    }
+
+    /// Whether a request meets the fault (the count passes `after`) within `limit`.
+    pub async fn until_faulted(&self, after: usize, limit: Duration) -> bool {
+        let mut count = self.faulted.subscribe();
+        tokio::time::timeout(limit, count.wait_for(|n| *n > after))
+            .await
+            .is_ok_and(|seen| seen.is_ok())
     }
 
     /// From now on, `answer` to everything.
@@ -266,7 +290,7 @@ async fn serve(
     mut inbound: tokio::net::TcpStream,
     upstream: &str,
     answer: Answer,
-    lies: &std::sync::atomic::AtomicUsize,
+    faulted: &watch::Sender<usize>,
 ) {
     match answer {
         Answer::Pass => pass(inbound, upstream, &[]).await,
@@ -288,10 +312,31 @@ async fn serve(
                 // What follows on this connection passes through unchanged too.
                 return pass(inbound, upstream, &head).await;
             }
-            lies.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            faulted.send_modify(|n| *n += 1);
             let response = format!(
                 "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.index.v1+json\r\nDocker-Content-Digest: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
                 unserved_digest(path)
+            );
+            let _ = inbound.write_all(response.as_bytes()).await;
+            let _ = inbound.shutdown().await;
+        }
+        Answer::RefuseWrites(code) => {
+            let Some(head) = request_head(&mut inbound).await else {
+                return;
+            };
+            let method = head.split(|b| *b == b' ').next().unwrap_or_default();
+            if !matches!(method, b"POST" | b"PUT" | b"PATCH" | b"DELETE") {
+                return pass(inbound, upstream, &with_connection_close(&head)).await;
+            }
+            faulted.send_modify(|n| *n += 1);
+            let (reason, code_word, message) = match code {
+                507 => ("Insufficient Storage", "UNKNOWN", "no space left on the storage"),
+                _ => ("Forbidden", "DENIED", "the registry is read-only"),
+            };
+            let body = format!(r#"{{"errors":[{{"code":"{code_word}","message":"{message}"}}]}}"#);
+            let response = format!(
+                "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
             );
             let _ = inbound.write_all(response.as_bytes()).await;
             let _ = inbound.shutdown().await;
@@ -329,6 +374,27 @@ async fn pass(mut inbound: tokio::net::TcpStream, upstream: &str, read: &[u8]) {
     }
 }
 
+/// `head` (a request's head, and what of its body was read with it) asking the server to close
+/// the connection after its answer: its own `Connection` headers dropped, `Connection: close`
+/// added.
+fn with_connection_close(head: &[u8]) -> Vec<u8> {
+    let end = head
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or(head.len());
+    let mut out = Vec::with_capacity(head.len() + 19);
+    for line in head[..end].split(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if !line.to_ascii_lowercase().starts_with(b"connection:") {
+            out.extend_from_slice(line);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    out.extend_from_slice(head.get(end + 4..).unwrap_or_default());
+    out
+}
+
 /// The first request's head (through its blank line; a GET or HEAD has no body), or none if the
 /// client sends none within 5 s or past 64 KiB.
 async fn request_head(inbound: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
@@ -353,6 +419,8 @@ pub struct Injector {
     /// Shared with the soak, which needs it running after the last fault (the last moves).
     pub registry: Arc<tokio::sync::Mutex<SpareRegistry>>,
     pub front: Arc<RegistryFront>,
+    /// The front before the mirror registry, which holdfast copies into.
+    pub mirror: Arc<RegistryFront>,
     pub holdfast: Arc<Holdfast>,
     pub client: kube::Client,
     pub timeline: Timeline,
@@ -421,11 +489,11 @@ impl Injector {
             Fault::RegistryWrongDigests => {
                 // Past one refresh round, so that the controller's checks meet it.
                 let held = self.refresh + self.hold;
-                let before = self.front.lies();
+                let before = self.front.faulted();
                 self.front.answer(Answer::WrongDigest);
                 tokio::time::sleep(held).await;
                 self.front.answer(Answer::Pass);
-                let lies = self.front.lies() - before;
+                let lies = self.front.faulted() - before;
                 // A fault no resolution met would prove nothing: a refresh round runs within it.
                 anyhow::ensure!(
                     lies > 0,
@@ -477,7 +545,31 @@ impl Injector {
                 Ok(format!("{leader} (leading) SIGKILLed, started again, ready"))
             }
             Fault::CertificateRotated => self.rotate_certificate().await,
+            Fault::MirrorFull => self.mirror_refuses_writes(507).await,
+            Fault::MirrorRefusingWrites => self.mirror_refuses_writes(403).await,
         }
+    }
+
+    /// The mirror answering `code` to every write until a copy meets it (a tag moved, the
+    /// controller's refresh pinned the new digest and copies it: at most four refresh
+    /// intervals), then for the hold; fails if no write met it.
+    async fn mirror_refuses_writes(&self, code: u16) -> Result<String> {
+        let (before, started) = (self.mirror.faulted(), Instant::now());
+        self.mirror.answer(Answer::RefuseWrites(code));
+        let met = self.mirror.until_faulted(before, self.refresh * 4).await;
+        if met {
+            tokio::time::sleep(self.hold).await;
+        }
+        self.mirror.answer(Answer::Pass);
+        let (held, refused) = (started.elapsed(), self.mirror.faulted() - before);
+        anyhow::ensure!(
+            met,
+            "no copy wrote to the mirror in {held:?} of refusing writes (the refresh interval is {:?})",
+            self.refresh
+        );
+        Ok(format!(
+            "mirror answered {code} to writes for {held:.1?} ({refused} refused)"
+        ))
     }
 
     async fn registry_answers(&self, code: u16) -> Result<String> {
@@ -553,5 +645,25 @@ impl Injector {
             "serving certificate rotated; both replicas served it after {:.1} s",
             started.elapsed().as_secs_f64()
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_passed_read_asks_for_the_connection_to_close() {
+        let head = b"HEAD /v2/r/blobs/sha256:ab HTTP/1.1\r\nHost: m\r\nconnection: keep-alive\r\nAccept: */*\r\n\r\n";
+        assert_eq!(
+            with_connection_close(head),
+            b"HEAD /v2/r/blobs/sha256:ab HTTP/1.1\r\nHost: m\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        );
+        // What of a body was read with the head follows it unchanged.
+        let with_body = b"PUT /x HTTP/1.1\r\nContent-Length: 2\r\n\r\nab";
+        assert_eq!(
+            with_connection_close(with_body),
+            b"PUT /x HTTP/1.1\r\nContent-Length: 2\r\nConnection: close\r\n\r\nab"
+        );
     }
 }

@@ -106,6 +106,41 @@ pub struct Shared {
     pub live: Arc<Mutex<BTreeMap<usize, usize>>>,
     pub violations: Violations,
     pub timeline: Timeline,
+    pub mirrored: Mirrored,
+}
+
+/// The mirror as pins name it, and the pins to it seen so far (each must be served by the
+/// mirror: checked at the end, [`Mirrored::seen`]).
+#[derive(Debug, Clone, Default)]
+pub struct Mirrored {
+    /// Where the upstream front's repositories are copied: `mirror/holdfast/<front's host>`
+    /// (`--mirror-prefix`'s default).
+    prefix: String,
+    seen: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl Mirrored {
+    /// The mirror `mirror` (`host:port`, as pins name it) of the registry `upstream`.
+    pub fn new(mirror: &str, upstream: &str) -> Self {
+        Self {
+            prefix: format!(
+                "{mirror}/holdfast/{}",
+                holdfast_registry::mirror::host_component(upstream)
+            ),
+            seen: Arc::default(),
+        }
+    }
+
+    /// The mirror's copy of the repository `written` (`upstream/path`).
+    pub fn repository_of(&self, written: &str) -> Option<String> {
+        let (_, path) = written.split_once('/')?;
+        Some(format!("{}/{path}", self.prefix))
+    }
+
+    /// Every pin to the mirror seen (`mirror/…@digest`).
+    pub fn seen(&self) -> Vec<String> {
+        lock(&self.seen).iter().cloned().collect()
+    }
 }
 
 /// Watches the load's objects of `kind` until `stop`: every version stored pinned must name
@@ -128,14 +163,21 @@ pub async fn watch_pins(
         let Some((repository, digest)) = url.split_once('@') else {
             continue;
         };
-        let served = {
+        let (served, mirrored) = {
             let history = lock(&shared.history);
             let written = history
                 .reference(tag)
                 .and_then(|r| r.rsplit_once(':'))
                 .map(|(repo, _)| repo);
-            written == Some(repository) && history.position(tag, digest).is_some()
+            // Pinned upstream, or to the mirror's copy of the same repository.
+            let mirrored =
+                written.and_then(|w| shared.mirrored.repository_of(w)).as_deref() == Some(repository);
+            let known = history.position(tag, digest).is_some();
+            ((written == Some(repository) || mirrored) && known, mirrored)
         };
+        if served && mirrored {
+            lock(&shared.mirrored.seen).insert(url.to_string());
+        }
         if !served && reported.insert((object.uid(), url.to_string())) {
             shared.violations.record(
                 "pin-never-served",
@@ -395,5 +437,19 @@ mod tests {
         assert_eq!(history.record(tag, "sha256:c".into()), 2);
         assert_eq!(history.tag_of("front/soak/config-00:live"), Some(tag));
         assert_eq!(history.position(tag, "sha256:d"), None);
+    }
+
+    #[test]
+    fn the_mirrors_copy_of_a_repository_is_under_the_upstream_hosts_name() {
+        let mirrored = Mirrored::new("127.0.0.1:5001", "127.0.0.1:5000");
+        assert_eq!(
+            mirrored.repository_of("127.0.0.1:5000/soak/config-00").as_deref(),
+            Some(format!(
+                "127.0.0.1:5001/holdfast/{}/soak/config-00",
+                holdfast_registry::mirror::host_component("127.0.0.1:5000")
+            ))
+            .as_deref()
+        );
+        assert_eq!(mirrored.repository_of("no-path"), None);
     }
 }

@@ -25,6 +25,9 @@ use crate::{images, peers::kapp_controller};
 
 /// The label on every object of the load: the number of the tag it names.
 pub const TAG_LABEL: &str = "soak.holdfast.dev/tag";
+/// The label (`=true`) of the namespace whose objects holdfast pins to the mirror's copies
+/// (`--mirror-namespace-selector`).
+pub const MIRROR_LABEL: &str = "soak.holdfast.dev/mirror";
 /// The tag every repository of the load is moved under.
 const TAG: &str = "live";
 
@@ -119,8 +122,10 @@ pub struct Load {
 }
 
 impl Load {
-    /// Creates the namespaces (with kapp-controller's deployer), the private registry's Secret
-    /// in the first, and pushes every tag's first image; objects will name the tags at `front`.
+    /// Creates the namespaces (with kapp-controller's deployer; the last labelled
+    /// [`MIRROR_LABEL`], its objects pinned to the mirror's copies), the private registry's
+    /// Secret in the first, and pushes every tag's first image; objects will name the tags at
+    /// `front`.
     pub async fn prepare(
         env: &crate::Env,
         registry: &str,
@@ -129,9 +134,18 @@ impl Load {
         shape: Shape,
         shared: Shared,
     ) -> Result<Self> {
+        anyhow::ensure!(
+            shape.namespaces >= 2,
+            "the soak needs two namespaces: the private Secret's, and the mirror's"
+        );
         let mut namespaces = Vec::new();
-        for _ in 0..shape.namespaces {
-            let namespace = env.namespace("soak").await?;
+        for n in 0..shape.namespaces {
+            let namespace = if n + 1 == shape.namespaces {
+                env.namespace_with_labels("soak-mirror", &[(MIRROR_LABEL, "true")])
+                    .await?
+            } else {
+                env.namespace("soak").await?
+            };
             kapp_controller::add_deployer(env, &namespace)?;
             namespaces.push(namespace);
         }

@@ -7,9 +7,11 @@
 //! a front that balances connections, two controllers electing a leader, each through a link of
 //! its own). The upstream registry is a registry of the soak's own behind a front that can
 //! answer 503 or 429, slowly, or with digests nothing serves ([`faults::RegistryFront`]); the
-//! objects name the front. At the end the API server's audit log judges every controller write
-//! against the Lease's terms ([`leadership`]). Not yet here: `make cluster`'s real node, kpack
-//! and Korifi (org deletions), the mirror registry and its faults.
+//! objects name the front. A mirror registry (`--mirror-registry`) behind a front of its own,
+//! which can refuse writes (full, read-only), holds the copies the objects of one namespace are
+//! pinned to. At the end the API server's audit log judges every controller write against the
+//! Lease's terms ([`leadership`]), and the mirror must serve every copy a pin named. Not yet
+//! here: `make cluster`'s real node, kpack and Korifi (org deletions).
 
 pub mod faults;
 pub mod invariants;
@@ -31,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::{
     faults::{Fault, Injector, RegistryFront, Timeline},
-    invariants::{Shared, Violations},
+    invariants::{Mirrored, Shared, Violations},
     load::{Load, Outcome, Shape},
     replicas::Holdfast,
     report::Report,
@@ -140,9 +142,11 @@ pub async fn run(config: Config) -> Result<Report> {
         Arc::new(RegistryFront::start(&registry.addr).await?),
     );
     let registry = Arc::new(tokio::sync::Mutex::new(registry));
+    let mirror_registry = env.spare_registry().await?;
+    let mirror = Arc::new(RegistryFront::start(&mirror_registry.addr).await?);
     let private = private::Private::start(&env).await?;
     let registries = [front.addr.as_str(), private.addr.as_str()];
-    let holdfast = Arc::new(Holdfast::start(&mut env, &registries, config.refresh).await?);
+    let holdfast = Arc::new(Holdfast::start(&mut env, &registries, &mirror.addr, config.refresh).await?);
     env.kapp_controller().await?;
     let client = env.client().await?;
     let shared = Shared {
@@ -150,6 +154,7 @@ pub async fn run(config: Config) -> Result<Report> {
         live: Arc::default(),
         violations: Violations::default(),
         timeline: Timeline::default(),
+        mirrored: Mirrored::new(&mirror.addr, &front.addr),
     };
     let mut load = Load::prepare(
         &env,
@@ -239,6 +244,7 @@ pub async fn run(config: Config) -> Result<Report> {
         env: env.clone(),
         registry: registry.clone(),
         front: front.clone(),
+        mirror: mirror.clone(),
         holdfast: holdfast.clone(),
         client: client.clone(),
         timeline: shared.timeline.clone(),
@@ -270,6 +276,15 @@ pub async fn run(config: Config) -> Result<Report> {
     let leadership = leadership::judge(&audit, NAMESPACE, replicas::LEASE);
     for write in leadership.outside {
         violations.record("write-outside-leadership", write);
+    }
+    let mirror_pins = shared.mirrored.seen();
+    for pin in &mirror_pins {
+        if !mirror_serves(&mirror_registry.addr, pin).await {
+            violations.record(
+                "mirror-pin-not-served",
+                format!("an object was stored pinned to {pin}, which the mirror does not serve"),
+            );
+        }
     }
     let timeline = &shared.timeline;
     let excused =
@@ -326,8 +341,22 @@ pub async fn run(config: Config) -> Result<Report> {
         panics: violations.all().iter().filter(|v| v.invariant == "panic").count(),
         controller_writes_judged: leadership.writes,
         private_pins_in_owner_namespace: private_pins,
+        mirror_pins: mirror_pins.len(),
     };
     // The environment's processes stop with it, here, on the runtime that started them.
     drop(env);
     Ok(report)
+}
+
+/// Whether the mirror registry (`addr`, behind its front) serves the pin `mirror/repository@digest`.
+async fn mirror_serves(addr: &str, pin: &str) -> bool {
+    let Some((repository, digest)) = pin.split_once('@') else {
+        return false;
+    };
+    let Some((_, repository)) = repository.split_once('/') else {
+        return false;
+    };
+    crate::images::head_digest(addr, repository, digest)
+        .await
+        .is_ok_and(|served| served.as_deref() == Some(digest))
 }

@@ -81,36 +81,100 @@ impl Private {
     }
 }
 
-/// Watches the private Apps until `stop`: one stored pinned outside the owner namespace is a
-/// `private-entry-leaked` violation. Returns how many of the owner's were seen pinned (the
-/// check is not vacuous once the controller pinned one).
-pub async fn watch(api: Api<DynamicObject>, violations: Violations, stop: CancellationToken) -> usize {
-    let config = watcher::Config::default().labels(PRIVATE_LABEL);
-    let mut objects = std::pin::pin!(watcher(api, config).default_backoff().applied_objects());
-    let (mut owner_pinned, mut reported) = (BTreeSet::new(), BTreeSet::new());
-    while let Some(Some(object)) = stop.run_until_cancelled(objects.next()).await {
-        let Ok(object) = object else { continue };
+/// What the private watch has seen: the owner's Apps stored pinned, and the others' (each a
+/// violation, reported once).
+#[derive(Debug, Default)]
+struct PrivatePins {
+    owner_pinned: BTreeSet<Option<String>>,
+    leaked: BTreeSet<Option<String>>,
+}
+
+impl PrivatePins {
+    /// Takes in a private App as stored: the violation's detail when it is another namespace's
+    /// App stored pinned, the first time it is seen so.
+    fn apply(&mut self, object: &DynamicObject) -> Option<String> {
         let url = object
             .data
             .pointer("/spec/fetch/0/image/url")
             .and_then(Value::as_str)
             .unwrap_or_default();
         if !url.contains('@') {
-            continue;
+            return None;
         }
-        let owned = object.labels().get(PRIVATE_LABEL).map(String::as_str) == Some("owner");
-        if owned {
-            owner_pinned.insert(object.uid());
-        } else if reported.insert(object.uid()) {
-            violations.record(
-                "private-entry-leaked",
-                format!(
-                    "App {}/{} names the private tag with a Secret its namespace does not have, and was stored pinned to {url}",
-                    object.namespace().unwrap_or_default(),
-                    object.name_any()
-                ),
-            );
+        if object.labels().get(PRIVATE_LABEL).map(String::as_str) == Some("owner") {
+            self.owner_pinned.insert(object.uid());
+            return None;
+        }
+        self.leaked.insert(object.uid()).then(|| {
+            format!(
+                "App {}/{} names the private tag with a Secret its namespace does not have, and was stored pinned to {url}",
+                object.namespace().unwrap_or_default(),
+                object.name_any()
+            )
+        })
+    }
+}
+
+/// Watches the private Apps until `stop`: one stored pinned outside the owner namespace is a
+/// `private-entry-leaked` violation. Returns how many of the owner's were seen pinned (the
+/// check is not vacuous once the controller pinned one).
+pub async fn watch(api: Api<DynamicObject>, violations: Violations, stop: CancellationToken) -> usize {
+    let config = watcher::Config::default().labels(PRIVATE_LABEL);
+    let mut objects = std::pin::pin!(watcher(api, config).default_backoff().applied_objects());
+    let mut pins = PrivatePins::default();
+    while let Some(Some(object)) = stop.run_until_cancelled(objects.next()).await {
+        let Ok(object) = object else { continue };
+        if let Some(detail) = pins.apply(&object) {
+            violations.record("private-entry-leaked", detail);
         }
     }
-    owner_pinned.len()
+    pins.owner_pinned.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn app(namespace: &str, uid: &str, label: &str, url: &str) -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "kappctrl.k14s.io/v1alpha1", "kind": "App",
+            "metadata": {"name": "p", "namespace": namespace, "uid": uid, "labels": {PRIVATE_LABEL: label}},
+            "spec": {"fetch": [{"image": {"url": url, "secretRef": {"name": SECRET}}}]}
+        }))
+        .expect("an App")
+    }
+
+    const TAG: &str = "127.0.0.1:5000/soak/private:live";
+    const PINNED: &str =
+        "127.0.0.1:5000/soak/private@sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+    #[test]
+    fn another_namespaces_app_stored_pinned_is_a_leak_reported_once() {
+        let mut pins = PrivatePins::default();
+        assert_eq!(pins.apply(&app("b", "u1", "other", TAG)), None);
+        let leak = pins.apply(&app("b", "u1", "other", PINNED));
+        assert!(
+            leak.as_deref()
+                .is_some_and(|d| d.starts_with("App b/p ") && d.ends_with(PINNED)),
+            "{leak:?}"
+        );
+        assert_eq!(
+            pins.apply(&app("b", "u1", "other", PINNED)),
+            None,
+            "reported once"
+        );
+        assert!(pins.apply(&app("c", "u2", "other", PINNED)).is_some());
+        assert!(pins.owner_pinned.is_empty());
+    }
+
+    #[test]
+    fn the_owners_apps_stored_pinned_are_counted_not_reported() {
+        let mut pins = PrivatePins::default();
+        assert_eq!(pins.apply(&app("a", "u1", "owner", TAG)), None);
+        assert!(pins.owner_pinned.is_empty(), "a tag is not a pin");
+        for uid in ["u1", "u1", "u2"] {
+            assert_eq!(pins.apply(&app("a", uid, "owner", PINNED)), None);
+        }
+        assert_eq!(pins.owner_pinned.len(), 2);
+    }
 }

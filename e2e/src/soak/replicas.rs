@@ -8,6 +8,7 @@ use std::{path::Path, time::Duration};
 use anyhow::{Context, Result};
 use tempfile::TempDir;
 
+use super::load::MIRROR_LABEL;
 use crate::{
     Env,
     installed::{self, CONTROLLER, WEBHOOK},
@@ -57,13 +58,21 @@ pub struct Holdfast {
 impl Holdfast {
     /// Creates holdfast's namespace and webhook configurations (calling the front) and starts
     /// the four processes, each speaking plain HTTP to `registries` (the soak's registry front,
-    /// its private registry) and the controllers refreshing every `refresh`; returns once all
-    /// four are ready.
-    pub async fn start(env: &mut Env, registries: &[&str], refresh: Duration) -> Result<Self> {
-        let insecure: Vec<String> = registries
+    /// its private registry) and to `mirror` (`--mirror-registry`, for the namespaces labelled
+    /// [`MIRROR_LABEL`]), the controllers refreshing every `refresh`; returns once all four are
+    /// ready.
+    pub async fn start(env: &mut Env, registries: &[&str], mirror: &str, refresh: Duration) -> Result<Self> {
+        let mut insecure: Vec<String> = registries
             .iter()
+            .chain([&mirror])
             .map(|registry| format!("--insecure-registry={registry}"))
             .collect();
+        // Both processes take the same mirror flags: the controller copies, the webhook pins to
+        // the copies it recorded.
+        insecure.extend([
+            format!("--mirror-registry={mirror}"),
+            format!("--mirror-namespace-selector={MIRROR_LABEL}=true"),
+        ]);
         let ports = [(free_port()?, free_port()?), (free_port()?, free_port()?)];
         let front = Balancer::start(
             ports

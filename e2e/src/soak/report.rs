@@ -112,6 +112,8 @@ pub struct Report {
     pub controller_writes_judged: usize,
     /// Private Apps of the Secret's own namespace seen pinned (the scope check is not vacuous).
     pub private_pins_in_owner_namespace: usize,
+    /// The distinct pins to the mirror's copies seen (each one checked served by the mirror).
+    pub mirror_pins: usize,
 }
 
 /// The figure of an optional slope: `n/a` when no process had samples enough.
@@ -124,7 +126,7 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={}",
+            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={} mirror_pins={}",
             self.minutes,
             self.faults,
             self.violations,
@@ -145,6 +147,7 @@ impl fmt::Display for Report {
             self.webhook.thread_growth.max(self.controller.thread_growth),
             self.controller_writes_judged,
             self.private_pins_in_owner_namespace,
+            self.mirror_pins,
         )
     }
 }
