@@ -317,8 +317,7 @@ async fn serve(
                 "HTTP/1.1 200 OK\r\nContent-Type: application/vnd.oci.image.index.v1+json\r\nDocker-Content-Digest: {}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
                 unserved_digest(path)
             );
-            let _ = inbound.write_all(response.as_bytes()).await;
-            let _ = inbound.shutdown().await;
+            reply(inbound, &response).await;
         }
         Answer::RefuseWrites(code) => {
             let Some(head) = request_head(&mut inbound).await else {
@@ -338,8 +337,7 @@ async fn serve(
                 "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                 body.len()
             );
-            let _ = inbound.write_all(response.as_bytes()).await;
-            let _ = inbound.shutdown().await;
+            reply(inbound, &response).await;
         }
         Answer::Status(code) => {
             // The request's head, so that the client reads an answer, not a reset.
@@ -354,10 +352,16 @@ async fn serve(
             let response = format!(
                 "HTTP/1.1 {code} {reason}\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
             );
-            let _ = inbound.write_all(response.as_bytes()).await;
-            let _ = inbound.shutdown().await;
+            reply(inbound, &response).await;
         }
     }
+}
+
+/// The front's own answer `response` on the connection, which it then closes (a client that
+/// went away meanwhile is no matter).
+async fn reply(mut inbound: tokio::net::TcpStream, response: &str) {
+    let _ = inbound.write_all(response.as_bytes()).await;
+    let _ = inbound.shutdown().await;
 }
 
 /// The connection passed through to the registry, `read` (bytes already read from the client)
