@@ -11,6 +11,7 @@ use tokio::{net::TcpListener, task::JoinHandle};
 pub struct SlowLink {
     /// `host:port` to use instead of the upstream's.
     pub addr: String,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: JoinHandle<()>,
 }
 
@@ -19,8 +20,11 @@ impl SlowLink {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?.to_string();
         let upstream = upstream.to_string();
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let accepted = connections.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
+                accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let upstream = upstream.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
@@ -33,7 +37,16 @@ impl SlowLink {
                 });
             }
         });
-        Ok(Self { addr, task })
+        Ok(Self {
+            addr,
+            connections,
+            task,
+        })
+    }
+
+    /// How many connections callers have opened through the link.
+    pub fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

@@ -6,7 +6,7 @@
 use std::{sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, ensure};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use holdfast_cache::{CacheConfig, Scope};
 use holdfast_e2e::{
     Env,
@@ -130,10 +130,17 @@ async fn examples_are_pinned_to_the_pushed_digests(env: Arc<Env>) -> Result<()> 
     webhook.stop().await
 }
 
-/// 1,000 Apps created at once on one new tag, behind a link that holds each registry connection
-/// for a second and a half, so the admissions really wait together: one manifest request.
+/// 1,000 Apps created on one new tag, 100 at a time (as `kubectl apply` or a GitOps tool's
+/// parallel syncs would), behind a link that holds each registry connection for a second and a
+/// half, so the admissions really wait together: one manifest request.
+///
+/// Not all 1,000 at once: the webhook runs in this (unoptimized) test process, and 1,000
+/// concurrent admissions on a busy 2-core machine took the API server's calls to it to 4.7 s
+/// (audit log, `apiserver.latency.k8s.io/mutating-webhook`), near the 5 s `timeoutSeconds`
+/// past which the API server fails open and stores the tag: a flaky test, not a pinning bug.
 async fn one_registry_lookup_per_unique_tag(env: Arc<Env>) -> Result<()> {
     const APPS: usize = 1000;
+    const AT_ONCE: usize = 100;
     let mut upstream = env.spare_registry().await?;
     let image = images::Image::with_files(&[("config.yml", b"shared: true\n")])?;
     let digest = images::push(&upstream.addr, "team/shared", "1.0.0", &image).await?;
@@ -153,7 +160,13 @@ async fn one_registry_lookup_per_unique_tag(env: Arc<Env>) -> Result<()> {
         async move { api.create(&PostParams::default(), &object).await }
     });
     let pinned = format!("{}/team/shared@{digest}", link.addr);
-    for created in futures::future::try_join_all(creations).await? {
+    let started = std::time::Instant::now();
+    let created: Vec<_> = futures::stream::iter(creations)
+        .buffer_unordered(AT_ONCE)
+        .try_collect()
+        .await?;
+    let took = started.elapsed();
+    for created in created {
         ensure!(
             created.data["spec"]["fetch"][0]["image"]["url"] == pinned.as_str(),
             "{:?} not pinned: {}",
@@ -167,7 +180,7 @@ async fn one_registry_lookup_per_unique_tag(env: Arc<Env>) -> Result<()> {
     let heads = upstream.requests_matching("HEAD /v2/team/shared/manifests/1.0.0");
     let gets = upstream.requests_matching("GET /v2/team/shared/manifests/1.0.0");
     ensure!(lookups == 1, "{lookups} registry lookups for one tag");
-    // How many arrive within the held second and a half depends on the API server's pace: 200–300
+    // How many arrive within the held second and a half depends on the API server's pace: all 100
     // on a quiet machine, as few as 6 with the other suites running beside it. Two already prove
     // that a second admission joined the first one's registry request instead of making its own.
     ensure!(
@@ -179,7 +192,8 @@ async fn one_registry_lookup_per_unique_tag(env: Arc<Env>) -> Result<()> {
         "the registry saw {heads} manifest HEADs and {gets} GETs for one tag"
     );
     eprintln!(
-        "{APPS} Apps on one new tag: {waited} admissions waited on the registry together, {lookups} lookup, {heads} manifest HEAD"
+        "{APPS} Apps on one new tag, {AT_ONCE} at a time, in {took:?}: {waited} admissions waited on the registry together, {lookups} lookup, {heads} manifest HEAD, {} registry connection(s)",
+        link.connections()
     );
     upstream.stop();
     drop(link);
