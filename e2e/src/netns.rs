@@ -37,6 +37,10 @@ enum Request {
     Listen(u16, oneshot::Sender<std::io::Result<TcpListener>>),
     Connect(u16, oneshot::Sender<std::io::Result<TcpStream>>),
     Spawn(Spawn, oneshot::Sender<Result<ServerProcess>>),
+    /// The [`Netns`] is dropped: the thread ends now. Its published ports' relay tasks hold
+    /// senders too, and an aborted task drops its sender only once a runtime worker polls it —
+    /// never, when the drop blocks the worker that task waits on (a drop inside async code).
+    Close,
 }
 
 /// A network namespace with its relays; see the module docs.
@@ -132,7 +136,9 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         self.relays.iter().for_each(JoinHandle::abort);
-        self.requests.take();
+        if let Some(requests) = self.requests.take() {
+            let _ = requests.send(Request::Close);
+        }
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -157,6 +163,7 @@ fn serve(inbox: mpsc::Receiver<Request>, ready: oneshot::Sender<Result<()>>) {
             Request::Connect(port, reply) => {
                 let _ = reply.send(TcpStream::connect((Ipv4Addr::LOCALHOST, port)));
             }
+            Request::Close => return,
             Request::Spawn(s, reply) => {
                 let envs: Vec<(&str, &std::path::Path)> = s
                     .envs
@@ -185,4 +192,38 @@ fn loopback_up() -> Result<()> {
         bail!("ip link set lo up: {}", String::from_utf8_lossy(&out.stderr));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Dropped inside async code (an environment is dropped on the runtime that started it)
+    /// while a published port's relay task still holds a request sender: the namespace's thread
+    /// ends all the same. With one worker, the aborted relay task waits for the very worker the
+    /// drop blocks.
+    #[test]
+    fn a_namespace_dropped_inside_async_code_ends_its_thread() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            let dropped = runtime.block_on(runtime.spawn(async {
+                let mut netns = Netns::new("drop-test", &[]).await?;
+                netns.publish(8080).await?;
+                drop(netns);
+                anyhow::Ok(())
+            }));
+            let _ = done.send(dropped.map_err(anyhow::Error::from).and_then(|r| r));
+        });
+        match finished.recv_timeout(Duration::from_secs(20)) {
+            Ok(dropped) => dropped.expect("a namespace with a published port"),
+            Err(_) => panic!("dropping the namespace inside async code did not return within 20 s"),
+        }
+    }
 }

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt::Debug, time::Duration};
 use anyhow::{Context, Result};
 use kube::{
     Api, Resource,
-    runtime::wait::{Condition, await_condition, conditions},
+    runtime::wait::{Condition, await_condition},
 };
 use serde::de::DeserializeOwned;
 
@@ -29,11 +29,27 @@ pub async fn deleted<K>(api: &Api<K>, name: &str, uid: &str) -> Result<()>
 where
     K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
 {
-    until(api, name, conditions::is_deleted(uid)).await.map(drop)
+    gone(api.clone(), name, uid, DEFAULT_TIMEOUT).await
+}
+
+/// Waits, at most `timeout` and through watch errors, until the object `name` with this `uid`
+/// is gone (none by that name, or one with another uid).
+pub async fn gone<K>(api: Api<K>, name: &str, uid: &str, timeout: Duration) -> Result<()>
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    let config = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let absent = |objects: &[K]| objects.iter().all(|o| o.meta().uid.as_deref() != Some(uid));
+    until_listed(api, config, absent, timeout)
+        .await
+        .with_context(|| format!("{name} not gone"))
+        .map(drop)
 }
 
 /// Waits, on a watch of the objects `config` selects, until the set of them satisfies `done`;
-/// returns that set.
+/// returns that set. A watch error (an API server restarting, a dropped connection) is waited
+/// out within `timeout`: the watcher lists and watches again after a backoff, and the error is
+/// named if the time runs out.
 pub async fn until_listed<K>(
     api: Api<K>,
     config: kube::runtime::watcher::Config,
@@ -44,7 +60,7 @@ where
     K: Resource + Clone + Debug + DeserializeOwned + Send + 'static,
 {
     use futures::StreamExt as _;
-    use kube::runtime::watcher::Event;
+    use kube::runtime::{WatchStreamExt as _, watcher::Event};
     let key = |o: &K| {
         format!(
             "{}/{}",
@@ -52,12 +68,20 @@ where
             o.meta().name.as_deref().unwrap_or_default()
         )
     };
-    let mut events = std::pin::pin!(kube::runtime::watcher(api, config));
+    let mut events = std::pin::pin!(kube::runtime::watcher(api, config).default_backoff());
+    let mut last_error = None;
     let wait = async {
         // Judged only on whole lists: once the initial listing is in, then after every change.
         let (mut objects, mut listing) = (BTreeMap::new(), None::<BTreeMap<String, K>>);
         while let Some(event) = events.next().await {
-            match event.context("watching")? {
+            let event = match event {
+                Ok(event) => event,
+                Err(error) => {
+                    last_error = Some(error);
+                    continue;
+                }
+            };
+            match event {
                 Event::Init => listing = Some(BTreeMap::new()),
                 Event::InitApply(o) => {
                     listing.get_or_insert_default().insert(key(&o), o);
@@ -77,7 +101,10 @@ where
         }
         anyhow::bail!("watch ended")
     };
-    tokio::time::timeout(timeout, wait)
-        .await
-        .with_context(|| format!("timed out after {timeout:?}"))?
+    let waited = tokio::time::timeout(timeout, wait).await;
+    match (waited, last_error) {
+        (Ok(done), _) => done,
+        (Err(_), None) => anyhow::bail!("timed out after {timeout:?}"),
+        (Err(_), Some(error)) => anyhow::bail!("timed out after {timeout:?} (last watch error: {error})"),
+    }
 }

@@ -237,7 +237,7 @@ async fn an_org_deletion_completes_when_holdfast_is_killed_midway(_shared: Arc<E
     let korifi = env.korifi().await?;
     let client = env.client().await?;
     let mut holdfast = org_deletion::Holdfast::start(&env, false).await?;
-    let org = org_deletion::populate(&client, env.registry(), korifi, 3)
+    let org = org_deletion::populate(&client, env.registry(), korifi.repository_prefix(), 3)
         .await
         .with_context(|| env.korifi_log(30))?;
     // holdfast is in the chain: its webhook stamped each app's Image with the app's CFApp.

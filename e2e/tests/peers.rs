@@ -434,7 +434,7 @@ async fn korifi_org_deletion_completes(_shared: Arc<Env>) -> Result<()> {
     let korifi = env.korifi().await?;
     let client = env.client().await?;
     let populated = std::time::Instant::now();
-    let org = org_deletion::populate(&client, env.registry(), korifi, apps)
+    let org = org_deletion::populate(&client, env.registry(), korifi.repository_prefix(), apps)
         .await
         .with_context(|| env.korifi_log(30))?;
     eprintln!(

@@ -1,5 +1,5 @@
 //! Issue 33, the short soak: the same code as `make soak` ([`holdfast_e2e::soak`]) with 24
-//! objects over 6 tags and each fault injected once, in an environment of its own; no invariant
+//! objects over 6 tags, Korifi orgs of one app, and each fault injected once, in an environment of its own; no invariant
 //! may break.
 
 use std::process::ExitCode;
@@ -33,7 +33,8 @@ async fn the_short_soak() -> Result<()> {
             && report.follows_checked > 0
             && report.controller_writes_judged > 0
             && report.private_pins_in_owner_namespace > 0
-            && report.mirror_pins > 0,
+            && report.mirror_pins > 0
+            && report.org_deletions > 0,
         "the load did not run: {report}"
     );
     Ok(())

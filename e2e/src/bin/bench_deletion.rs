@@ -262,7 +262,7 @@ async fn run(env: &Arc<Env>, pair: Pair, arm: Arm, apps: usize, repetition: usiz
         _ => None,
     };
     let staged = Instant::now();
-    let org = org_deletion::populate(&client, env.registry(), korifi, apps)
+    let org = org_deletion::populate(&client, env.registry(), korifi.repository_prefix(), apps)
         .await
         .with_context(|| env.korifi_log(20))?;
     let staging = staged.elapsed();

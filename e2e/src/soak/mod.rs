@@ -10,13 +10,15 @@
 //! objects name the front. A mirror registry (`--mirror-registry`) behind a front of its own,
 //! which can refuse writes (full, read-only), holds the copies the objects of one namespace are
 //! pinned to. At the end the API server's audit log judges every controller write against the
-//! Lease's terms ([`leadership`]), and the mirror must serve every copy a pin named. Not yet
-//! here: `make cluster`'s real node, kpack and Korifi (org deletions).
+//! Lease's terms ([`leadership`]), and the mirror must serve every copy a pin named. The real
+//! Korifi on the real kpack has its orgs created and deleted throughout ([`orgs`]): every
+//! deletion completes, with no Build after it. Not yet here: `make cluster`'s real node.
 
 pub mod faults;
 pub mod invariants;
 pub mod leadership;
 pub mod load;
+pub mod orgs;
 pub mod private;
 pub mod replicas;
 pub mod report;
@@ -35,6 +37,7 @@ use self::{
     faults::{Fault, Injector, RegistryFront, Timeline},
     invariants::{Mirrored, Shared, Violations},
     load::{Load, Outcome, Shape},
+    orgs::Orgs,
     replicas::Holdfast,
     report::Report,
 };
@@ -61,6 +64,8 @@ pub struct Config {
     pub sample_every: Duration,
     /// Added to two refresh intervals before a moved tag's pins are checked (a loaded machine).
     pub follow_slack: Duration,
+    /// The apps of each Korifi org the soak creates and deletes.
+    pub org_apps: usize,
     /// When set, the resource bounds are violations: the steepest RSS slope of a process (MiB/h),
     /// and the growth of its open file descriptors and threads. A short run's slope says
     /// nothing about an hour, so only a long one enforces them.
@@ -95,6 +100,7 @@ impl Config {
             warm_up: (duration / 10).clamp(Duration::from_secs(60), Duration::from_secs(600)),
             sample_every: Duration::from_secs(15),
             follow_slack: Duration::from_secs(60),
+            org_apps: 3,
             bounds: (minutes >= 60).then_some(Bounds {
                 rss_slope_mib_per_h: 5.0,
                 fd_growth: 50,
@@ -122,6 +128,7 @@ impl Config {
             warm_up: Duration::from_secs(20),
             sample_every: Duration::from_secs(5),
             follow_slack: Duration::from_secs(30),
+            org_apps: 1,
             bounds: None,
         }
     }
@@ -146,6 +153,8 @@ pub async fn run(config: Config) -> Result<Report> {
     let mirror = Arc::new(RegistryFront::start(&mirror_registry.addr).await?);
     let private = private::Private::start(&env).await?;
     let registries = [front.addr.as_str(), private.addr.as_str()];
+    // Before holdfast: its controller looks for kpack's and Korifi's kinds as a term starts.
+    let repository_prefix = env.korifi().await?.repository_prefix().to_owned();
     let holdfast = Arc::new(Holdfast::start(&mut env, &registries, &mirror.addr, config.refresh).await?);
     env.kapp_controller().await?;
     let client = env.client().await?;
@@ -190,7 +199,7 @@ pub async fn run(config: Config) -> Result<Report> {
     ));
     load.fill().await?;
     eprintln!(
-        "soak: ready in {:.1} s: {} objects over {} tags, 2 webhook and 2 controller replicas, kapp-controller; faults after a {:?} warm-up",
+        "soak: ready in {:.1} s: {} objects over {} tags, 2 webhook and 2 controller replicas, kapp-controller, Korifi on kpack; faults after a {:?} warm-up",
         started.elapsed().as_secs_f64(),
         config.shape.objects,
         config.shape.tags,
@@ -208,6 +217,15 @@ pub async fn run(config: Config) -> Result<Report> {
     ));
     let stop_load = CancellationToken::new();
     let churn = tokio::spawn(load.churn(stop_load.clone()));
+    let orgs = Orgs {
+        client: client.clone(),
+        registry: env.lock().await.registry().to_owned(),
+        repository_prefix,
+        apps: config.org_apps,
+        timeline: shared.timeline.clone(),
+        violations: shared.violations.clone(),
+    };
+    let orgs = tokio::spawn(orgs.churn(stop_load.clone()));
     let (moved, mut moves) = tokio::sync::mpsc::unbounded_channel();
     let mover = tokio::spawn(load::move_tags(
         pushes,
@@ -256,10 +274,19 @@ pub async fn run(config: Config) -> Result<Report> {
     let faults = tokio::spawn(injector.run(started + config.duration)).await??;
 
     // The load stops; the last moves' pins get their two refresh intervals.
+    eprintln!(
+        "soak: {faults} faults injected by +{:.1}s; the load stops, the last org deletion and follow checks end",
+        started.elapsed().as_secs_f64()
+    );
     stop_load.cancel();
     let load = churn.await?;
     let tag_moves = mover.await?;
+    let orgs = orgs.await?;
     let follows_checked = follows.await?;
+    eprintln!(
+        "soak: the load ended at +{:.1}s; judging",
+        started.elapsed().as_secs_f64()
+    );
     stop_monitor.cancel();
     let (samples, restarts) = monitor.await??;
     stop_checks.cancel();
@@ -342,6 +369,9 @@ pub async fn run(config: Config) -> Result<Report> {
         controller_writes_judged: leadership.writes,
         private_pins_in_owner_namespace: private_pins,
         mirror_pins: mirror_pins.len(),
+        org_deletions: orgs.deletions,
+        builds_after_org_delete: orgs.builds_after_delete,
+        orgs_not_staged: orgs.not_populated,
     };
     // The environment's processes stop with it, here, on the runtime that started them.
     drop(env);

@@ -114,6 +114,12 @@ pub struct Report {
     pub private_pins_in_owner_namespace: usize,
     /// The distinct pins to the mirror's copies seen (each one checked served by the mirror).
     pub mirror_pins: usize,
+    /// Korifi orgs deleted to the end, and the Builds and build pods created after their deletes
+    /// (excused ones included: while a webhook replica or the API server was down).
+    pub org_deletions: usize,
+    pub builds_after_org_delete: usize,
+    /// Orgs Korifi or kpack did not stage in time: not deleted, not judged.
+    pub orgs_not_staged: usize,
 }
 
 /// The figure of an optional slope: `n/a` when no process had samples enough.
@@ -126,7 +132,7 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={} mirror_pins={}",
+            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={} mirror_pins={} org_deletions={} builds_after_org_delete={} orgs_not_staged={}",
             self.minutes,
             self.faults,
             self.violations,
@@ -148,6 +154,9 @@ impl fmt::Display for Report {
             self.controller_writes_judged,
             self.private_pins_in_owner_namespace,
             self.mirror_pins,
+            self.org_deletions,
+            self.builds_after_org_delete,
+            self.orgs_not_staged,
         )
     }
 }

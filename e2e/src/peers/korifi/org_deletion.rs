@@ -27,19 +27,16 @@ use k8s_openapi::api::core::v1::{Namespace, PersistentVolume};
 use kube::{
     Api, Client, ResourceExt,
     api::{ApiResource, DynamicObject},
-    runtime::{
-        wait::{await_condition, conditions::is_deleted},
-        watcher,
-    },
+    runtime::{WatchStreamExt as _, watcher},
 };
 use tokio::task::JoinSet;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Korifi, ROOT_NAMESPACE, cf, resource};
+use super::{ROOT_NAMESPACE, cf, resource};
 use crate::{
     Env,
-    wait::until_listed,
+    wait::{self, until_listed},
     webhook::{LocalWebhook, Registration},
 };
 
@@ -53,20 +50,18 @@ pub struct PopulatedOrg {
 
 /// Creates the org, its space and `apps` apps (pushed concurrently, as several `cf push` would
 /// be), and waits until every app has a succeeded build and a running pod.
-pub async fn populate(client: &Client, registry: &str, korifi: &Korifi, apps: usize) -> Result<PopulatedOrg> {
+pub async fn populate(
+    client: &Client,
+    registry: &str,
+    repository_prefix: &str,
+    apps: usize,
+) -> Result<PopulatedOrg> {
     let org = cf::create_org(client, &crate::control_plane::unique_name("org")).await?;
     let space = cf::create_space(client, &org, "space").await?;
     let pushes = (0..apps).map(|i| {
         let space = space.clone();
         async move {
-            let app = cf::push_app(
-                client,
-                registry,
-                korifi.repository_prefix(),
-                &space,
-                &format!("app-{i}"),
-            )
-            .await?;
+            let app = cf::push_app(client, registry, repository_prefix, &space, &format!("app-{i}")).await?;
             cf::until_running(client, &app, 1).await?;
             Ok::<_, anyhow::Error>(app)
         }
@@ -192,24 +187,18 @@ pub async fn delete(client: &Client, org: &PopulatedOrg, timeout: Duration) -> R
     let recorder = Recorder::start(client, &org.org, &org.space).await?;
     let started = Instant::now();
     cf::delete_org(client, &org.org).await?;
-    let org_gone = gone(
-        format!("CFOrg {}", org.org),
-        started,
-        timeout,
-        await_condition(orgs, &org.org, is_deleted(&org_uid)),
-    );
-    let space_namespace_gone = gone(
-        format!("namespace {}", org.space),
-        started,
-        timeout,
-        await_condition(namespaces.clone(), &org.space, is_deleted(&space_uid)),
-    );
-    let org_namespace_gone = gone(
-        format!("namespace {}", org.org),
-        started,
-        timeout,
-        await_condition(namespaces.clone(), &org.org, is_deleted(&org_ns_uid)),
-    );
+    let since_started = |gone: Result<()>| gone.map(|()| started.elapsed());
+    let org_gone = async {
+        since_started(
+            wait::gone(orgs, &org.org, &org_uid, timeout)
+                .await
+                .context("the CFOrg"),
+        )
+    };
+    let space_namespace_gone =
+        async { since_started(wait::gone(namespaces.clone(), &org.space, &space_uid, timeout).await) };
+    let org_namespace_gone =
+        async { since_started(wait::gone(namespaces.clone(), &org.org, &org_ns_uid, timeout).await) };
     let volumes_gone = async {
         let of_space = |pvs: &[PersistentVolume]| {
             !pvs.iter().any(|pv| {
@@ -248,23 +237,6 @@ pub async fn delete(client: &Client, org: &PopulatedOrg, timeout: Duration) -> R
         volumes,
         timeline: recorder.finish(started).await,
     })
-}
-
-/// When, since `started`, `wait` (a deletion watch) resolved.
-async fn gone<T, E>(
-    what: String,
-    started: Instant,
-    timeout: Duration,
-    wait: impl std::future::Future<Output = Result<T, E>>,
-) -> Result<Duration>
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    tokio::time::timeout(timeout, wait)
-        .await
-        .with_context(|| format!("{what} not gone after {timeout:?}"))?
-        .with_context(|| format!("watching {what}"))?;
-    Ok(started.elapsed())
 }
 
 /// One object of the org as the timeline's watches saw it; times in seconds after the delete
@@ -435,8 +407,12 @@ impl Marks {
             terminating: None,
             gone: None,
         });
-        if fresh && event != Event::Listed {
-            entry.created = Some(now);
+        if fresh {
+            entry.created = match event {
+                Event::Listed => None,
+                Event::Relisted => created_at(object, now),
+                Event::Applied | Event::Deleted => Some(now),
+            };
         }
         if entry.terminating.is_none() && object.metadata.deletion_timestamp.is_some() {
             entry.terminating = Some(now);
@@ -464,8 +440,21 @@ impl Marks {
 enum Event {
     /// In the watch's first list: existed before.
     Listed,
+    /// In a later list (the watch failed, e.g. the API server restarted, and listed again): an
+    /// object not seen before was created while the watch was down.
+    Relisted,
     Applied,
     Deleted,
+}
+
+/// When `object` was created by its `creationTimestamp` (whole seconds), as an instant of this
+/// process's clock (`now` is now).
+fn created_at(object: &DynamicObject, now: Instant) -> Option<Instant> {
+    let created = std::time::SystemTime::from(object.metadata.creation_timestamp.as_ref()?.0);
+    let age = std::time::SystemTime::now()
+        .duration_since(created)
+        .unwrap_or_default();
+    now.checked_sub(age)
 }
 
 /// The watches behind a [`Timeline`], from before the delete until [`Recorder::finish`].
@@ -491,12 +480,14 @@ impl Recorder {
                     Some(name) => watcher::Config::default().fields(&format!("metadata.name={name}")),
                     None => watcher::Config::default(),
                 };
-                let mut events = std::pin::pin!(watcher(api, config));
+                // A failed watch lists again after a backoff (an API server restart is waited out).
+                let mut events = std::pin::pin!(watcher(api, config).default_backoff());
                 while let Some(event) = events.next().await {
                     let (object, event) = match event {
                         Ok(watcher::Event::Apply(o)) => (o, Event::Applied),
                         Ok(watcher::Event::Delete(o)) => (o, Event::Deleted),
-                        Ok(watcher::Event::InitApply(o)) => (o, Event::Listed),
+                        Ok(watcher::Event::InitApply(o)) if ready.is_some() => (o, Event::Listed),
+                        Ok(watcher::Event::InitApply(o)) => (o, Event::Relisted),
                         Ok(watcher::Event::InitDone) => {
                             if let Some(ready) = ready.take() {
                                 let _ = ready.send(());
@@ -588,4 +579,37 @@ fn namespace_conditions(namespace: &DynamicObject) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(name: &str, uid: &str, created_secs_ago: i64) -> DynamicObject {
+        use k8s_openapi::jiff::{SignedDuration, Timestamp};
+        let created = Timestamp::now() - SignedDuration::from_secs(created_secs_ago);
+        let mut object = DynamicObject::new(name, &crate::peers::kpack::resource("Build"));
+        object.metadata.uid = Some(uid.into());
+        object.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(created));
+        object
+    }
+
+    /// An object first seen in a list after the watch failed (an API server restart) was created
+    /// while the watch was down: it counts as created when its creationTimestamp says, so a Build
+    /// made during the outage, after the delete, is not missed; one listed first existed before.
+    #[test]
+    fn an_object_first_seen_in_a_relist_is_created_by_its_timestamp() {
+        let now = Instant::now();
+        let mut marks = Marks::default();
+        marks.record("Build", &build("before", "a", 3600), Event::Listed, now);
+        marks.record("Build", &build("during", "b", 10), Event::Relisted, now);
+        marks.record("Build", &build("after", "c", 0), Event::Applied, now);
+        let created = |uid: &str| marks.objects[uid].created;
+        assert_eq!(created("a"), None, "existed before the watch");
+        let during = created("b").expect("a relisted object has a creation time");
+        let age = now.duration_since(during).as_secs_f64();
+        assert!((9.0..=12.0).contains(&age), "created {age} s ago, not 10");
+        assert_eq!(created("c"), Some(now));
+    }
 }
