@@ -66,6 +66,11 @@ where
 /// Runs `apply` (creating objects a peer's own webhook admits) until it stops failing for want of
 /// that webhook ("failed calling webhook": not serving yet, polled — whether a webhook serves
 /// cannot be watched), at most `timeout`, failing at once if one of `processes` exits.
+///
+/// `apply` blocks (kubectl) while the API server calls the peer's webhook, whose bytes may cross
+/// a network namespace's relay, a task of this very runtime: run on the worker, a relay task
+/// queued there would wait for the worker it blocks (TLS handshakes cut every 10 s under load),
+/// so the worker is handed over first (`block_in_place`; multi-thread runtimes only).
 pub(crate) async fn once_admitted(
     processes: &mut [ServerProcess],
     what: &str,
@@ -74,7 +79,7 @@ pub(crate) async fn once_admitted(
 ) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        match apply() {
+        match tokio::task::block_in_place(&mut apply) {
             Ok(()) => return Ok(()),
             Err(e)
                 if format!("{e:#}").contains("failed calling webhook")
