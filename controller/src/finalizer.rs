@@ -19,6 +19,7 @@ use std::{sync::Arc, time::Duration};
 
 use futures::{StreamExt, future::BoxFuture};
 use holdfast_peers::{
+    Served,
     korifi::{self, APP_GUID_LABEL},
     kpack,
 };
@@ -133,8 +134,27 @@ struct Leaves {
 /// The metrics' name of this controller.
 const CONTROLLER: &str = "finalizer";
 
-async fn found(client: &Client, gvk: GroupVersionKind) -> Option<ApiResource> {
-    holdfast_peers::served_or_skip(client, &gvk, "the fast finalizer skips it").await
+/// The kinds the fast finalizer reads or deletes with `options`, to be discovered for [`run`].
+pub fn kinds(options: Options) -> Vec<GroupVersionKind> {
+    let mut kinds = vec![
+        kpack::image(),
+        kpack::build(),
+        korifi::cf_app(),
+        korifi::build_workload(),
+    ];
+    if options.delete_org_spaces {
+        kinds.push(korifi::cf_space());
+    }
+    kinds.extend(
+        [
+            korifi::CF_PACKAGE,
+            korifi::CF_BUILD,
+            korifi::CF_PROCESS,
+            korifi::APP_WORKLOAD,
+        ]
+        .map(korifi::kind),
+    );
+    kinds
 }
 
 /// Deletes the object read as `object`, with `params`, only while it is that object: the uid
@@ -164,24 +184,42 @@ where
     }
 }
 
-/// Runs the finalizer's controllers until `cancel`. Without kpack there is nothing to do.
-pub async fn run(client: Client, options: Options, metrics: Arc<Metrics>, cancel: CancellationToken) {
-    let Some(image) = found(&client, kpack::image()).await else {
+/// [`run`] over the kinds the cluster serves now, as a term would find them (for a finalizer
+/// run without one: the e2e suites').
+pub async fn discover_and_run(
+    client: Client,
+    options: Options,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    let served = Served::discover(&client, kinds(options), "the fast finalizer skips it").await;
+    run(client, served, options, metrics, cancel).await;
+}
+
+/// Runs the finalizer's controllers over the kinds `served` of [`kinds`] until `cancel`.
+/// Without kpack there is nothing to do.
+pub async fn run(
+    client: Client,
+    served: Served,
+    options: Options,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    let Some(image) = served.get(&kpack::image()) else {
         return;
     };
-    let build = found(&client, kpack::build()).await;
-    let cfapp = found(&client, korifi::cf_app()).await;
-    let build_workload = found(&client, korifi::build_workload()).await;
-    let cf_space = if options.delete_org_spaces {
-        found(&client, korifi::cf_space()).await
-    } else {
-        None
-    };
+    let build = served.get(&kpack::build());
+    let cfapp = served.get(&korifi::cf_app());
+    let build_workload = served.get(&korifi::build_workload());
+    let cf_space = options
+        .delete_org_spaces
+        .then(|| served.get(&korifi::cf_space()))
+        .flatten();
     let leaves = Leaves {
-        cf_package: found(&client, korifi::kind(korifi::CF_PACKAGE)).await,
-        cf_build: found(&client, korifi::kind(korifi::CF_BUILD)).await,
-        cf_process: found(&client, korifi::kind(korifi::CF_PROCESS)).await,
-        app_workload: found(&client, korifi::kind(korifi::APP_WORKLOAD)).await,
+        cf_package: served.get(&korifi::kind(korifi::CF_PACKAGE)),
+        cf_build: served.get(&korifi::kind(korifi::CF_BUILD)),
+        cf_process: served.get(&korifi::kind(korifi::CF_PROCESS)),
+        app_workload: served.get(&korifi::kind(korifi::APP_WORKLOAD)),
     };
     let ctx = Arc::new(Ctx {
         client: client.clone(),

@@ -120,6 +120,7 @@ async fn main() -> Result<()> {
         resolver: args.registry.resolver_config(&cancel)?,
         cache: args.registry.cache_config(),
         publish_pins: args.publish_pins,
+        look_again_every: holdfast_peers::LOOK_AGAIN_EVERY,
     };
     let stop = cancel.clone();
     tokio::spawn(async move {

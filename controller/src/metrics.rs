@@ -43,6 +43,12 @@ pub struct FetchKindLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabels {
+    pub group: String,
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
     pub result: &'static str,
 }
@@ -84,6 +90,7 @@ pub struct Metrics {
     mirror_deletions: Family<ResultLabels, Counter>,
     fetches_avoided: Family<FetchKindLabels, Counter>,
     bundle_moves_cached: Family<FetchKindLabels, Counter>,
+    peer_apis: Family<PeerLabels, Gauge>,
     /// The digest cache, once the controller built it.
     cache: Arc<OnceLock<Arc<DigestCache>>>,
 }
@@ -186,6 +193,12 @@ impl Metrics {
             "Bundle references the controller moved to another location of the same digest (to the mirror's copy, or back) in an App or PackageRepository kapp-controller had fetched and may keep in its per-object cache with the images' earlier locations (a BundleLocationCached Event each)",
             bundle_moves_cached.clone(),
         );
+        let peer_apis = Family::<PeerLabels, Gauge>::default();
+        registry.register(
+            "peer_api_served",
+            "1 when the leader's term follows or finalizes the peer's kind (its API was served as the term started), 0 while not (a new term starts once it is)",
+            peer_apis.clone(),
+        );
         // Every label value the counters below take, at 0 from the start: a family without
         // samples is not exported, and a series that first appears at 1 shows no `increase()`
         // (the alert on the first mirror copy given up would never fire).
@@ -219,7 +232,19 @@ impl Metrics {
             mirror_deletions,
             fetches_avoided,
             bundle_moves_cached,
+            peer_apis,
             cache,
+        }
+    }
+
+    /// The peers' kinds a term started with: served or not.
+    pub fn peer_apis(&self, served: &holdfast_peers::Served) {
+        for (gvk, is_served) in served.kinds() {
+            let labels = PeerLabels {
+                group: gvk.group.clone(),
+                kind: gvk.kind.clone(),
+            };
+            self.peer_apis.get_or_create(&labels).set(i64::from(is_served));
         }
     }
 

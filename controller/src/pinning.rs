@@ -5,6 +5,7 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
+use holdfast_peers::Served;
 use holdfast_pins::{
     PinnedKind, Pinner,
     resolve::{Change, PinUpdate},
@@ -115,17 +116,12 @@ pub async fn run(
     futures::future::join_all(controllers).await;
 }
 
-/// The pinned kinds whose API the cluster serves, with their resources.
-pub async fn installed_kinds(client: &Client) -> Vec<(PinnedKind, ApiResource)> {
-    let mut installed = Vec::new();
-    for kind in PinnedKind::ALL {
-        if let Some(resource) =
-            holdfast_peers::served_or_skip(client, &kind.gvk(), "not following this kind").await
-        {
-            installed.push((kind, resource));
-        }
-    }
-    installed
+/// The pinned kinds `served` (discovered with [`PinnedKind::gvk`]), with their resources.
+pub fn served_kinds(served: &Served) -> Vec<(PinnedKind, ApiResource)> {
+    PinnedKind::ALL
+        .into_iter()
+        .filter_map(|kind| Some((kind, served.get(&kind.gvk())?)))
+        .collect()
 }
 
 fn changes(counter: watch::Receiver<u64>) -> impl Stream<Item = ()> + Send {

@@ -43,6 +43,9 @@ pub struct Settings {
     pub cache: CacheConfig,
     /// Publish the digest cache as the pinning policies' parameters (`--publish-pins`).
     pub publish_pins: bool,
+    /// How often the peers' kinds a term did not find are looked for again
+    /// ([`holdfast_peers::LOOK_AGAIN_EVERY`]).
+    pub look_again_every: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,14 +100,36 @@ pub async fn run_observed(
     }
     health.cache_synced.store(true, Ordering::Release);
     let (term_client, term_settings) = (client.clone(), settings.term());
+    let look_again = settings.look_again_every;
     // Everything that writes runs only on the leader; the writes stop with the term, however
-    // it ends (a lost Lease aborts it).
+    // it ends (a lost Lease aborts it). A term follows the peers' kinds served as it starts;
+    // when one it did not find is installed (Korifi after holdfast), the term winds down and
+    // the next one follows that kind too.
     let work = move |leading: CancellationToken| async move {
         let _cache_writes = cache_writes.drop_guard();
-        Term::start(term_client, cache, term_settings, mirror, metrics, leading)
-            .await
-            .run()
+        loop {
+            let this_term = leading.child_token();
+            let term = Term::start(
+                term_client.clone(),
+                cache.clone(),
+                term_settings.clone(),
+                mirror.clone(),
+                metrics.clone(),
+                this_term.clone(),
+            )
             .await;
+            let missing = term.missing_kinds();
+            let run = term.run();
+            tokio::pin!(run);
+            tokio::select! {
+                () = &mut run => return,
+                _ = holdfast_peers::installed(&term_client, &missing, look_again) => {
+                    tracing::info!("a new term follows the APIs installed");
+                    this_term.cancel();
+                    run.await;
+                }
+            }
+        }
     };
     settings
         .election()

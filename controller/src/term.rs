@@ -1,5 +1,5 @@
-//! A leader's term: everything that writes, built once when this replica starts to lead and
-//! dropped when the term ends. [`Term::start`] is its one constructor — the pinner (from
+//! A leader's term: everything that writes, built when this replica starts to lead (and again
+//! when a peer's API it did not find is installed) and dropped when the term ends. [`Term::start`] is its one constructor — the pinner (from
 //! `pinner`, the one place the controller makes one, for the term and for the reconcilers'
 //! tests), the watches of the pinned kinds, the reconcile trigger the mirror
 //! pulls — and its loops are methods: [`Term::run`] runs them all, as the binary does; the e2e
@@ -11,9 +11,10 @@ use holdfast_cache::{
     CacheConfig, DigestCache,
     cluster_store::{self, ClusterSink},
 };
-use holdfast_pins::{Pinner, resolve::SecretSource};
+use holdfast_peers::Served;
+use holdfast_pins::{PinnedKind, Pinner, resolve::SecretSource};
 use holdfast_registry::{Resolver, ResolverConfig};
-use kube::Client;
+use kube::{Client, api::GroupVersionKind};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -89,6 +90,8 @@ pub struct Term {
     client: Client,
     settings: TermSettings,
     pinner: Arc<Pinner>,
+    /// The peers' kinds served as the term started.
+    served: Served,
     watched: Arc<Watched>,
     mirror: Option<MirrorSettings>,
     metrics: Arc<Metrics>,
@@ -101,7 +104,7 @@ impl Term {
     /// The term of a leader that starts now with `cache`: the pinner over it (reading Secrets
     /// when `settings` say so; pinning to the mirror's copies and waiting for them when
     /// `mirror` is set), and the watches of every pinned kind the cluster serves, until
-    /// `leading` is cancelled.
+    /// `leading` is cancelled. The kinds it does not serve are [`Term::missing_kinds`].
     pub async fn start(
         client: Client,
         cache: Arc<DigestCache>,
@@ -114,12 +117,23 @@ impl Term {
             .read_secrets
             .then(|| Arc::new(client.clone()) as Arc<dyn SecretSource>);
         let pinner = pinner(cache, secrets, mirror.as_ref());
-        let kinds = pinning::installed_kinds(&client).await;
-        let watched = Arc::new(Watched::start(&client, kinds, &metrics, &leading));
+        let kinds = PinnedKind::ALL
+            .map(PinnedKind::gvk)
+            .into_iter()
+            .chain(finalizer::kinds(settings.finalizer));
+        let served = Served::discover(&client, kinds, "the controller leaves this kind alone").await;
+        metrics.peer_apis(&served);
+        let watched = Arc::new(Watched::start(
+            &client,
+            pinning::served_kinds(&served),
+            &metrics,
+            &leading,
+        ));
         Self {
             client,
             settings,
             pinner: Arc::new(pinner),
+            served,
             watched,
             mirror,
             metrics,
@@ -185,6 +199,7 @@ impl Term {
     pub async fn finalizer(&self) {
         finalizer::run(
             self.client.clone(),
+            self.served.clone(),
             self.settings.finalizer,
             self.metrics.clone(),
             self.leading.clone(),
@@ -236,5 +251,11 @@ impl Term {
 
     pub fn pinner(&self) -> &Arc<Pinner> {
         &self.pinner
+    }
+
+    /// The peers' kinds this term would follow or finalize and the cluster did not serve as it
+    /// started: when one is installed, a new term is due ([`crate::run`]).
+    pub fn missing_kinds(&self) -> Vec<GroupVersionKind> {
+        self.served.missing()
     }
 }

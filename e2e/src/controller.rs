@@ -43,6 +43,7 @@ pub fn settings(env: &Env, namespace: &str, identity: &str) -> holdfast_controll
         cache: CacheConfig::default(),
         // The parameters are cluster-scoped: only the suites of the pinning policy publish them.
         publish_pins: false,
+        look_again_every: holdfast_peers::LOOK_AGAIN_EVERY,
     }
 }
 

@@ -62,6 +62,7 @@ struct Serving {
     policy: Policy,
     mirror: Option<MirrorPins>,
     insecure_registries: Vec<String>,
+    look_again_every: Duration,
 }
 
 impl Serving {
@@ -73,7 +74,7 @@ impl Serving {
         store: &KubeCertStore,
     ) -> Result<(Running, Arc<DigestCache>, CancellationToken)> {
         let cancel = CancellationToken::new();
-        let cluster = Cluster::start(self.client.clone(), cancel.clone()).await?;
+        let cluster = Cluster::start(self.client.clone(), self.look_again_every, cancel.clone()).await;
         let resolver = Resolver::new(ResolverConfig {
             insecure_registries: self
                 .insecure_registries
@@ -144,6 +145,8 @@ pub struct Registration {
     /// The value of [`SCOPE_LABEL`] on the namespaces it serves (none: a fresh one), e.g.
     /// [`crate::peers::korifi::SCOPE`] for the org and space namespaces Korifi makes.
     pub scope: Option<String>,
+    /// How often the peers' APIs not served are looked for again (shipped: every 30 s).
+    pub look_again_every: Duration,
 }
 
 /// The webhook's identity and names as `manifests/` installs it: its ServiceAccount's client,
@@ -169,6 +172,7 @@ impl Registration {
             mirror: None,
             shipped: false,
             scope: None,
+            look_again_every: holdfast_peers::LOOK_AGAIN_EVERY,
         }
     }
 
@@ -445,6 +449,7 @@ impl LocalWebhook {
             policy: registration.policy,
             mirror: registration.mirror,
             insecure_registries: registration.insecure_registries,
+            look_again_every: registration.look_again_every,
         };
         let (running, cache, cancel) = serving.start(&env, &store).await?;
         let addr = running.addr;

@@ -40,7 +40,7 @@ fn finalizer(
     options: holdfast_controller::finalizer::Options,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let cancel = CancellationToken::new();
-    let task = tokio::spawn(holdfast_controller::finalizer::run(
+    let task = tokio::spawn(holdfast_controller::finalizer::discover_and_run(
         client,
         options,
         Default::default(),

@@ -1,13 +1,15 @@
 //! The vocabulary of the peers holdfast works beside — kapp-controller, kpack and Korifi: their
 //! API groups, versions, kinds and labels, spelled once for the webhook, the controller and the
-//! manifest checks, and the discovery that tells which of them a cluster serves (holdfast runs
-//! on clusters without Korifi or kpack, and then leaves their rules idle).
+//! manifest checks, and the discovery that tells which of them a cluster serves ([`served`]).
+
+mod served;
+
+pub use served::{LOOK_AGAIN_EVERY, Served, installed, served};
 
 use futures::Stream;
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, PartialObjectMeta},
-    discovery,
+    api::{ApiResource, DynamicObject, ObjectMeta, PartialObjectMeta},
     runtime::{
         WatchStreamExt,
         reflector::{self, Store, store::Writer},
@@ -81,34 +83,6 @@ pub mod korifi {
     /// A Korifi kind of this group and version.
     pub fn kind(kind: &str) -> GroupVersionKind {
         GroupVersionKind::gvk(GROUP, VERSION, kind)
-    }
-}
-
-/// The API resource of `gvk` when the cluster serves it, `None` when it does not (its group or
-/// kind is not in discovery). Any other failure (the API server unreachable, forbidden) is the
-/// caller's to report.
-pub async fn served(client: &Client, gvk: &GroupVersionKind) -> Result<Option<ApiResource>, kube::Error> {
-    match discovery::pinned_kind(client, gvk).await {
-        Ok((resource, _)) => Ok(Some(resource)),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
-        Err(kube::Error::Discovery(_)) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// [`served`] for a caller that carries on without the kind whatever the reason: logs why it is
-/// skipped, and `skipped` (what the caller then does without it).
-pub async fn served_or_skip(client: &Client, gvk: &GroupVersionKind, skipped: &str) -> Option<ApiResource> {
-    match served(client, gvk).await {
-        Ok(Some(resource)) => Some(resource),
-        Ok(None) => {
-            tracing::warn!(kind = %gvk.kind, group = %gvk.group, "API not installed; {skipped}");
-            None
-        }
-        Err(error) => {
-            tracing::warn!(kind = %gvk.kind, group = %gvk.group, %error, "API not available; {skipped}");
-            None
-        }
     }
 }
 

@@ -5,10 +5,14 @@
 //! of a new Build or build pod that the cache does not know was just created or is gone
 //! ([`ClusterView::presence_now`]).
 
-use std::{collections::BTreeMap, time::SystemTime};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, OnceLock},
+    time::{Duration, SystemTime},
+};
 
 use futures::{FutureExt, StreamExt, future::BoxFuture};
-use holdfast_peers::{korifi, kpack};
+use holdfast_peers::{Served, korifi, kpack};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{
     Api, Client,
@@ -30,6 +34,10 @@ pub trait ClusterView: Send + Sync {
     fn namespace_label(&self, namespace: &str, key: &str) -> Option<String> {
         self.namespace_labels(namespace).remove(key)
     }
+
+    /// Whether `peer`'s API is served, as far as this view knows (the rules find no object of a
+    /// kind it does not serve).
+    fn serves(&self, peer: Peer) -> bool;
 
     /// Whether the named peer object is being deleted; `None` when it is not known (absent, or
     /// its API is not installed).
@@ -97,7 +105,7 @@ impl Presence {
 }
 
 /// How long a live lookup may take before the cached answer stands.
-const LIVE_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+const LIVE_LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The peers' kinds whose deletion state the terminating guard reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -129,53 +137,70 @@ impl Peer {
 type MetaStore = reflector::Store<holdfast_peers::Meta>;
 
 /// The cluster view backed by reflectors. A kind whose API is not installed has no store and
-/// answers nothing (holdfast runs on clusters without Korifi).
+/// answers nothing (holdfast runs on clusters without Korifi) until it is: its store starts when
+/// discovery, asked again every `look_again` (a peer installed after holdfast), serves it.
 #[derive(Clone)]
 pub struct Cluster {
     client: Client,
-    peers: std::collections::BTreeMap<Peer, (ApiResource, MetaStore)>,
+    /// Every peer, set once its API is served.
+    peers: Arc<BTreeMap<Peer, OnceLock<(ApiResource, MetaStore)>>>,
     namespaces: (ApiResource, MetaStore),
     synced: watch::Receiver<bool>,
 }
 
 impl Cluster {
-    /// Starts the watches; they stop with `cancel`. Ready once [`Cluster::synced`] resolves.
-    pub async fn start(client: Client, cancel: CancellationToken) -> Result<Self, kube::Error> {
-        let mut peers = std::collections::BTreeMap::new();
-        for peer in Peer::ALL {
-            match holdfast_peers::served(&client, &peer.gvk()).await? {
-                Some(resource) => {
-                    let store = watch_metadata(client.clone(), resource.clone(), cancel.clone());
-                    peers.insert(peer, (resource, store));
-                }
-                None => tracing::warn!(kind = ?peer, "API not installed; rules find no such objects"),
+    /// Starts the watches; they stop with `cancel`. Ready once [`Cluster::synced`] resolves:
+    /// the stores of the peers served now and the namespaces' (a peer's store that starts later
+    /// answers nothing until its first list, as before it was installed).
+    pub async fn start(client: Client, look_again: Duration, cancel: CancellationToken) -> Self {
+        let served = Served::discover(&client, Peer::ALL.map(Peer::gvk), "rules find no such objects").await;
+        let peers: Arc<BTreeMap<Peer, OnceLock<(ApiResource, MetaStore)>>> = Arc::new(
+            Peer::ALL
+                .into_iter()
+                .map(|peer| (peer, OnceLock::new()))
+                .collect(),
+        );
+        let mut stores = Vec::new();
+        for (peer, slot) in peers.iter() {
+            if let Some(resource) = served.get(&peer.gvk()) {
+                let store = watch_metadata(client.clone(), resource.clone(), cancel.clone());
+                stores.push(store.clone());
+                let _ = slot.set((resource, store));
             }
         }
+        tokio::spawn(watch_when_installed(
+            client.clone(),
+            served.missing(),
+            peers.clone(),
+            look_again,
+            cancel.clone(),
+        ));
         let namespace_resource = ApiResource::erase::<k8s_openapi::api::core::v1::Namespace>(&());
         let namespaces = (
             namespace_resource.clone(),
             watch_metadata(client.clone(), namespace_resource, cancel.clone()),
         );
+        stores.push(namespaces.1.clone());
         // One waiter on the stores, fanned out through a watch channel: a reflector store wakes
         // only the last of several concurrent `wait_until_ready` callers.
         let (tx, synced) = watch::channel(false);
-        let stores: Vec<MetaStore> = peers
-            .values()
-            .map(|(_, s)| s.clone())
-            .chain([namespaces.1.clone()])
-            .collect();
         tokio::spawn(async move {
             for store in stores {
                 let _ = store.wait_until_ready().await;
             }
             let _ = tx.send(true);
         });
-        Ok(Self {
+        Self {
             client,
             peers,
             namespaces,
             synced,
-        })
+        }
+    }
+
+    /// The resource and store of `peer`, once its API is served.
+    fn peer(&self, peer: Peer) -> Option<&(ApiResource, MetaStore)> {
+        self.peers.get(&peer)?.get()
     }
 
     /// Resolves once every store has its first full list.
@@ -203,12 +228,16 @@ impl Cluster {
 }
 
 impl ClusterView for Cluster {
+    fn serves(&self, peer: Peer) -> bool {
+        self.peer(peer).is_some()
+    }
+
     fn terminating(&self, peer: Peer, namespace: &str, name: &str) -> Option<bool> {
         Some(self.metadata(peer, namespace, name)?.deletion_timestamp.is_some())
     }
 
     fn metadata(&self, peer: Peer, namespace: &str, name: &str) -> Option<ObjectMeta> {
-        let (resource, store) = self.peers.get(&peer)?;
+        let (resource, store) = self.peer(peer)?;
         let found = store.get(&ObjectRef::new_with(name, resource.clone()).within(namespace))?;
         Some(found.metadata.clone())
     }
@@ -223,7 +252,7 @@ impl ClusterView for Cluster {
             if let Some(cached) = self.metadata(peer, namespace, name) {
                 return Some(cached);
             }
-            let (resource, _) = self.peers.get(&peer)?;
+            let (resource, _) = self.peer(peer)?;
             self.live_metadata(resource, namespace, name).await
         }
         .boxed()
@@ -242,7 +271,7 @@ impl ClusterView for Cluster {
             if cached != Presence::Unknown {
                 return cached;
             }
-            let Some((resource, _)) = self.peers.get(&peer) else {
+            let Some((resource, _)) = self.peer(peer) else {
                 return Presence::Unknown;
             };
             let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, resource);
@@ -278,6 +307,30 @@ impl ClusterView for Cluster {
         let found = store.get(&ObjectRef::new_with(namespace, resource.clone()))?;
         let created = found.metadata.creation_timestamp.as_ref()?;
         Some(SystemTime::from(created.0))
+    }
+}
+
+/// Starts the watch of each of `missing`'s peers as its API comes to be served, until every one
+/// is or `cancel`.
+async fn watch_when_installed(
+    client: Client,
+    mut missing: Vec<GroupVersionKind>,
+    peers: Arc<BTreeMap<Peer, OnceLock<(ApiResource, MetaStore)>>>,
+    look_again: Duration,
+    cancel: CancellationToken,
+) {
+    while !missing.is_empty() {
+        let found = tokio::select! {
+            _ = cancel.cancelled() => return,
+            found = holdfast_peers::installed(&client, &missing, look_again) => found,
+        };
+        for (kind, resource) in found {
+            missing.retain(|gvk| *gvk != kind);
+            if let Some((_, slot)) = peers.iter().find(|(peer, _)| peer.gvk() == kind) {
+                let store = watch_metadata(client.clone(), resource.clone(), cancel.clone());
+                let _ = slot.set((resource, store));
+            }
+        }
     }
 }
 
@@ -317,6 +370,11 @@ pub struct StaticCluster {
 }
 
 impl ClusterView for StaticCluster {
+    /// Every peer's: a fixed view of objects of any kind.
+    fn serves(&self, _: Peer) -> bool {
+        true
+    }
+
     fn namespace_labels(&self, namespace: &str) -> BTreeMap<String, String> {
         self.namespace_labels
             .iter()

@@ -47,9 +47,7 @@ async fn main() -> Result<()> {
     }
 
     let certificate = certificate(&args, client.clone(), cancel.clone()).await?;
-    let cluster = Cluster::start(client.clone(), cancel.clone())
-        .await
-        .context("starting the cluster watches")?;
+    let cluster = Cluster::start(client.clone(), holdfast_peers::LOOK_AGAIN_EVERY, cancel.clone()).await;
     let resolver =
         Resolver::new(args.registry.resolver_config(&cancel)?).context("building the registry client")?;
     let (cache, mut cache_synced) = digest_cache::follow(

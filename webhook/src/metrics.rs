@@ -5,12 +5,21 @@ use std::sync::{Arc, atomic::AtomicU64};
 use holdfast_cache::{DigestCache, metrics::CacheCollector};
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{
+        counter::Counter,
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+    },
     registry::Registry,
 };
 
-use crate::decision::Outcome;
+use crate::{
+    cluster::{ClusterView, Peer},
+    decision::Outcome,
+};
 
 // The label space is fixed (rule names, operations and outcomes are constants), so the labels are
 // `&'static str`: recording a request allocates nothing.
@@ -132,7 +141,50 @@ impl Metrics {
         self.certificate_expiry.set(seconds);
     }
 
+    /// Also exports which peers' APIs `cluster` serves (`peer_api_served`).
+    pub fn with_peers(mut self, cluster: Arc<dyn ClusterView>) -> Self {
+        self.registry
+            .register_collector(Box::new(PeersCollector(cluster)));
+        self
+    }
+
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         holdfast_runtime::admin::encode(&self.registry)
+    }
+}
+
+/// Which peers' APIs the webhook's view serves, read at scrape time: a peer installed after the
+/// webhook shows here once its store starts (within the look-again interval).
+struct PeersCollector(Arc<dyn ClusterView>);
+
+impl std::fmt::Debug for PeersCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeersCollector")
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerLabels {
+    group: String,
+    kind: String,
+}
+
+impl Collector for PeersCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "peer_api_served",
+            "1 when the webhook serves the peer's kind (its API was discovered and its watch started), 0 while not: the rules that read it find no such objects",
+            None,
+            ConstGauge::new(0i64).metric_type(),
+        )?;
+        for peer in Peer::ALL {
+            let gvk = peer.gvk();
+            let labels = PeerLabels {
+                group: gvk.group,
+                kind: gvk.kind,
+            };
+            ConstGauge::new(i64::from(self.0.serves(peer))).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }

@@ -55,7 +55,7 @@ pub async fn start(
     synced: impl Future<Output = ()> + Send + 'static,
     certificate: Arc<SwappableCert>,
 ) -> Result<Running, ServeError> {
-    let metrics = Arc::new(Metrics::new(Some(context.cache().clone())));
+    let metrics = Arc::new(Metrics::new(Some(context.cache().clone())).with_peers(context.cluster().clone()));
     let readiness = Arc::new(Readiness::default());
     let cancel = CancellationToken::new();
     let mut tasks = Vec::new();

@@ -166,6 +166,16 @@ async fn readiness_waits_for_caches_and_metrics_report_expiry() {
         .parse()
         .unwrap();
     assert!(expiry > 80.0 * 86400.0 && expiry <= 90.0 * 86400.0, "{expiry}");
+    // The view serves every peer's kind here; each is a series of its own.
+    for kind in ["CFApp", "BuildWorkload", "Image", "Build"] {
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with("holdfast_webhook_peer_api_served{")
+                    && l.contains(&format!("kind=\"{kind}\""))
+                    && l.ends_with(" 1")),
+            "{body}"
+        );
+    }
 
     fx.running.shutdown(Duration::ZERO, Duration::from_secs(1)).await;
     assert!(readiness.blockers().contains(&"shutting down"));

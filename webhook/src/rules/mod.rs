@@ -46,6 +46,11 @@ impl RuleContext {
     pub fn cache(&self) -> &Arc<DigestCache> {
         self.pinner.cache()
     }
+
+    /// The view of the cluster the rules consult (which peers it serves is a metric).
+    pub fn cluster(&self) -> &Arc<dyn ClusterView> {
+        &self.cluster
+    }
 }
 
 /// The webhook paths, one per rule family: the manifests register exactly these.

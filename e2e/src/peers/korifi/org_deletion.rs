@@ -89,7 +89,7 @@ impl Holdfast {
         let webhook = LocalWebhook::start(env.clone(), registration).await?;
         let options = holdfast_controller::finalizer::Options { delete_org_spaces };
         let cancel = CancellationToken::new();
-        let finalizer = tokio::spawn(holdfast_controller::finalizer::run(
+        let finalizer = tokio::spawn(holdfast_controller::finalizer::discover_and_run(
             env.client().await?,
             options,
             Default::default(),
