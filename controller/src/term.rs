@@ -1,9 +1,10 @@
 //! A leader's term: everything that writes, built when this replica starts to lead (and again
-//! when a peer's API it did not find is installed) and dropped when the term ends. [`Term::start`] is its one constructor — the pinner (from
-//! `pinner`, the one place the controller makes one, for the term and for the reconcilers'
-//! tests), the watches of the pinned kinds, the reconcile trigger the mirror
-//! pulls — and its loops are methods: [`Term::run`] runs them all, as the binary does; the e2e
-//! harness and the benchmarks start the same term and run the loops they test.
+//! when a peer's API it did not find is installed) and dropped when the term ends.
+//! [`Term::start`] is its one constructor — the pinner (from `pinner`, the one place the
+//! controller makes one, for the term and for the reconcilers' tests), the watches of the
+//! pinned kinds, the reconcile trigger the mirror pulls — and its loops are methods:
+//! [`Term::run`] runs them all, as the binary does; the e2e harness and the benchmarks start the
+//! same term and run the loops they test.
 
 use std::{sync::Arc, time::Duration};
 
