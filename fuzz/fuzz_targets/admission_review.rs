@@ -44,6 +44,10 @@ impl ClusterView for DerivedCluster {
         (namespace.len() % 2 == 0).then_some(std::time::UNIX_EPOCH)
     }
 
+    fn serves(&self, _: Peer) -> bool {
+        true
+    }
+
     fn terminating(&self, _: Peer, _: &str, name: &str) -> Option<bool> {
         match state(name) {
             Presence::Gone | Presence::Unknown => None,
