@@ -12,7 +12,7 @@ use kube::{
 };
 
 /// The way to a running cluster and its registry (see the module doc).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Access {
     pub(crate) kubeconfig: PathBuf,
     pub(crate) registry: String,

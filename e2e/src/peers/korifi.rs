@@ -159,8 +159,9 @@ impl Korifi {
             .as_mut()
             .map(std::slice::from_mut)
             .unwrap_or_default();
-        once_admitted(processes, "Korifi's post-install objects", START_TIMEOUT, || {
-            manifests::apply(env, &post_install())
+        let access = env.clone();
+        once_admitted(processes, "Korifi's post-install objects", START_TIMEOUT, move || {
+            manifests::apply(&access, &post_install())
         })
         .await
         .with_context(|| this.log_tail(20))?;

@@ -206,11 +206,12 @@ impl Kpack {
             release == V0_16_1,
         )
         .await?;
+        let access = env.clone();
         once_admitted(
             &mut this.processes,
             "kpack's stack, store, lifecycle and builder",
             START_TIMEOUT,
-            || env.kubectl_apply(NAMESPACE, &objects),
+            move || access.kubectl_apply(NAMESPACE, &objects),
         )
         .await?;
         this.wait_for_builder(env).await?;

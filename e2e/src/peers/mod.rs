@@ -68,18 +68,25 @@ where
 /// cannot be watched), at most `timeout`, failing at once if one of `processes` exits.
 ///
 /// `apply` blocks (kubectl) while the API server calls the peer's webhook, whose bytes may cross
-/// a network namespace's relay, a task of this very runtime: run on the worker, a relay task
-/// queued there would wait for the worker it blocks (TLS handshakes cut every 10 s under load),
-/// so the worker is handed over first (`block_in_place`; multi-thread runtimes only).
+/// a network namespace's relay, a task of this very runtime: run on a worker, a relay task
+/// queued there would wait for the worker it blocks (TLS handshakes cut every 10 s under load).
+/// So it runs on the blocking pool. Not `block_in_place`: that turns the worker into a
+/// blocking-pool thread, which exits when idle, and the control plane's processes forked from
+/// it die with it (`PR_SET_PDEATHSIG`, [`crate::process`]).
 pub(crate) async fn once_admitted(
     processes: &mut [ServerProcess],
     what: &str,
     timeout: Duration,
-    mut apply: impl FnMut() -> Result<()>,
+    apply: impl Fn() -> Result<()> + Send + Sync + 'static,
 ) -> Result<()> {
     let deadline = tokio::time::Instant::now() + timeout;
+    let apply = std::sync::Arc::new(apply);
     loop {
-        match tokio::task::block_in_place(&mut apply) {
+        let attempt = apply.clone();
+        let applied = tokio::task::spawn_blocking(move || attempt())
+            .await
+            .context("the apply's thread panicked")?;
+        match applied {
             Ok(()) => return Ok(()),
             Err(e)
                 if format!("{e:#}").contains("failed calling webhook")
