@@ -160,9 +160,12 @@ impl Korifi {
             .map(std::slice::from_mut)
             .unwrap_or_default();
         let access = env.clone();
-        once_admitted(processes, "Korifi's post-install objects", START_TIMEOUT, move || {
-            manifests::apply(&access, &post_install())
-        })
+        once_admitted(
+            processes,
+            "Korifi's post-install objects",
+            START_TIMEOUT,
+            move || manifests::apply(&access, &post_install()),
+        )
         .await
         .with_context(|| this.log_tail(20))?;
         this.wait_for_builder_info(env).await?;
