@@ -35,16 +35,17 @@ pub async fn served(client: &Client, gvk: &GroupVersionKind) -> Result<Option<Ap
 pub struct Served(Vec<(GroupVersionKind, Option<ApiResource>)>);
 
 impl Served {
-    /// Asks discovery for each of `kinds`, logging each one missing and what `without` it
-    /// (what the caller does without the kind until it is served).
+    /// Asks discovery for each of `kinds` ([`look`]), logging each one missing and what
+    /// `without` it (what the caller does without the kind until it is served).
     pub async fn discover(
         client: &Client,
         kinds: impl IntoIterator<Item = GroupVersionKind>,
         without: &str,
     ) -> Self {
+        let kinds: Vec<GroupVersionKind> = kinds.into_iter().collect();
         let mut found = Vec::new();
-        for gvk in kinds {
-            let resource = match served(client, &gvk).await {
+        for (gvk, answer) in look(client, &kinds).await {
+            let resource = match answer {
                 Ok(Some(resource)) => Some(resource),
                 Ok(None) => {
                     tracing::warn!(kind = %gvk.kind, group = %gvk.group, "API not installed; {without} until it is");
@@ -80,41 +81,26 @@ impl Served {
     }
 }
 
-/// Resolves with those of `kinds` the cluster serves, asking every `every` until one is (one
-/// discovery request per API group version each time; an error is logged at debug and asked
-/// again next time): every kind found in that look. Never when `kinds` is empty.
+/// Resolves with those of `kinds` the cluster serves, asking every `every` until one is
+/// ([`look`]; an error is logged at debug and asked again next time): every kind found in that
+/// look. Never when `kinds` is empty.
 pub async fn installed(
     client: &Client,
     kinds: &[GroupVersionKind],
     every: Duration,
 ) -> Vec<(GroupVersionKind, ApiResource)> {
-    let mut versions: Vec<GroupVersion> = Vec::new();
-    for kind in kinds {
-        let version = GroupVersion::gv(&kind.group, &kind.version);
-        if !versions.contains(&version) {
-            versions.push(version);
-        }
-    }
     loop {
         tokio::time::sleep(every).await;
         let mut found = Vec::new();
-        for version in &versions {
-            let group = match discovery::pinned_group(client, version).await {
-                Ok(group) => group,
-                Err(kube::Error::Api(e)) if e.code == 404 => continue,
-                Err(error) => {
-                    tracing::debug!(group = %version.group, %error, "looking for an API again failed");
-                    continue;
-                }
-            };
-            let resources = group.versioned_resources(&version.version);
-            let wanted = kinds
-                .iter()
-                .filter(|kind| kind.group == version.group && kind.version == version.version);
-            for kind in wanted {
-                if let Some((resource, _)) = resources.iter().find(|(r, _)| r.kind == kind.kind) {
+        for (kind, answer) in look(client, kinds).await {
+            match answer {
+                Ok(Some(resource)) => {
                     tracing::info!(kind = %kind.kind, group = %kind.group, "API installed");
-                    found.push((kind.clone(), resource.clone()));
+                    found.push((kind, resource));
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(kind = %kind.kind, group = %kind.group, %error, "looking for an API again failed");
                 }
             }
         }
@@ -122,6 +108,45 @@ pub async fn installed(
             return found;
         }
     }
+}
+
+/// One discovery request per API group version of `kinds` (Korifi's seven kinds are one):
+/// each kind's resource when served, `None` when its group version or the kind is not served,
+/// the error when the group version could not be asked (the API server unreachable a moment).
+async fn look(
+    client: &Client,
+    kinds: &[GroupVersionKind],
+) -> Vec<(GroupVersionKind, Result<Option<ApiResource>, String>)> {
+    let mut versions: Vec<GroupVersion> = Vec::new();
+    for kind in kinds {
+        let version = GroupVersion::gv(&kind.group, &kind.version);
+        if !versions.contains(&version) {
+            versions.push(version);
+        }
+    }
+    let mut answers = Vec::new();
+    for version in versions {
+        let listed = match discovery::pinned_group(client, &version).await {
+            Ok(group) => Ok(group.versioned_resources(&version.version)),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+            Err(kube::Error::Discovery(_)) => Ok(Vec::new()),
+            Err(error) => Err(error.to_string()),
+        };
+        let of_version = kinds
+            .iter()
+            .filter(|kind| kind.group == version.group && kind.version == version.version);
+        for kind in of_version {
+            let answer = match &listed {
+                Ok(resources) => Ok(resources
+                    .iter()
+                    .find(|(resource, _)| resource.kind == kind.kind)
+                    .map(|(resource, _)| resource.clone())),
+                Err(error) => Err(error.clone()),
+            };
+            answers.push((kind.clone(), answer));
+        }
+    }
+    answers
 }
 
 #[cfg(test)]
