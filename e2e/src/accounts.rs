@@ -12,8 +12,9 @@ use std::{
 use anyhow::{Context, Result, bail, ensure};
 use futures::future::BoxFuture;
 use k8s_openapi::api::{
-    authentication::v1::{TokenRequest, TokenRequestSpec},
+    authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec},
     core::v1::{Pod, ServiceAccount},
+    events::v1::Event,
 };
 use kube::{
     Api, Client, Config,
@@ -32,6 +33,8 @@ pub const WEBHOOK: &str = "holdfast-webhook";
 pub const CONTROLLER: &str = "holdfast-controller";
 /// The controller's fence: the ValidatingAdmissionPolicy and its binding.
 pub const FENCE: &str = "holdfast-controller-fence";
+/// The controller's term fence: its writes only from the pod that holds the Lease.
+pub const TERM_FENCE: &str = "holdfast-controller-term";
 
 pub fn manifests() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
@@ -50,8 +53,8 @@ pub fn kubectl_ok(env: &Env, args: &[&str]) -> Result<String> {
 }
 
 /// The namespace, ServiceAccounts, Roles, ClusterRoles and bindings, the empty TLS Secret and
-/// the controller's fence, exactly as `manifests/base` has them; returns once the API server
-/// enforces the fence.
+/// the controller's fences, exactly as `manifests/base` has them; returns once the API server
+/// enforces the fence (the term fence is loaded the same way, through the same watch).
 pub async fn install_rbac(env: &Env) -> Result<()> {
     let base = manifests().join("base");
     for path in [
@@ -59,50 +62,62 @@ pub async fn install_rbac(env: &Env) -> Result<()> {
         base.join("rbac"),
         base.join("webhook/secret.yaml"),
         base.join("controller/fence.yaml"),
+        base.join("controller/term-fence.yaml"),
     ] {
         kubectl_ok(env, &["apply", "-f", &path.display().to_string()])?;
     }
     until_fenced(env).await
 }
 
-/// The API server loads policies through its own watch, a moment after they are written: a
-/// probe pod in holdfast's namespace, which the controller's RBAC lets it delete and its fence
-/// does not (no `kpack.io/build` label), is deleted as a dry run with the controller's token
-/// (a bounded poll: nothing to watch) until the fence refuses it.
+/// The API server loads policies through its own watch, a moment after they are written, so
+/// each fence is probed with a dry run (a bounded poll: nothing to watch) until it refuses: the
+/// fence, a delete of a probe pod in holdfast's namespace, which the controller's RBAC allows and
+/// the fence does not (no `kpack.io/build` label), with a token bound to no pod; the term fence,
+/// an Event created with a token bound to that pod, which holds no Lease.
 async fn until_fenced(env: &Env) -> Result<()> {
     const PROBE: &str = "fence-probe";
-    let pods = Api::<Pod>::namespaced(env.client().await?, NAMESPACE);
-    let probe: Pod = serde_json::from_value(json!({
-        "metadata": {"name": PROBE},
-        "spec": {
-            "restartPolicy": "Never",
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "probe", "image": "registry.example/probe",
-                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
-            }],
-        },
-    }))?;
-    match pods.create(&PostParams::default(), &probe).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => return Err(e).context("creating the fence's probe pod"),
-    }
+    let token = pod_token(env, CONTROLLER, PROBE, Duration::from_secs(600)).await?;
+    let replica = client_with_token(env, &token, &Forbidden::new()).await?;
     let controller = service_account_client(env, CONTROLLER, &Forbidden::new()).await?;
+    let pods = Api::<Pod>::namespaced(controller, NAMESPACE);
     let dry_run = DeleteParams {
         dry_run: true,
         ..Default::default()
     };
+    until_refused(FENCE, || pods.delete(PROBE, &dry_run)).await?;
+    let events = Api::<Event>::namespaced(replica, NAMESPACE);
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"generateName": "term-fence-probe-"},
+        "eventTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()),
+        "reportingController": "holdfast.dev/controller",
+        "reportingInstance": PROBE,
+        "action": "Probe",
+        "reason": "Probe",
+        "type": "Normal",
+        "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": NAMESPACE, "name": PROBE},
+    }))?;
+    let create = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    until_refused(TERM_FENCE, || events.create(&create, &event)).await?;
+    Ok(())
+}
+
+/// Polls `probe` until the API server answers it 403 naming `policy` (which it loads, and reads
+/// its parameters, through watches of its own: a bounded poll, nothing to watch from here); the
+/// refusal's message. Fails on any other error, or when the probe still passes after 30 s.
+pub async fn until_refused<T, F>(policy: &str, probe: impl Fn() -> F) -> Result<String>
+where
+    F: std::future::Future<Output = kube::Result<T>>,
+{
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        match Api::<Pod>::namespaced(controller.clone(), NAMESPACE)
-            .delete(PROBE, &dry_run)
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(FENCE) => return Ok(()),
-            Err(e) => return Err(e).context("probing the controller's fence"),
+        match probe().await {
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(policy) => return Ok(e.message),
+            Err(e) => return Err(e).with_context(|| format!("probing {policy}")),
             Ok(_) if tokio::time::Instant::now() < deadline => {}
-            Ok(_) => bail!("the API server did not enforce {FENCE} within 30 s of its creation"),
+            Ok(_) => bail!("the API server still lets the probe of {policy} through after 30 s"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -184,24 +199,86 @@ where
 }
 
 /// A client that authenticates with a token the API server issues for the ServiceAccount
-/// `account` of holdfast's namespace, as the kubelet projects one into its pods.
+/// `account` of holdfast's namespace, bound to no pod (as an admin mints one by hand).
 pub async fn service_account_client(env: &Env, account: &str, forbidden: &Forbidden) -> Result<Client> {
+    let token = issue_token(env, account, None, Duration::from_secs(3600)).await?;
+    client_with_token(env, &token, forbidden).await
+}
+
+/// A client of the environment's API server that authenticates with `token` alone.
+pub async fn client_with_token(env: &Env, token: &str, forbidden: &Forbidden) -> Result<Client> {
+    let kubeconfig = Kubeconfig::from_yaml(&kubeconfig_with_token(env, token)?)?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    let forbidden = forbidden.clone();
+    Ok(ClientBuilder::try_from(config)?
+        .with_layer(&tower::layer::layer_fn(move |inner| Record {
+            inner,
+            forbidden: forbidden.clone(),
+        }))
+        .build())
+}
+
+/// A token for the ServiceAccount `account` of holdfast's namespace bound to its pod `pod`, as
+/// the kubelet projects one into a replica: the API server then names the pod in the requests'
+/// user info (`authentication.kubernetes.io/pod-name`), which the controller's term fence
+/// compares with the Lease's holder. The pod is a placeholder, created if missing, that selects
+/// no node (it never runs, on the real node neither); the token lives `lifetime`.
+pub async fn pod_token(env: &Env, account: &str, pod: &str, lifetime: Duration) -> Result<String> {
+    let pods = Api::<Pod>::namespaced(env.client().await?, NAMESPACE);
+    let placeholder: Pod = serde_json::from_value(json!({
+        "metadata": {"name": pod, "labels": {"app.kubernetes.io/name": "holdfast-placeholder"}},
+        "spec": {
+            "serviceAccountName": account,
+            "automountServiceAccountToken": false,
+            "nodeSelector": {"holdfast.dev/placeholder": "no-node-has-this"},
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "replica", "image": "registry.example/placeholder",
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    }))?;
+    let created = match pods.create(&PostParams::default(), &placeholder).await {
+        Ok(created) => created,
+        Err(kube::Error::Api(e)) if e.code == 409 => pods.get(pod).await?,
+        Err(e) => return Err(e).with_context(|| format!("creating the placeholder pod {pod}")),
+    };
+    let uid = created.metadata.uid.context("a pod without a uid")?;
+    issue_token(env, account, Some((pod, &uid)), lifetime).await
+}
+
+/// A token for the ServiceAccount `account` of holdfast's namespace, bound to the pod
+/// `(name, uid)` when given.
+async fn issue_token(
+    env: &Env,
+    account: &str,
+    pod: Option<(&str, &str)>,
+    lifetime: Duration,
+) -> Result<String> {
     let request = TokenRequest {
         spec: TokenRequestSpec {
             audiences: Vec::new(),
-            expiration_seconds: Some(3600),
-            ..Default::default()
+            expiration_seconds: Some(i64::try_from(lifetime.as_secs())?),
+            bound_object_ref: pod.map(|(name, uid)| BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+            }),
         },
         ..Default::default()
     };
-    let token = Api::<ServiceAccount>::namespaced(env.client().await?, NAMESPACE)
+    Ok(Api::<ServiceAccount>::namespaced(env.client().await?, NAMESPACE)
         .create_token_request(account, &PostParams::default(), &request)
         .await
         .with_context(|| format!("requesting a token for {NAMESPACE}/{account}"))?
         .status
         .context("no token in the TokenRequest")?
-        .token;
-    // The admin's kubeconfig (server, CA) with the ServiceAccount's token as the only credential.
+        .token)
+}
+
+/// The admin's kubeconfig (server, CA) with `token` as the only credential.
+pub fn kubeconfig_with_token(env: &Env, token: &str) -> Result<String> {
     let mut kubeconfig: serde_yaml::Value =
         serde_yaml::from_str(&std::fs::read_to_string(env.kubeconfig())?)?;
     let users = kubeconfig
@@ -211,13 +288,5 @@ pub async fn service_account_client(env: &Env, account: &str, forbidden: &Forbid
     for user in users.iter_mut().filter_map(serde_yaml::Value::as_mapping_mut) {
         user.insert("user".into(), serde_yaml::to_value(json!({ "token": token }))?);
     }
-    let kubeconfig = Kubeconfig::from_yaml(&serde_yaml::to_string(&kubeconfig)?)?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    let forbidden = forbidden.clone();
-    Ok(ClientBuilder::try_from(config)?
-        .with_layer(&tower::layer::layer_fn(move |inner| Record {
-            inner,
-            forbidden: forbidden.clone(),
-        }))
-        .build())
+    Ok(serde_yaml::to_string(&kubeconfig)?)
 }

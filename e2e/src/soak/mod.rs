@@ -155,7 +155,16 @@ pub async fn run(config: Config) -> Result<Report> {
     let registries = [front.addr.as_str(), private.addr.as_str()];
     // Before holdfast: its controller looks for kpack's and Korifi's kinds as a term starts.
     let repository_prefix = env.korifi().await?.repository_prefix().to_owned();
-    let holdfast = Arc::new(Holdfast::start(&mut env, &registries, &mirror.addr, config.refresh).await?);
+    let holdfast = Arc::new(
+        Holdfast::start(
+            &mut env,
+            &registries,
+            &mirror.addr,
+            config.refresh,
+            config.duration + Duration::from_secs(3600),
+        )
+        .await?,
+    );
     env.kapp_controller().await?;
     let client = env.client().await?;
     let shared = Shared {

@@ -1,7 +1,10 @@
 //! holdfast as the soak runs it: two `holdfast-webhook` processes behind a [`Balancer`] that the
 //! shipped webhook configurations call (a Service before a two-replica Deployment), and two
 //! `holdfast-controller` processes electing a leader, each reaching the API server through a
-//! [`Relay`] of its own so that one replica's link can be cut while the other's stays up.
+//! [`Relay`] of its own so that one replica's link can be cut while the other's stays up. The
+//! controllers run as their ServiceAccount, RBAC and fences as `manifests/base` installs them,
+//! each with a token bound to a pod of its name, as a replica's projected token is: the term
+//! fence judges their writes against the Lease.
 
 use std::{path::Path, time::Duration};
 
@@ -10,7 +13,7 @@ use tempfile::TempDir;
 
 use super::load::MIRROR_LABEL;
 use crate::{
-    Env,
+    Env, accounts,
     installed::{self, CONTROLLER, WEBHOOK},
     process::free_port,
     slow_link::{Balancer, Relay},
@@ -59,9 +62,15 @@ impl Holdfast {
     /// Creates holdfast's namespace and webhook configurations (calling the front) and starts
     /// the four processes, each speaking plain HTTP to `registries` (the soak's registry front,
     /// its private registry) and to `mirror` (`--mirror-registry`, for the namespaces labelled
-    /// [`MIRROR_LABEL`]), the controllers refreshing every `refresh`; returns once all four are
-    /// ready.
-    pub async fn start(env: &mut Env, registries: &[&str], mirror: &str, refresh: Duration) -> Result<Self> {
+    /// [`MIRROR_LABEL`]), the controllers refreshing every `refresh`, their tokens valid for
+    /// `lifetime`; returns once all four are ready.
+    pub async fn start(
+        env: &mut Env,
+        registries: &[&str],
+        mirror: &str,
+        refresh: Duration,
+        lifetime: Duration,
+    ) -> Result<Self> {
         let mut insecure: Vec<String> = registries
             .iter()
             .chain([&mirror])
@@ -82,6 +91,7 @@ impl Holdfast {
         )
         .await?;
         installed::create_namespace_and_configurations(env, &format!("https://{}", front.addr), None).await?;
+        accounts::install_rbac(env).await?;
         let kubeconfig = env.kubeconfig().to_path_buf();
         let mut webhooks = Vec::new();
         for (name, (port, admin_port)) in WEBHOOKS.into_iter().zip(ports) {
@@ -104,8 +114,11 @@ impl Holdfast {
         let mut controllers = Vec::new();
         for name in CONTROLLERS {
             let link = Relay::start(&apiserver).await?;
+            let token = accounts::pod_token(env, accounts::CONTROLLER, name, lifetime).await?;
+            let own = dir.path().join(format!("{name}.token.kubeconfig"));
+            std::fs::write(&own, accounts::kubeconfig_with_token(env, &token)?)?;
             let through_link = dir.path().join(format!("{name}.kubeconfig"));
-            write_kubeconfig_via(&kubeconfig, &apiserver, &link.addr, &through_link)?;
+            write_kubeconfig_via(&own, &apiserver, &link.addr, &through_link)?;
             let admin = format!("127.0.0.1:{}", free_port()?);
             let mut args = installed::controller_args(env, &admin);
             args.extend(insecure.iter().cloned());
