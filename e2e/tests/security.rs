@@ -999,8 +999,9 @@ async fn with_fast_org_deletion_the_fence_lets_cfspaces_go_only_from_namespaces_
 /// What the soak found (issue 33): a lost leader's digest cache apply, held by a stalled link,
 /// reached the API server after its successor had taken the Lease, and was written. The term
 /// fence admits a write of a holdfast-controller pod only while that pod holds the Lease. Two
-/// placeholder pods' tokens stand for two replicas' projected tokens: A takes the Lease (the
-/// Lease's own writes pass); B's apply of a cache entry (a dry run) is refused, naming both, and
+/// placeholder pods' tokens stand for two replicas' projected tokens. Without a Lease everything
+/// passes, an admin's writes included. A takes the Lease (the Lease's own writes pass); B's
+/// apply of a cache entry (a dry run) is refused, naming both, and
 /// A's passes; B takes over, and from then on A's is refused and B's passes. A token bound to
 /// no pod is not a replica's: the term fence leaves it alone.
 async fn the_term_fence_admits_a_controller_pods_writes_only_while_it_holds_the_lease(
@@ -1017,6 +1018,9 @@ async fn the_term_fence_admits_a_controller_pods_writes_only_while_it_holds_the_
         }
     };
     let (a, b) = ("term-replica-a", "term-replica-b");
+    // No Lease yet: the admin's pod creates for the tokens pass (the API server resolves the
+    // binding's parameter for every write before any condition: a fence that refused without
+    // it refused these too).
     let (client_a, client_b) = (replica(a).await?, replica(b).await?);
 
     let reference = Reference::parse(&format!("{}/term/app:1", env.registry()))?;
@@ -1065,6 +1069,9 @@ async fn the_term_fence_admits_a_controller_pods_writes_only_while_it_holds_the_
     };
     const LEASE: &str = "holdfast-controller";
 
+    apply(&client_b)
+        .await
+        .context("with no Lease, a replica's write was refused: nobody leads, nothing is judged")?;
     take(&client_a, a).await?;
     // The API server reads the Lease through its own watch: a bounded poll until it sees A's.
     let refused = until_refused(TERM_FENCE, || apply(&client_b)).await?;

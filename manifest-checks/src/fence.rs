@@ -175,18 +175,22 @@ pub fn check_fence(objects: &[Value]) -> Vec<String> {
     problems
 }
 
-/// The term fence is installed, fails closed, judges every write (subresources too) of the
-/// controller's ServiceAccount's pods but the Lease's own against the Lease, and its binding
-/// denies, with that Lease as its parameter: the one the controller Deployment elects with, in
-/// its namespace, and no write when it is missing.
+/// The term fence is installed, judges every write (subresources too) of the controller's
+/// ServiceAccount's pods but the Lease's own against the Lease, and its binding denies, with
+/// that Lease as its parameter: the one the controller Deployment elects with, in its
+/// namespace. It fails open and passes all without the Lease: kube-apiserver resolves the
+/// parameter for every write its rules match before it evaluates a condition, so either
+/// refusal would refuse every write in the cluster whenever the Lease is missing or unread.
 fn check_term_fence(objects: &[Value], controller: &Value, account: &str) -> Vec<String> {
     let mut problems = Vec::new();
     let Ok(policy) = find(objects, "ValidatingAdmissionPolicy", TERM_FENCE) else {
         return vec![format!("no ValidatingAdmissionPolicy {TERM_FENCE}")];
     };
     let name = id(policy);
-    if text(policy, "spec.failurePolicy") != "Fail" {
-        problems.push(format!("{name}: failurePolicy is not Fail"));
+    if text(policy, "spec.failurePolicy") != "Ignore" {
+        problems.push(format!(
+            "{name}: failurePolicy is not Ignore (a Lease not yet read would refuse every write in the cluster)"
+        ));
     }
     if (
         text(policy, "spec.paramKind.apiVersion"),
@@ -233,11 +237,11 @@ fn check_term_fence(objects: &[Value], controller: &Value, account: &str) -> Vec
                 && at(b, "spec.matchResources").is_none()
                 && text(b, "spec.paramRef.name") == lease
                 && text(b, "spec.paramRef.namespace") == namespace
-                && text(b, "spec.paramRef.parameterNotFoundAction") == "Deny"
+                && text(b, "spec.paramRef.parameterNotFoundAction") == "Allow"
         });
     if !bound {
         problems.push(format!(
-            "no binding of {TERM_FENCE} with validationActions [Deny] and paramRef the Lease {namespace}/{lease} (parameterNotFoundAction Deny)"
+            "no binding of {TERM_FENCE} with validationActions [Deny] and paramRef the Lease {namespace}/{lease} (parameterNotFoundAction Allow: Deny would refuse every write in the cluster while there is no Lease)"
         ));
     }
     problems

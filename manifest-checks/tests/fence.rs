@@ -183,9 +183,20 @@ fn a_fence_that_drifts_from_the_table_or_the_controller_is_caught() -> Result<()
         TERM_FENCE,
     );
     expect_caught(
-        "the term fence passing writes while no Lease exists",
-        with(|o| term_binding(o, "spec.paramRef.parameterNotFoundAction", "Allow"))?,
+        "the term fence refusing every write in the cluster while no Lease exists",
+        with(|o| term_binding(o, "spec.paramRef.parameterNotFoundAction", "Deny"))?,
         TERM_FENCE,
+    );
+    expect_caught(
+        "the term fence refusing every write in the cluster while its Lease is unread",
+        with(|o| {
+            *at_mut(
+                find_mut(o, "ValidatingAdmissionPolicy", TERM_FENCE)?,
+                "spec.failurePolicy",
+            )? = Value::from("Fail");
+            Ok(())
+        })?,
+        "failurePolicy is not Ignore",
     );
     expect_caught(
         "the term fence on every token of the account, not its pods'",
