@@ -50,6 +50,10 @@ rules:
 - level: None
 ";
 
+/// The audit annotation kube-apiserver adds when a ValidatingAdmissionPolicy refuses a request:
+/// a JSON list naming each policy and binding that did.
+pub const POLICY_FAILURE: &str = "validation.policy.admission.k8s.io/validation_failure";
+
 /// The fields of one audit event the tests read.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -65,6 +69,10 @@ pub struct Event {
     pub object_ref: ObjectRef,
     #[serde(default)]
     pub response_status: Option<ResponseStatus>,
+    /// What admission recorded: a ValidatingAdmissionPolicy's refusal is under
+    /// [`POLICY_FAILURE`].
+    #[serde(default)]
+    pub annotations: std::collections::BTreeMap<String, String>,
     #[serde(deserialize_with = "timestamp")]
     pub request_received_timestamp: Timestamp,
     #[serde(deserialize_with = "timestamp")]
@@ -110,6 +118,15 @@ impl Event {
     /// Completed (`ResponseComplete`) with a 2xx: the server did the write.
     pub fn succeeded(&self) -> bool {
         self.stage == "ResponseComplete" && (200..300).contains(&self.code())
+    }
+
+    /// Refused (403) by the ValidatingAdmissionPolicy `policy`.
+    pub fn refused_by(&self, policy: &str) -> bool {
+        self.code() == 403
+            && self
+                .annotations
+                .get(POLICY_FAILURE)
+                .is_some_and(|failures| failures.contains(&format!("\"policy\":\"{policy}\"")))
     }
 
     pub fn is_lease(&self, namespace: &str, name: &str) -> bool {

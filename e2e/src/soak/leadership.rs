@@ -1,7 +1,8 @@
 //! The invariant the API server's audit log judges: no controller wrote while it did not hold
 //! the Lease. A replica is told apart by its user agent (`holdfast-controller/VERSION (IDENTITY)`,
 //! `holdfast_runtime::user_agent`); its terms are read from the Lease writes the log records,
-//! as the controller suite's fencing test reads them for one cut.
+//! as the controller suite's fencing test reads them for one cut. The writes the term fence
+//! refused are counted: the late writes it kept out.
 
 use k8s_openapi::jiff::Timestamp;
 
@@ -32,6 +33,9 @@ pub struct Judgement {
     pub writes: usize,
     /// Those not made wholly inside a term of their replica's own, each as a line for the report.
     pub outside: Vec<String>,
+    /// Writes of controller replicas the term fence refused (`crate::accounts::TERM_FENCE`):
+    /// each one a write that would have landed outside its replica's term.
+    pub refused_by_term_fence: usize,
 }
 
 /// Judges every successful write of a controller replica (the Lease's own aside): it must be
@@ -54,7 +58,13 @@ pub fn judge(events: &[Event], namespace: &str, lease: &str) -> Judgement {
             });
         }
     }
-    let mut judgement = Judgement::default();
+    let mut judgement = Judgement {
+        refused_by_term_fence: events
+            .iter()
+            .filter(|e| replica(e).is_some() && e.refused_by(crate::accounts::TERM_FENCE))
+            .count(),
+        ..Judgement::default()
+    };
     let outside = &mut judgement.outside;
     for (write, writer) in events
         .iter()
@@ -169,6 +179,25 @@ mod tests {
             outside[0].starts_with("a's write completed after b's acquiring Lease write"),
             "{outside:?}"
         );
+    }
+
+    #[test]
+    fn a_write_the_term_fence_refused_is_counted_not_judged() {
+        let mut refused = pin("a", 30, 31);
+        refused.response_status = Some(crate::audit::ResponseStatus { code: 403 });
+        refused.annotations.insert(
+            crate::audit::POLICY_FAILURE.into(),
+            r#"[{"message":"...","policy":"holdfast-controller-term","binding":"holdfast-controller-term","expressionIndex":0,"validationActions":["Deny"]}]"#.into(),
+        );
+        let mut other = pin("a", 32, 33);
+        other.response_status = Some(crate::audit::ResponseStatus { code: 403 });
+        let events = [lease("a", 1, 2), lease("b", 25, 26), refused, other];
+        let judgement = judge(&events, "holdfast-system", "holdfast-controller");
+        assert_eq!(
+            judgement.refused_by_term_fence, 1,
+            "an RBAC 403 is not the term fence's"
+        );
+        assert!(judgement.outside.is_empty(), "{:?}", judgement.outside);
     }
 
     #[test]

@@ -376,6 +376,7 @@ pub async fn run(config: Config) -> Result<Report> {
         restarts: restarts.len(),
         panics: violations.all().iter().filter(|v| v.invariant == "panic").count(),
         controller_writes_judged: leadership.writes,
+        late_writes_refused: leadership.refused_by_term_fence,
         private_pins_in_owner_namespace: private_pins,
         mirror_pins: mirror_pins.len(),
         org_deletions: orgs.deletions,
