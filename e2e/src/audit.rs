@@ -50,10 +50,6 @@ rules:
 - level: None
 ";
 
-/// The audit annotation kube-apiserver adds when a ValidatingAdmissionPolicy refuses a request:
-/// a JSON list naming each policy and binding that did.
-pub const POLICY_FAILURE: &str = "validation.policy.admission.k8s.io/validation_failure";
-
 /// The fields of one audit event the tests read.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -69,10 +65,6 @@ pub struct Event {
     pub object_ref: ObjectRef,
     #[serde(default)]
     pub response_status: Option<ResponseStatus>,
-    /// What admission recorded: a ValidatingAdmissionPolicy's refusal is under
-    /// [`POLICY_FAILURE`].
-    #[serde(default)]
-    pub annotations: std::collections::BTreeMap<String, String>,
     #[serde(deserialize_with = "timestamp")]
     pub request_received_timestamp: Timestamp,
     #[serde(deserialize_with = "timestamp")]
@@ -102,6 +94,9 @@ pub struct ObjectRef {
 pub struct ResponseStatus {
     #[serde(default)]
     pub code: u16,
+    /// A refusal's message (a ValidatingAdmissionPolicy's names it).
+    #[serde(default)]
+    pub message: String,
 }
 
 fn timestamp<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
@@ -120,13 +115,13 @@ impl Event {
         self.stage == "ResponseComplete" && (200..300).contains(&self.code())
     }
 
-    /// Refused (403) by the ValidatingAdmissionPolicy `policy`.
+    /// Refused (403) by the ValidatingAdmissionPolicy `policy`, as the response's message says.
     pub fn refused_by(&self, policy: &str) -> bool {
-        self.code() == 403
-            && self
-                .annotations
-                .get(POLICY_FAILURE)
-                .is_some_and(|failures| failures.contains(&format!("\"policy\":\"{policy}\"")))
+        self.response_status.as_ref().is_some_and(|s| {
+            s.code == 403
+                && s.message
+                    .contains(&format!("ValidatingAdmissionPolicy '{policy}' "))
+        })
     }
 
     pub fn is_lease(&self, namespace: &str, name: &str) -> bool {

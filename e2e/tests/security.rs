@@ -1095,5 +1095,18 @@ async fn the_term_fence_admits_a_controller_pods_writes_only_while_it_holds_the_
     Api::<Lease>::namespaced(env.client().await?, NAMESPACE)
         .delete(LEASE, &DeleteParams::default())
         .await?;
+    // The audit log names the policy in each refusal, which is how the soak counts the late
+    // writes the fence kept out (`late_writes_refused`).
+    if !env.is_existing_cluster() {
+        let refusals = env
+            .audit_log()?
+            .iter()
+            .filter(|e| e.refused_by(TERM_FENCE))
+            .count();
+        ensure!(
+            refusals >= 2,
+            "the audit log shows {refusals} refusals by {TERM_FENCE}, not the two at least made here"
+        );
+    }
     Ok(())
 }

@@ -183,14 +183,18 @@ mod tests {
 
     #[test]
     fn a_write_the_term_fence_refused_is_counted_not_judged() {
-        let mut refused = pin("a", 30, 31);
-        refused.response_status = Some(crate::audit::ResponseStatus { code: 403 });
-        refused.annotations.insert(
-            crate::audit::POLICY_FAILURE.into(),
-            r#"[{"message":"...","policy":"holdfast-controller-term","binding":"holdfast-controller-term","expressionIndex":0,"validationActions":["Deny"]}]"#.into(),
+        let refusal = |message: &str| {
+            let mut write = pin("a", 30, 31);
+            write.response_status = Some(crate::audit::ResponseStatus {
+                code: 403,
+                message: message.into(),
+            });
+            write
+        };
+        let refused = refusal(
+            "digestcacheentries.holdfast.dev \"d-1\" is forbidden: ValidatingAdmissionPolicy 'holdfast-controller-term' with binding 'holdfast-controller-term' denied request: holdfast-controller writes only from the pod that holds its Lease: a does not (b does)",
         );
-        let mut other = pin("a", 32, 33);
-        other.response_status = Some(crate::audit::ResponseStatus { code: 403 });
+        let other = refusal("apps.kappctrl.k14s.io \"app\" is forbidden: User cannot patch resource");
         let events = [lease("a", 1, 2), lease("b", 25, 26), refused, other];
         let judgement = judge(&events, "holdfast-system", "holdfast-controller");
         assert_eq!(
