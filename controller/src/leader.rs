@@ -26,10 +26,6 @@ use kube::{
 };
 use tokio_util::sync::CancellationToken;
 
-/// The Lease's name unless `--lease-name` says otherwise; the term fence's binding names it
-/// (`manifests/base/controller/term-fence.yaml`, held to it by the manifests test).
-pub const LEASE: &str = "holdfast-controller";
-
 #[derive(Debug, Clone)]
 pub struct Election {
     pub namespace: String,

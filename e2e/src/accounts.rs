@@ -32,8 +32,6 @@ pub const WEBHOOK: &str = "holdfast-webhook";
 pub const CONTROLLER: &str = "holdfast-controller";
 /// The controller's fence: the ValidatingAdmissionPolicy and its binding.
 pub const FENCE: &str = "holdfast-controller-fence";
-/// The controller's term fence: its writes only from the pod that holds the Lease.
-pub const TERM_FENCE: &str = "holdfast-controller-term";
 
 pub fn manifests() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
@@ -52,8 +50,8 @@ pub fn kubectl_ok(env: &Env, args: &[&str]) -> Result<String> {
 }
 
 /// The namespace, ServiceAccounts, Roles, ClusterRoles and bindings, the empty TLS Secret and
-/// the controller's fences, exactly as `manifests/base` has them; returns once the API server
-/// enforces the fence (the term fence is loaded the same way, through the same watch).
+/// the controller's fence, exactly as `manifests/base` has them; returns once the API server
+/// enforces the fence.
 pub async fn install_rbac(env: &Env) -> Result<()> {
     let base = manifests().join("base");
     for path in [
@@ -61,7 +59,6 @@ pub async fn install_rbac(env: &Env) -> Result<()> {
         base.join("rbac"),
         base.join("webhook/secret.yaml"),
         base.join("controller/fence.yaml"),
-        base.join("controller/term-fence.yaml"),
     ] {
         kubectl_ok(env, &["apply", "-f", &path.display().to_string()])?;
     }
@@ -71,8 +68,7 @@ pub async fn install_rbac(env: &Env) -> Result<()> {
 /// The API server loads policies through its own watch, a moment after they are written: a
 /// probe pod in holdfast's namespace, which the controller's RBAC lets it delete and its fence
 /// does not (no `kpack.io/build` label), is deleted as a dry run with the controller's token
-/// until the fence refuses it. (The term fence refuses only a replica that does not hold the
-/// Lease, and there is none yet: the suites that need it wait for it themselves.)
+/// until the fence refuses it.
 async fn until_fenced(env: &Env) -> Result<()> {
     const PROBE: &str = "fence-probe";
     pod_token(env, CONTROLLER, PROBE, Duration::from_secs(600)).await?;
@@ -202,9 +198,9 @@ pub async fn client_with_token(env: &Env, token: &str, forbidden: &Forbidden) ->
 
 /// A token for the ServiceAccount `account` of holdfast's namespace bound to its pod `pod`, as
 /// the kubelet projects one into a replica: the API server then names the pod in the requests'
-/// user info (`authentication.kubernetes.io/pod-name`), which the controller's term fence
-/// compares with the Lease's holder. The pod is a placeholder, created if missing, that selects
-/// no node (it never runs, on the real node neither); the token lives `lifetime`.
+/// user info (`authentication.kubernetes.io/pod-name`). The pod is a placeholder, created if
+/// missing, that selects no node (it never runs, on the real node neither); the token lives
+/// `lifetime`.
 pub async fn pod_token(env: &Env, account: &str, pod: &str, lifetime: Duration) -> Result<String> {
     let pods = Api::<Pod>::namespaced(env.client().await?, NAMESPACE);
     let placeholder: Pod = serde_json::from_value(json!({

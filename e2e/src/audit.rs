@@ -94,9 +94,6 @@ pub struct ObjectRef {
 pub struct ResponseStatus {
     #[serde(default)]
     pub code: u16,
-    /// A refusal's message (a ValidatingAdmissionPolicy's names it).
-    #[serde(default)]
-    pub message: String,
 }
 
 fn timestamp<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
@@ -113,15 +110,6 @@ impl Event {
     /// Completed (`ResponseComplete`) with a 2xx: the server did the write.
     pub fn succeeded(&self) -> bool {
         self.stage == "ResponseComplete" && (200..300).contains(&self.code())
-    }
-
-    /// Refused (403) by the ValidatingAdmissionPolicy `policy`, as the response's message says.
-    pub fn refused_by(&self, policy: &str) -> bool {
-        self.response_status.as_ref().is_some_and(|s| {
-            s.code == 403
-                && s.message
-                    .contains(&format!("ValidatingAdmissionPolicy '{policy}' "))
-        })
     }
 
     pub fn is_lease(&self, namespace: &str, name: &str) -> bool {

@@ -13,8 +13,6 @@
 //!   it can delete a build pod and an app's Image, and send the pin patches the controller
 //!   sends. With `components/fast-org-deletion` it can delete a CFSpace only in a namespace being
 //!   deleted. Packages, served by kapp-controller's aggregated API, are out of the fence's sight.
-//! - The controller's term fence (`manifests/base/controller/term-fence.yaml`, found by the soak):
-//!   a controller pod's write is admitted only while that pod holds the Lease.
 
 use std::{
     sync::Arc,
@@ -25,10 +23,7 @@ use anyhow::{Context, Result, bail, ensure};
 use holdfast_cache::{CacheConfig, CacheEntry, CacheKey, Scope, cluster_store};
 use holdfast_e2e::{
     Env,
-    accounts::{
-        CONTROLLER, FENCE, Forbidden, NAMESPACE, TERM_FENCE, client_with_token, install_rbac, manifests,
-        pod_token, service_account_client, until_refused,
-    },
+    accounts::{CONTROLLER, FENCE, Forbidden, NAMESPACE, install_rbac, manifests, service_account_client},
     controller::LocalController,
     e2e_main, images,
     objects::api_for,
@@ -55,7 +50,6 @@ e2e_main!(
     the_fence_lets_the_controllers_token_delete_only_the_pins_it_published,
     with_fast_org_deletion_the_fence_lets_cfspaces_go_only_from_namespaces_being_deleted,
     packages_are_out_of_the_fences_sight,
-    the_term_fence_admits_a_controller_pods_writes_only_while_it_holds_the_lease,
     a_tenant_churning_tag_selections_keeps_the_cache_objects_within_their_bound,
 );
 
@@ -991,122 +985,4 @@ async fn with_fast_org_deletion_the_fence_lets_cfspaces_go_only_from_namespaces_
     base_refusal?;
     allowed?;
     live_refusal.map(drop)
-}
-
-// ---------------------------------------------------------------------------------------------
-// The controller's term fence
-
-/// What the soak found (issue 33): a lost leader's digest cache apply, held by a stalled link,
-/// reached the API server after its successor had taken the Lease, and was written. The term
-/// fence admits a write of a holdfast-controller pod only while that pod holds the Lease. Two
-/// placeholder pods' tokens stand for two replicas' projected tokens. Without a Lease everything
-/// passes, an admin's writes included. A takes the Lease (the Lease's own writes pass); B's
-/// apply of a cache entry (a dry run) is refused, naming both, and
-/// A's passes; B takes over, and from then on A's is refused and B's passes. A token bound to
-/// no pod is not a replica's: the term fence leaves it alone.
-async fn the_term_fence_admits_a_controller_pods_writes_only_while_it_holds_the_lease(
-    env: Arc<Env>,
-) -> Result<()> {
-    use k8s_openapi::api::coordination::v1::Lease;
-    fenced(&env).await?;
-    let lifetime = Duration::from_secs(600);
-    let replica = |pod: &'static str| {
-        let env = env.clone();
-        async move {
-            let token = pod_token(&env, CONTROLLER, pod, lifetime).await?;
-            client_with_token(&env, &token, &Forbidden::new()).await
-        }
-    };
-    let (a, b) = ("term-replica-a", "term-replica-b");
-    // No Lease yet: the admin's pod creates for the tokens pass (the API server resolves the
-    // binding's parameter for every write before any condition: a fence that refused without
-    // it refused these too).
-    let (client_a, client_b) = (replica(a).await?, replica(b).await?);
-
-    let reference = Reference::parse(&format!("{}/term/app:1", env.registry()))?;
-    let now = SystemTime::now();
-    let entry = CacheEntry {
-        key: CacheKey::tag(&reference, Scope::Anonymous),
-        digest: Digest::sha256_of(b"term"),
-        tag: None,
-        resolved_at: now,
-        checked_at: now,
-        error: None,
-        secret_uid: None,
-    };
-    let object = cluster_store::to_object(&entry);
-    let name = cluster_store::object_name(&entry.key);
-    // The digest cache's own write, as the controller's sink sends it, as a dry run.
-    let apply = |client: &Client| {
-        let (entries, object, name) = (
-            cluster_store::api(client.clone(), NAMESPACE),
-            object.clone(),
-            name.clone(),
-        );
-        async move {
-            let params = PatchParams::apply(cluster_store::FIELD_MANAGER).force().dry_run();
-            entries.patch(&name, &params, &Patch::Apply(&object)).await
-        }
-    };
-    // Takes the Lease for `holder` with `client`, as the election writes it.
-    let take = |client: &Client, holder: &'static str| {
-        let leases = Api::<Lease>::namespaced(client.clone(), NAMESPACE);
-        async move {
-            let mut lease = match leases.get_opt(LEASE).await? {
-                Some(lease) => lease,
-                None => serde_json::from_value(json!({"metadata": {"name": LEASE}, "spec": {}}))?,
-            };
-            let spec = lease.spec.get_or_insert_default();
-            spec.holder_identity = Some(holder.into());
-            spec.lease_duration_seconds = Some(15);
-            match lease.metadata.resource_version {
-                Some(_) => leases.replace(LEASE, &PostParams::default(), &lease).await,
-                None => leases.create(&PostParams::default(), &lease).await,
-            }
-            .with_context(|| format!("{holder} taking the Lease"))?;
-            anyhow::Ok(())
-        }
-    };
-    const LEASE: &str = "holdfast-controller";
-
-    apply(&client_b)
-        .await
-        .context("with no Lease, a replica's write was refused: nobody leads, nothing is judged")?;
-    take(&client_a, a).await?;
-    // The API server reads the Lease through its own watch: a bounded poll until it sees A's.
-    let refused = until_refused(TERM_FENCE, || apply(&client_b)).await?;
-    ensure!(
-        refused.contains(&format!("{b} does not ({a} does)")),
-        "the refusal does not name the writer and the holder: {refused}"
-    );
-    apply(&client_a)
-        .await
-        .context("A holds the Lease, yet its apply was refused")?;
-
-    take(&client_b, b).await?;
-    until_refused(TERM_FENCE, || apply(&client_a)).await?;
-    apply(&client_b)
-        .await
-        .context("B holds the Lease, yet its apply was refused")?;
-    let unbound = service_account_client(&env, CONTROLLER, &Forbidden::new()).await?;
-    apply(&unbound)
-        .await
-        .context("a token bound to no pod was refused: the term fence judges replicas only")?;
-    Api::<Lease>::namespaced(env.client().await?, NAMESPACE)
-        .delete(LEASE, &DeleteParams::default())
-        .await?;
-    // The audit log names the policy in each refusal, which is how the soak counts the late
-    // writes the fence kept out (`late_writes_refused`).
-    if !env.is_existing_cluster() {
-        let refusals = env
-            .audit_log()?
-            .iter()
-            .filter(|e| e.refused_by(TERM_FENCE))
-            .count();
-        ensure!(
-            refusals >= 2,
-            "the audit log shows {refusals} refusals by {TERM_FENCE}, not the two at least made here"
-        );
-    }
-    Ok(())
 }

@@ -10,11 +10,6 @@ use crate::yaml::{at, find, id, items, of_kind, strings, text};
 
 /// The fence's name (its policy and its binding).
 pub const FENCE: &str = "holdfast-controller-fence";
-/// The term fence's name (its policy and its binding): the controller's writes only from the pod
-/// that holds its Lease (`manifests/base/controller/term-fence.yaml`).
-pub const TERM_FENCE: &str = "holdfast-controller-term";
-/// Where the API server names a bound token's pod in the requests' user info.
-const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 
 /// What the fence can see of one row of the fast finalizer's table, as the policy's `deletable`
 /// variable writes it: the resource (`resource.group`), the label that finds it, and the kind
@@ -71,22 +66,6 @@ pub fn account_condition(account: &str) -> String {
     format!("request.userInfo.username.matches('^system:serviceaccount:[^:]+:{account}$')")
 }
 
-/// A policy's resource rule: its operations, API groups and resources.
-type Rule = (Vec<String>, Vec<String>, Vec<String>);
-
-fn resource_rules(policy: &Value) -> Vec<Rule> {
-    items(policy, "spec.matchConstraints.resourceRules")
-        .into_iter()
-        .map(|r| {
-            (
-                strings(r.get("operations")),
-                strings(r.get("apiGroups")),
-                strings(r.get("resources")),
-            )
-        })
-        .collect()
-}
-
 /// The rows of the policy's `deletable` variable: one per line, as the file lays them out.
 pub fn fence_rows(policy: &Value) -> Vec<String> {
     fence_variable(policy, "deletable")
@@ -121,7 +100,17 @@ pub fn check_fence(objects: &[Value]) -> Vec<String> {
             account_condition(account)
         ));
     }
-    let rules: BTreeSet<Rule> = resource_rules(policy).into_iter().collect();
+    let rules: BTreeSet<(Vec<String>, Vec<String>, Vec<String>)> =
+        items(policy, "spec.matchConstraints.resourceRules")
+            .into_iter()
+            .map(|r| {
+                (
+                    strings(r.get("operations")),
+                    strings(r.get("apiGroups")),
+                    strings(r.get("resources")),
+                )
+            })
+            .collect();
     // Every DELETE, the UPDATEs of the pinned kinds kube-apiserver admits itself (Packages go to
     // kapp-controller's aggregated API server, which no policy of kube-apiserver sees) and of
     // namespaces.
@@ -169,79 +158,6 @@ pub fn check_fence(objects: &[Value]) -> Vec<String> {
     if !enforced {
         problems.push(format!(
             "no binding of {FENCE} with validationActions [Deny] on every object"
-        ));
-    }
-    problems.extend(check_term_fence(objects, controller, account));
-    problems
-}
-
-/// The term fence is installed, judges every write (subresources too) of the controller's
-/// ServiceAccount's pods but the Lease's own against the Lease, and its binding denies, with
-/// that Lease as its parameter: the one the controller Deployment elects with, in its
-/// namespace. It fails open and passes all without the Lease: kube-apiserver resolves the
-/// parameter for every write its rules match before it evaluates a condition, so either
-/// refusal would refuse every write in the cluster whenever the Lease is missing or unread.
-fn check_term_fence(objects: &[Value], controller: &Value, account: &str) -> Vec<String> {
-    let mut problems = Vec::new();
-    let Ok(policy) = find(objects, "ValidatingAdmissionPolicy", TERM_FENCE) else {
-        return vec![format!("no ValidatingAdmissionPolicy {TERM_FENCE}")];
-    };
-    let name = id(policy);
-    if text(policy, "spec.failurePolicy") != "Ignore" {
-        problems.push(format!(
-            "{name}: failurePolicy is not Ignore (a Lease not yet read would refuse every write in the cluster)"
-        ));
-    }
-    if (
-        text(policy, "spec.paramKind.apiVersion"),
-        text(policy, "spec.paramKind.kind"),
-    ) != ("coordination.k8s.io/v1", "Lease")
-    {
-        problems.push(format!(
-            "{name}: its parameter is not a coordination.k8s.io/v1 Lease"
-        ));
-    }
-    let conditions: Vec<&str> = items(policy, "spec.matchConditions")
-        .into_iter()
-        .map(|c| text(c, "expression"))
-        .collect();
-    let replicas = format!(
-        "{} && '{POD_NAME_EXTRA}' in request.userInfo.?extra.orValue({{}})",
-        account_condition(account)
-    );
-    if conditions.first() != Some(&replicas.as_str()) {
-        problems.push(format!(
-            "{name}: its first condition is not the pods of {account}: {replicas}"
-        ));
-    }
-    let rules = resource_rules(policy);
-    let every_write = (
-        vec!["CREATE".into(), "UPDATE".into(), "DELETE".into()],
-        vec!["*".into()],
-        vec!["*/*".into()],
-    );
-    if rules != [every_write] {
-        problems.push(format!("{name}: matches {rules:?}, not every write"));
-    }
-    let args = strings(at(controller, "spec.template.spec.containers.0.args"));
-    let lease = args
-        .iter()
-        .find_map(|a| a.strip_prefix("--lease-name="))
-        .unwrap_or(holdfast_controller::leader::LEASE);
-    let namespace = text(controller, "metadata.namespace");
-    let bound = of_kind(objects, "ValidatingAdmissionPolicyBinding")
-        .into_iter()
-        .any(|b| {
-            text(b, "spec.policyName") == TERM_FENCE
-                && strings(at(b, "spec.validationActions")) == ["Deny"]
-                && at(b, "spec.matchResources").is_none()
-                && text(b, "spec.paramRef.name") == lease
-                && text(b, "spec.paramRef.namespace") == namespace
-                && text(b, "spec.paramRef.parameterNotFoundAction") == "Allow"
-        });
-    if !bound {
-        problems.push(format!(
-            "no binding of {TERM_FENCE} with validationActions [Deny] and paramRef the Lease {namespace}/{lease} (parameterNotFoundAction Allow: Deny would refuse every write in the cluster while there is no Lease)"
         ));
     }
     problems

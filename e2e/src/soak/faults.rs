@@ -126,14 +126,38 @@ pub struct Window {
     pub detail: String,
 }
 
-/// Every fault injected so far, shared with the invariants.
+/// A leader's link to the API server that hung and resumed ([`Fault::LeaderLinkCut`]): the
+/// replica, and when the relay was told to deliver what it held (wall clock, as the audit log).
+#[derive(Debug, Clone)]
+pub struct Cut {
+    pub replica: String,
+    pub resumed: k8s_openapi::jiff::Timestamp,
+}
+
+/// Every fault injected so far, shared with the invariants; and the links cut.
 #[derive(Debug, Clone, Default)]
-pub struct Timeline(Arc<Mutex<Vec<Window>>>);
+pub struct Timeline {
+    windows: Arc<Mutex<Vec<Window>>>,
+    cuts: Arc<Mutex<Vec<Cut>>>,
+}
 
 impl Timeline {
     fn windows_mut(&self) -> std::sync::MutexGuard<'_, Vec<Window>> {
         // A panicking holder cannot leave a half-written window: each write is one push or field.
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.windows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn cuts_mut(&self) -> std::sync::MutexGuard<'_, Vec<Cut>> {
+        self.cuts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Every leader's link cut so far.
+    pub fn cuts(&self) -> Vec<Cut> {
+        self.cuts_mut().clone()
     }
 
     pub fn windows(&self) -> Vec<Window> {
@@ -531,6 +555,10 @@ impl Injector {
                 let cut_for = LEASE_DURATION + self.hold;
                 link.hang();
                 tokio::time::sleep(cut_for).await;
+                self.timeline.cuts_mut().push(Cut {
+                    replica: leader.clone(),
+                    resumed: k8s_openapi::jiff::Timestamp::now(),
+                });
                 link.resume();
                 Ok(format!(
                     "{leader}'s link to the API server hung for {cut_for:?}, resumed"

@@ -2,9 +2,8 @@
 //! shipped webhook configurations call (a Service before a two-replica Deployment), and two
 //! `holdfast-controller` processes electing a leader, each reaching the API server through a
 //! [`Relay`] of its own so that one replica's link can be cut while the other's stays up. The
-//! controllers run as their ServiceAccount, RBAC and fences as `manifests/base` installs them,
-//! each with a token bound to a pod of its name, as a replica's projected token is: the term
-//! fence judges their writes against the Lease.
+//! controllers run as their ServiceAccount, RBAC and fence as `manifests/base` installs them,
+//! each with a token bound to a pod of its name, as a replica's projected token is.
 
 use std::{path::Path, time::Duration};
 
