@@ -68,34 +68,41 @@ pub async fn install_rbac(env: &Env) -> Result<()> {
 /// The API server loads policies through its own watch, a moment after they are written: a
 /// probe pod in holdfast's namespace, which the controller's RBAC lets it delete and its fence
 /// does not (no `kpack.io/build` label), is deleted as a dry run with the controller's token
-/// until the fence refuses it.
+/// (a bounded poll: nothing to watch) until the fence refuses it.
 async fn until_fenced(env: &Env) -> Result<()> {
     const PROBE: &str = "fence-probe";
-    pod_token(env, CONTROLLER, PROBE, Duration::from_secs(600)).await?;
+    let pods = Api::<Pod>::namespaced(env.client().await?, NAMESPACE);
+    let probe: Pod = serde_json::from_value(json!({
+        "metadata": {"name": PROBE},
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "probe", "image": "registry.example/probe",
+                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    }))?;
+    match pods.create(&PostParams::default(), &probe).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e).context("creating the fence's probe pod"),
+    }
     let controller = service_account_client(env, CONTROLLER, &Forbidden::new()).await?;
-    let pods = Api::<Pod>::namespaced(controller, NAMESPACE);
     let dry_run = DeleteParams {
         dry_run: true,
         ..Default::default()
     };
-    until_refused(FENCE, || pods.delete(PROBE, &dry_run)).await?;
-    Ok(())
-}
-
-/// Polls `probe` until the API server answers it 403 naming `policy` (which it loads, and reads
-/// its parameters, through watches of its own: a bounded poll, nothing to watch from here); the
-/// refusal's message. Fails on any other error, or when the probe still passes after 30 s.
-pub async fn until_refused<T, F>(policy: &str, probe: impl Fn() -> F) -> Result<String>
-where
-    F: std::future::Future<Output = kube::Result<T>>,
-{
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        match probe().await {
-            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(policy) => return Ok(e.message),
-            Err(e) => return Err(e).with_context(|| format!("probing {policy}")),
+        match Api::<Pod>::namespaced(controller.clone(), NAMESPACE)
+            .delete(PROBE, &dry_run)
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(FENCE) => return Ok(()),
+            Err(e) => return Err(e).context("probing the controller's fence"),
             Ok(_) if tokio::time::Instant::now() < deadline => {}
-            Ok(_) => bail!("the API server still lets the probe of {policy} through after 30 s"),
+            Ok(_) => bail!("the API server did not enforce {FENCE} within 30 s of its creation"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
