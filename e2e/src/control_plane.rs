@@ -452,12 +452,18 @@ impl Env {
                         .build()?,
                 );
             }
-            if let Some(http) = &http {
-                match http.get(&url).bearer_auth(token).send().await {
+            if let Some(client) = &http {
+                match client.get(&url).bearer_auth(token).send().await {
                     Ok(rsp) if rsp.status().is_success() => break,
                     Ok(rsp) => last_error = format!("/readyz answered {}", rsp.status()),
                     // With its causes: reqwest's own text says only "error sending request".
-                    Err(e) => last_error = format!("{:#}", anyhow::Error::from(e)),
+                    Err(e) => {
+                        last_error = format!("{:#}", anyhow::Error::from(e));
+                        // kube-apiserver writes its self-signed certificate as it starts: one
+                        // read mid-write trusts nothing, so read it again (a fixture once failed
+                        // 90 s of UnknownIssuer against a server serving that very file).
+                        http = None;
+                    }
                 }
             }
             if Instant::now() > deadline {
