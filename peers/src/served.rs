@@ -22,10 +22,15 @@ pub const LOOK_AGAIN_EVERY: Duration = Duration::from_secs(30);
 pub async fn served(client: &Client, gvk: &GroupVersionKind) -> Result<Option<ApiResource>, kube::Error> {
     match discovery::pinned_kind(client, gvk).await {
         Ok((resource, _)) => Ok(Some(resource)),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(None),
-        Err(kube::Error::Discovery(_)) => Ok(None),
+        Err(e) if not_served(&e) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// Whether discovery's `error` says the group version or kind is not served (rather than that
+/// the API server could not be asked).
+fn not_served(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(e) if e.code == 404) || matches!(error, kube::Error::Discovery(_))
 }
 
 /// What discovery answered for a set of kinds when they were asked for: each kind's resource,
@@ -128,8 +133,7 @@ async fn look(
     for version in versions {
         let listed = match discovery::pinned_group(client, &version).await {
             Ok(group) => Ok(group.versioned_resources(&version.version)),
-            Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
-            Err(kube::Error::Discovery(_)) => Ok(Vec::new()),
+            Err(error) if not_served(&error) => Ok(Vec::new()),
             Err(error) => Err(error.to_string()),
         };
         let of_version = kinds
