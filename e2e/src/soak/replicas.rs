@@ -114,10 +114,14 @@ impl Holdfast {
         for name in CONTROLLERS {
             let link = Relay::start(&apiserver).await?;
             let token = accounts::pod_token(env, accounts::CONTROLLER, name, lifetime).await?;
-            let own = dir.path().join(format!("{name}.token.kubeconfig"));
-            std::fs::write(&own, accounts::kubeconfig_with_token(env, &token)?)?;
             let through_link = dir.path().join(format!("{name}.kubeconfig"));
-            write_kubeconfig_via(&own, &apiserver, &link.addr, &through_link)?;
+            let kubeconfig = kubeconfig_via(
+                &accounts::kubeconfig_with_token(env, &token)?,
+                &apiserver,
+                &link.addr,
+            )?;
+            std::fs::write(&through_link, kubeconfig)
+                .with_context(|| format!("writing {}", through_link.display()))?;
             let admin = format!("127.0.0.1:{}", free_port()?);
             let mut args = installed::controller_args(env, &admin);
             args.extend(insecure.iter().cloned());
@@ -169,16 +173,10 @@ fn spawn(env: &mut Env, name: &'static str, binary: &str, args: &[String], kubec
     )
 }
 
-/// Writes a copy of the kubeconfig `from` that reaches the API server at `via` instead of
-/// `apiserver` (the API server's certificate names 127.0.0.1, so the relay's address verifies).
-fn write_kubeconfig_via(from: &Path, apiserver: &str, via: &str, to: &Path) -> Result<()> {
-    let text = std::fs::read_to_string(from).with_context(|| format!("reading {}", from.display()))?;
+/// The kubeconfig `text`, reaching the API server at `via` instead of `apiserver` (the API
+/// server's certificate names 127.0.0.1, so the relay's address verifies).
+fn kubeconfig_via(text: &str, apiserver: &str, via: &str) -> Result<String> {
     let server = format!("https://{apiserver}");
-    anyhow::ensure!(
-        text.contains(&server),
-        "{} does not name {server}",
-        from.display()
-    );
-    std::fs::write(to, text.replace(&server, &format!("https://{via}")))
-        .with_context(|| format!("writing {}", to.display()))
+    anyhow::ensure!(text.contains(&server), "the kubeconfig does not name {server}");
+    Ok(text.replace(&server, &format!("https://{via}")))
 }
