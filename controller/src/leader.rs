@@ -1,5 +1,6 @@
-//! Leader election on a `coordination.k8s.io/v1` Lease, so the controller can run with several
-//! replicas and only one reconciles. Timing follows client-go's leaderelection, not the Lease's
+//! Leader election on a [`crd::ControllerLease`] (a `coordination.k8s.io/v1` Lease's fields in
+//! holdfast's own kind, which the term fence can take as its parameter: [`crd`]), so the
+//! controller can run with several replicas and only one reconciles. Timing follows client-go's leaderelection, not the Lease's
 //! timestamps: a candidate measures a holder's lease from when *it* last saw the Lease's record
 //! change (observed time, local monotonic clock), so clock skew between replicas cannot make two
 //! leaders; the leader gives every renewal a deadline (`renew_deadline` after the start of its
@@ -13,18 +14,18 @@
 //! its duration against the local wall clock (the skew this module avoids), renews without a
 //! deadline, and needs `patch` on Leases. The timing below is pure functions, unit-tested.
 
-use std::time::{Duration, Instant};
+pub mod crd;
 
-use k8s_openapi::{
-    api::coordination::v1::{Lease, LeaseSpec},
-    apimachinery::pkg::apis::meta::v1::MicroTime,
-    jiff::Timestamp,
-};
-use kube::{
-    Api, Client,
-    api::{ObjectMeta, PostParams},
-};
+use std::time::{Duration, Instant, SystemTime};
+
+use kube::{Api, Client, api::PostParams};
 use tokio_util::sync::CancellationToken;
+
+use crd::{ControllerLease, ControllerLeaseSpec, Timestamp};
+
+/// The lease's name unless `--lease-name` says otherwise; the term fence's binding names it
+/// (`manifests/base/controller/term-fence.yaml`, held to it by the manifests test).
+pub const LEASE: &str = "holdfast-controller";
 
 #[derive(Debug, Clone)]
 pub struct Election {
@@ -60,11 +61,11 @@ pub struct Record {
 }
 
 impl Record {
-    fn of(spec: &LeaseSpec) -> Self {
+    fn of(spec: &ControllerLeaseSpec) -> Self {
         Self {
             holder: spec.holder_identity.clone().filter(|h| !h.is_empty()),
-            renew_time: spec.renew_time.as_ref().map(|t| t.0),
-            acquire_time: spec.acquire_time.as_ref().map(|t| t.0),
+            renew_time: spec.renew_time,
+            acquire_time: spec.acquire_time,
             transitions: spec.lease_transitions.unwrap_or(0),
             duration: spec
                 .lease_duration_seconds
@@ -229,7 +230,7 @@ impl Election {
         F: FnOnce(CancellationToken) -> Fut,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
-        let leases: Api<Lease> = Api::namespaced(client, &self.namespace);
+        let leases: Api<ControllerLease> = Api::namespaced(client, &self.namespace);
         let leading_since = |started: Instant| Role::Leading {
             late_at: late_at(started, self.renew_every, self.renew_deadline),
             failing: false,
@@ -330,27 +331,21 @@ impl Election {
     /// replica observed it, `observed` updated) or won the write.
     async fn try_acquire(
         &self,
-        leases: &Api<Lease>,
+        leases: &Api<ControllerLease>,
         observed: &mut Option<Observation>,
         now: Instant,
     ) -> Result<bool, Error> {
-        let wall = Timestamp::now();
+        let wall = Timestamp(SystemTime::now());
         let Some(mut lease) = leases.get_opt(&self.lease).await? else {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(self.lease.clone()),
-                    ..Default::default()
-                },
-                spec: Some(self.spec(wall, wall, 0)),
-            };
+            let lease = ControllerLease::new(&self.lease, self.spec(wall, wall, 0));
             return match leases.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(true),
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
                 Err(e) => Err(e.into()),
             };
         };
-        let spec = lease.spec.clone().unwrap_or_default();
-        let current = observe(observed.take(), Record::of(&spec), now);
+        let spec = &lease.spec;
+        let current = observe(observed.take(), Record::of(spec), now);
         let may = may_take(&current, &self.identity, self.duration, now);
         let mine = current.record.holder.as_deref() == Some(self.identity.as_str());
         *observed = Some(current);
@@ -358,12 +353,12 @@ impl Election {
             return Ok(false);
         }
         let acquired = if mine {
-            spec.acquire_time.map(|t| t.0).unwrap_or(wall)
+            spec.acquire_time.unwrap_or(wall)
         } else {
             wall
         };
         let transitions = spec.lease_transitions.unwrap_or(0) + i32::from(!mine);
-        lease.spec = Some(self.spec(acquired, wall, transitions));
+        lease.spec = self.spec(acquired, wall, transitions);
         match leases.replace(&self.lease, &PostParams::default(), &lease).await {
             Ok(_) => Ok(true),
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
@@ -372,14 +367,13 @@ impl Election {
     }
 
     /// Hands the Lease back so a standby need not wait for it to expire.
-    async fn release(&self, leases: &Api<Lease>) {
+    async fn release(&self, leases: &Api<ControllerLease>) {
         let release = async {
             if let Ok(Some(mut lease)) = leases.get_opt(&self.lease).await
-                && let Some(spec) = lease.spec.as_mut()
-                && spec.holder_identity.as_deref() == Some(self.identity.as_str())
+                && lease.spec.holder_identity.as_deref() == Some(self.identity.as_str())
             {
-                spec.holder_identity = None;
-                spec.renew_time = None;
+                lease.spec.holder_identity = None;
+                lease.spec.renew_time = None;
                 let _ = leases.replace(&self.lease, &PostParams::default(), &lease).await;
                 tracing::info!(lease = %self.lease, "released the lease");
             }
@@ -389,14 +383,13 @@ impl Election {
         }
     }
 
-    fn spec(&self, acquired: Timestamp, renewed: Timestamp, transitions: i32) -> LeaseSpec {
-        LeaseSpec {
+    fn spec(&self, acquired: Timestamp, renewed: Timestamp, transitions: i32) -> ControllerLeaseSpec {
+        ControllerLeaseSpec {
             holder_identity: Some(self.identity.clone()),
             lease_duration_seconds: Some(i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX)),
-            acquire_time: Some(MicroTime(acquired)),
-            renew_time: Some(MicroTime(renewed)),
+            acquire_time: Some(acquired),
+            renew_time: Some(renewed),
             lease_transitions: Some(transitions),
-            ..Default::default()
         }
     }
 }
@@ -410,8 +403,10 @@ mod tests {
     fn held_by(holder: &str, renewed_seconds: i64) -> Record {
         Record {
             holder: Some(holder.into()),
-            renew_time: Some(Timestamp::from_second(renewed_seconds).unwrap()),
-            acquire_time: Some(Timestamp::from_second(0).unwrap()),
+            renew_time: Some(Timestamp(
+                SystemTime::UNIX_EPOCH + Duration::from_secs(renewed_seconds.unsigned_abs()),
+            )),
+            acquire_time: Some(Timestamp(SystemTime::UNIX_EPOCH)),
             transitions: 1,
             duration: Some(LEASE),
         }

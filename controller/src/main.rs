@@ -22,10 +22,11 @@ struct Args {
     /// Seconds between refresh rounds (one registry check per unique tag per round).
     #[arg(long, env = "HOLDFAST_REFRESH_SECONDS", default_value_t = 600)]
     refresh_seconds: u64,
-    /// The Lease replicas compete for; only its holder reconciles.
-    #[arg(long, env = "HOLDFAST_LEASE_NAME", default_value = "holdfast-controller")]
+    /// The ControllerLease replicas compete for; only its holder reconciles. The term fence's
+    /// binding (`manifests/base/controller/term-fence.yaml`) names it too: change both together.
+    #[arg(long, env = "HOLDFAST_LEASE_NAME", default_value = holdfast_controller::leader::LEASE)]
     lease_name: String,
-    /// This replica's identity in the Lease (the pod name).
+    /// This replica's identity in the ControllerLease (the pod name).
     #[arg(long, env = "POD_NAME", default_value = "holdfast-controller")]
     identity: String,
     /// Read the Secret an object's `secretRef` names (on a cache miss or refresh only) to resolve

@@ -32,6 +32,8 @@ pub const WEBHOOK: &str = "holdfast-webhook";
 pub const CONTROLLER: &str = "holdfast-controller";
 /// The controller's fence: the ValidatingAdmissionPolicy and its binding.
 pub const FENCE: &str = "holdfast-controller-fence";
+/// The controller's term fence: its writes only from the pod that holds the ControllerLease.
+pub const TERM_FENCE: &str = "holdfast-controller-term";
 
 pub fn manifests() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests")
@@ -50,8 +52,8 @@ pub fn kubectl_ok(env: &Env, args: &[&str]) -> Result<String> {
 }
 
 /// The namespace, ServiceAccounts, Roles, ClusterRoles and bindings, the empty TLS Secret and
-/// the controller's fence, exactly as `manifests/base` has them; returns once the API server
-/// enforces the fence.
+/// the controller's fences, exactly as `manifests/base` has them; returns once the API server
+/// enforces the fence (the term fence is loaded the same way, through the same watch).
 pub async fn install_rbac(env: &Env) -> Result<()> {
     let base = manifests().join("base");
     for path in [
@@ -59,6 +61,7 @@ pub async fn install_rbac(env: &Env) -> Result<()> {
         base.join("rbac"),
         base.join("webhook/secret.yaml"),
         base.join("controller/fence.yaml"),
+        base.join("controller/term-fence.yaml"),
     ] {
         kubectl_ok(env, &["apply", "-f", &path.display().to_string()])?;
     }
@@ -89,20 +92,29 @@ async fn until_fenced(env: &Env) -> Result<()> {
         Err(e) => return Err(e).context("creating the fence's probe pod"),
     }
     let controller = service_account_client(env, CONTROLLER, &Forbidden::new()).await?;
+    let pods = Api::<Pod>::namespaced(controller, NAMESPACE);
     let dry_run = DeleteParams {
         dry_run: true,
         ..Default::default()
     };
+    until_refused(FENCE, || pods.delete(PROBE, &dry_run)).await?;
+    Ok(())
+}
+
+/// Polls `probe` until the API server answers it 403 naming `policy` (which it loads, and reads
+/// its parameters, through watches of its own: a bounded poll, nothing to watch from here); the
+/// refusal's message. Fails on any other error, or when the probe still passes after 30 s.
+pub async fn until_refused<T, F>(policy: &str, probe: impl Fn() -> F) -> Result<String>
+where
+    F: std::future::Future<Output = kube::Result<T>>,
+{
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        match Api::<Pod>::namespaced(controller.clone(), NAMESPACE)
-            .delete(PROBE, &dry_run)
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(FENCE) => return Ok(()),
-            Err(e) => return Err(e).context("probing the controller's fence"),
+        match probe().await {
+            Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains(policy) => return Ok(e.message),
+            Err(e) => return Err(e).with_context(|| format!("probing {policy}")),
             Ok(_) if tokio::time::Instant::now() < deadline => {}
-            Ok(_) => bail!("the API server did not enforce {FENCE} within 30 s of its creation"),
+            Ok(_) => bail!("the API server still lets the probe of {policy} through after 30 s"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

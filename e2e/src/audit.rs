@@ -8,8 +8,8 @@ use anyhow::{Context, Result};
 use k8s_openapi::jiff::Timestamp;
 use serde::Deserialize;
 
-/// Writes to the resources the controller writes: its pinned kinds, Events, Leases, the
-/// digest cache and the pinning policy's parameters. Reads, watches and everything else are
+/// Writes to the resources the controller writes: its pinned kinds, Events, its ControllerLease,
+/// the digest cache and the pinning policy's parameters. Reads, watches and everything else are
 /// not logged; neither is the `RequestReceived` stage (each request is one line, at
 /// `ResponseComplete`, or `Panic`).
 pub const POLICY: &str = "\
@@ -30,10 +30,8 @@ rules:
     resources: [events]
   - group: events.k8s.io
     resources: [events]
-  - group: coordination.k8s.io
-    resources: [leases]
   - group: holdfast.dev
-    resources: [digestcacheentries, digestpins, clusterdigestpins]
+    resources: [controllerleases, digestcacheentries, digestpins, clusterdigestpins]
 # Deletes of what holdfast's removal orders (the package suite): its webhook configurations
 # before anything an admission goes through.
 - level: Metadata
@@ -94,6 +92,9 @@ pub struct ObjectRef {
 pub struct ResponseStatus {
     #[serde(default)]
     pub code: u16,
+    /// A refusal's message (a ValidatingAdmissionPolicy's names it).
+    #[serde(default)]
+    pub message: String,
 }
 
 fn timestamp<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
@@ -112,8 +113,19 @@ impl Event {
         self.stage == "ResponseComplete" && (200..300).contains(&self.code())
     }
 
+    /// Refused (403) by the ValidatingAdmissionPolicy `policy`, as the response's message says.
+    pub fn refused_by(&self, policy: &str) -> bool {
+        self.response_status.as_ref().is_some_and(|s| {
+            s.code == 403
+                && s.message
+                    .contains(&format!("ValidatingAdmissionPolicy '{policy}' "))
+        })
+    }
+
+    /// A write of the controllers' election: their ControllerLease `namespace/name`.
     pub fn is_lease(&self, namespace: &str, name: &str) -> bool {
-        self.object_ref.resource == "leases"
+        self.object_ref.resource == "controllerleases"
+            && self.object_ref.api_group == "holdfast.dev"
             && self.object_ref.namespace == namespace
             && self.object_ref.name == name
     }
@@ -157,11 +169,19 @@ mod tests {
 
     #[test]
     fn a_response_complete_line_parses() {
-        let line = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"a1","stage":"ResponseComplete","requestURI":"/apis/coordination.k8s.io/v1/namespaces/ns/leases/l","verb":"update","user":{"username":"admin","groups":["system:masters"]},"sourceIPs":["127.0.0.1"],"userAgent":"holdfast-e2e/replica-a","objectRef":{"resource":"leases","namespace":"ns","name":"l","apiGroup":"coordination.k8s.io","apiVersion":"v1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-12-01T11:52:46.123456Z","stageTimestamp":"2026-12-01T11:52:46.125000Z"}"#;
+        let line = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"a1","stage":"ResponseComplete","requestURI":"/apis/holdfast.dev/v1alpha1/namespaces/ns/controllerleases/l","verb":"update","user":{"username":"admin","groups":["system:masters"]},"sourceIPs":["127.0.0.1"],"userAgent":"holdfast-e2e/replica-a","objectRef":{"resource":"controllerleases","namespace":"ns","name":"l","apiGroup":"holdfast.dev","apiVersion":"v1alpha1"},"responseStatus":{"metadata":{},"code":200},"requestReceivedTimestamp":"2026-12-01T11:52:46.123456Z","stageTimestamp":"2026-12-01T11:52:46.125000Z"}"#;
         let events = parse(&format!("{line}\n{{\"partial")).unwrap();
         assert_eq!(events.len(), 1, "the unfinished last line is left out");
         let event = &events[0];
         assert!(event.succeeded() && event.is_lease("ns", "l"));
+        let coordination = line
+            .replace("\"controllerleases\"", "\"leases\"")
+            .replace("\"holdfast.dev\"", "\"coordination.k8s.io\"");
+        let other = &parse(&format!("{coordination}\n")).unwrap()[0];
+        assert!(
+            !other.is_lease("ns", "l"),
+            "a coordination.k8s.io Lease is not the election's"
+        );
         assert_eq!(event.user_agent, "holdfast-e2e/replica-a");
         assert_eq!(event.user.username, "admin");
         assert!(event.request_received_timestamp < event.stage_timestamp);

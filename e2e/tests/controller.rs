@@ -434,7 +434,7 @@ async fn a_leader_cut_off_from_the_api_server_never_writes_alongside_its_success
         eprintln!("skipped: the audit log and the relay need the local control plane");
         return Ok(());
     }
-    const LEASE: &str = "holdfast-controller";
+    use holdfast_controller::leader::LEASE;
     let (ua_a, ua_b) = ("holdfast-e2e/replica-a", "holdfast-e2e/replica-b");
     let (lease_duration, renew_deadline) = (Duration::from_secs(4), Duration::from_millis(2500));
     let own = env.namespace("holdfast-fence").await?;

@@ -25,6 +25,7 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use futures::TryStreamExt as _;
+use holdfast_controller::leader::{LEASE, crd::ControllerLease};
 use holdfast_e2e::{
     cluster::{Cluster, NAMESPACE, NODE, RELEASE},
     control_plane::unique_name,
@@ -38,7 +39,6 @@ use k8s_openapi::api::{
     admissionregistration::v1::{
         MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
     },
-    coordination::v1::Lease,
     core::v1::Pod,
 };
 use kube::{
@@ -1224,20 +1224,20 @@ async fn the_controller_killed_in_its_pod_restarts_and_loses_nothing(cluster: Ar
         "no DigestCacheEntry in {NAMESPACE} before the kill"
     );
 
-    let leases: Api<Lease> = Api::namespaced(client.clone(), NAMESPACE);
-    let lease = leases.get("holdfast-controller").await?;
-    let spec = lease.spec.clone().unwrap_or_default();
-    let leader = spec
+    let leases: Api<ControllerLease> = Api::namespaced(client.clone(), NAMESPACE);
+    let lease = leases.get(LEASE).await?;
+    let leader = lease
+        .spec
         .holder_identity
         .clone()
-        .context("the controller's Lease has no holder")?;
+        .context("the controller's ControllerLease has no holder")?;
     let pod = kubectl_json(&cluster, &["get", "pod", "-n", NAMESPACE, &leader])?;
     let container = pod["status"]["containerStatuses"][0]["containerID"]
         .as_str()
         .unwrap_or_default();
     let pid = container_pid(&cluster, container)?;
     cluster.run("kill", &["-KILL", &pid.to_string()])?;
-    let killed_at = k8s_openapi::jiff::Timestamp::now();
+    let killed_at = std::time::SystemTime::now();
     eprintln!("SIGKILLed the leader {leader} (pid {pid})");
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
@@ -1255,21 +1255,15 @@ async fn the_controller_killed_in_its_pod_restarts_and_loses_nothing(cluster: Ar
     // A live process holds the Lease again: the other replica once the dead one's lease ran out,
     // or the restarted container, which holds the pod's identity and renews it (as client-go's
     // leaderelection does).
-    let renewed = |l: Option<&Lease>| {
-        l.and_then(|l| l.spec.as_ref()).is_some_and(|s| {
-            s.holder_identity.is_some() && s.renew_time.as_ref().is_some_and(|t| t.0 > killed_at)
+    let renewed = |l: Option<&ControllerLease>| {
+        l.is_some_and(|l| {
+            l.spec.holder_identity.is_some() && l.spec.renew_time.is_some_and(|t| t.0 > killed_at)
         })
     };
-    let lease = tokio::time::timeout(
-        WAIT,
-        kube::runtime::wait::await_condition(leases, "holdfast-controller", renewed),
-    )
-    .await
-    .context("no live leader renewed the Lease after the kill")??;
-    let holder = lease
-        .and_then(|l| l.spec)
-        .and_then(|s| s.holder_identity)
-        .unwrap_or_default();
+    let lease = tokio::time::timeout(WAIT, kube::runtime::wait::await_condition(leases, LEASE, renewed))
+        .await
+        .context("no live leader renewed the Lease after the kill")??;
+    let holder = lease.and_then(|l| l.spec.holder_identity).unwrap_or_default();
     eprintln!("leadership after the kill: {leader} -> {holder}");
 
     ensure!(

@@ -16,6 +16,7 @@
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::{Context, Result, bail, ensure};
+use holdfast_controller::leader::{LEASE, crd::ControllerLease};
 use holdfast_controller::run::Settings;
 use holdfast_e2e::{
     Env,
@@ -31,7 +32,6 @@ use holdfast_e2e::{
 use k8s_openapi::api::{
     admissionregistration::v1::{MutatingWebhookConfiguration, ValidatingWebhookConfiguration},
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
-    coordination::v1::Lease,
     core::v1::Secret,
     rbac::v1::{ClusterRole, PolicyRule, Role},
 };
@@ -49,10 +49,9 @@ e2e_main!(serial:
     removing_any_rule_fails_a_scenario,
 );
 
-/// The names the manifests give the webhook configurations, the TLS Secret and the Lease.
+/// The names the manifests give the webhook configurations and the TLS Secret.
 const CONFIGURATION: &str = "holdfast";
 const TLS_SECRET: &str = "holdfast-webhook-tls";
-const LEASE: &str = "holdfast-controller";
 
 async fn the_manifests_apply_server_side(env: Arc<Env>) -> Result<()> {
     if env.is_existing_cluster() {
@@ -109,7 +108,7 @@ struct Holdfast {
 }
 
 impl Holdfast {
-    /// The state of a fresh install: no Lease, the TLS Secret empty, no configuration left over.
+    /// The state of a fresh install: no ControllerLease, the TLS Secret empty, no configuration left over.
     async fn reset(env: &Env) -> Result<()> {
         let admin = env.client().await?;
         let gone = |r: kube::Result<()>| match r {
@@ -117,7 +116,7 @@ impl Holdfast {
             other => other,
         };
         gone(
-            Api::<Lease>::namespaced(admin.clone(), NAMESPACE)
+            Api::<ControllerLease>::namespaced(admin.clone(), NAMESPACE)
                 .delete(LEASE, &DeleteParams::default())
                 .await
                 .map(drop),

@@ -13,6 +13,8 @@
 //!   it can delete a build pod and an app's Image, and send the pin patches the controller
 //!   sends. With `components/fast-org-deletion` it can delete a CFSpace only in a namespace being
 //!   deleted. Packages, served by kapp-controller's aggregated API, are out of the fence's sight.
+//! - The controller's term fence (`manifests/base/controller/term-fence.yaml`, found by the soak):
+//!   a controller pod's write is admitted only while that pod holds the Lease.
 
 use std::{
     sync::Arc,
@@ -21,9 +23,16 @@ use std::{
 
 use anyhow::{Context, Result, bail, ensure};
 use holdfast_cache::{CacheConfig, CacheEntry, CacheKey, Scope, cluster_store};
+use holdfast_controller::leader::{
+    LEASE,
+    crd::{ControllerLease, ControllerLeaseSpec},
+};
 use holdfast_e2e::{
     Env,
-    accounts::{CONTROLLER, FENCE, Forbidden, NAMESPACE, install_rbac, manifests, service_account_client},
+    accounts::{
+        CONTROLLER, FENCE, Forbidden, NAMESPACE, TERM_FENCE, client_with_token, install_rbac, kubectl_ok,
+        manifests, pod_token, service_account_client, until_refused,
+    },
     controller::LocalController,
     e2e_main, images,
     objects::api_for,
@@ -50,6 +59,7 @@ e2e_main!(
     the_fence_lets_the_controllers_token_delete_only_the_pins_it_published,
     with_fast_org_deletion_the_fence_lets_cfspaces_go_only_from_namespaces_being_deleted,
     packages_are_out_of_the_fences_sight,
+    the_term_fence_admits_a_controller_pods_writes_only_while_it_holds_the_lease,
     a_tenant_churning_tag_selections_keeps_the_cache_objects_within_their_bound,
 );
 
@@ -985,4 +995,148 @@ async fn with_fast_org_deletion_the_fence_lets_cfspaces_go_only_from_namespaces_
     base_refusal?;
     allowed?;
     live_refusal.map(drop)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The controller's term fence
+
+/// What the soak found (issue 33): a lost leader's digest cache apply, held by a stalled link,
+/// reached the API server after its successor had taken the lease, and was written. The term
+/// fence admits a write of a holdfast-controller pod only while that pod holds the
+/// ControllerLease. Two placeholder pods' tokens stand for two replicas' projected tokens.
+/// Without a lease everything passes, an admin's writes included. A takes the lease (the
+/// election's own writes pass); B's apply of a cache entry (a dry run) is refused, naming both,
+/// and A's passes; B takes over, and from then on A's is refused and B's passes. A token bound
+/// to no pod is not a replica's: the term fence leaves it alone. Then an uninstall and reinstall
+/// of the fence, with the lease changing hands while no binding names its kind (what froze the
+/// API server's informer behind a built-in parameter kind, kubernetes/kubernetes#130887): the
+/// reinstalled fence judges against the lease as it is now.
+async fn the_term_fence_admits_a_controller_pods_writes_only_while_it_holds_the_lease(
+    env: Arc<Env>,
+) -> Result<()> {
+    fenced(&env).await?;
+    let lifetime = Duration::from_secs(600);
+    let replica = |pod: &'static str| {
+        let env = env.clone();
+        async move {
+            let token = pod_token(&env, CONTROLLER, pod, lifetime).await?;
+            client_with_token(&env, &token, &Forbidden::new()).await
+        }
+    };
+    let (a, b) = ("term-replica-a", "term-replica-b");
+    // No lease yet: the admin's pod creates for the tokens pass (the API server resolves the
+    // binding's parameter for every write before any condition: a fence that refused without
+    // it refused these too).
+    let (client_a, client_b) = (replica(a).await?, replica(b).await?);
+
+    let reference = Reference::parse(&format!("{}/term/app:1", env.registry()))?;
+    let now = SystemTime::now();
+    let entry = CacheEntry {
+        key: CacheKey::tag(&reference, Scope::Anonymous),
+        digest: Digest::sha256_of(b"term"),
+        tag: None,
+        resolved_at: now,
+        checked_at: now,
+        error: None,
+        secret_uid: None,
+    };
+    let object = cluster_store::to_object(&entry);
+    let name = cluster_store::object_name(&entry.key);
+    // The digest cache's own write, as the controller's sink sends it, as a dry run.
+    let apply = |client: &Client| {
+        let (entries, object, name) = (
+            cluster_store::api(client.clone(), NAMESPACE),
+            object.clone(),
+            name.clone(),
+        );
+        async move {
+            let params = PatchParams::apply(cluster_store::FIELD_MANAGER).force().dry_run();
+            entries.patch(&name, &params, &Patch::Apply(&object)).await
+        }
+    };
+    // Takes the lease for `holder` with `client`, as the election writes it.
+    let take = |client: &Client, holder: &'static str| {
+        let leases = Api::<ControllerLease>::namespaced(client.clone(), NAMESPACE);
+        async move {
+            let mut lease = leases
+                .get_opt(LEASE)
+                .await?
+                .unwrap_or_else(|| ControllerLease::new(LEASE, ControllerLeaseSpec::default()));
+            lease.spec.holder_identity = Some(holder.into());
+            lease.spec.lease_duration_seconds = Some(15);
+            match lease.metadata.resource_version {
+                Some(_) => leases.replace(LEASE, &PostParams::default(), &lease).await,
+                None => leases.create(&PostParams::default(), &lease).await,
+            }
+            .with_context(|| format!("{holder} taking the lease"))?;
+            anyhow::Ok(())
+        }
+    };
+
+    apply(&client_b)
+        .await
+        .context("with no lease, a replica's write was refused: nobody leads, nothing is judged")?;
+    take(&client_a, a).await?;
+    // The API server reads the lease through its own watch: a bounded poll until it sees A's.
+    let refused = until_refused(TERM_FENCE, || apply(&client_b)).await?;
+    ensure!(
+        refused.contains(&format!("{b} does not ({a} does)")),
+        "the refusal does not name the writer and the holder: {refused}"
+    );
+    apply(&client_a)
+        .await
+        .context("A holds the lease, yet its apply was refused")?;
+
+    take(&client_b, b).await?;
+    until_refused(TERM_FENCE, || apply(&client_a)).await?;
+    apply(&client_b)
+        .await
+        .context("B holds the lease, yet its apply was refused")?;
+    let unbound = service_account_client(&env, CONTROLLER, &Forbidden::new()).await?;
+    apply(&unbound)
+        .await
+        .context("a token bound to no pod was refused: the term fence judges replicas only")?;
+
+    // Uninstalled: A's writes pass (a bounded poll: the API server drops the policy through its
+    // own watch), and the lease changes hands while no binding names its kind.
+    let term_fence = manifests().join("base/controller/term-fence.yaml");
+    let term_fence = term_fence.display().to_string();
+    kubectl_ok(&env, &["delete", "-f", &term_fence])?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while let Err(error) = apply(&client_a).await {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "30 s after the term fence was deleted, A's apply is still refused: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Past the API server's refresh of its parameter informers (a tick of about a second).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    take(&client_a, a).await?;
+    kubectl_ok(&env, &["apply", "-f", &term_fence])?;
+    let refused = until_refused(TERM_FENCE, || apply(&client_b)).await?;
+    ensure!(
+        refused.contains(&format!("{b} does not ({a} does)")),
+        "the reinstalled term fence judged against a lease that is no more: {refused}"
+    );
+    apply(&client_a)
+        .await
+        .context("after the reinstall A holds the lease, yet its apply was refused")?;
+    Api::<ControllerLease>::namespaced(env.client().await?, NAMESPACE)
+        .delete(LEASE, &DeleteParams::default())
+        .await?;
+    // The audit log names the policy in each refusal, which is how the soak counts the late
+    // writes the fence kept out (`late_writes_refused`).
+    if !env.is_existing_cluster() {
+        let refusals = env
+            .audit_log()?
+            .iter()
+            .filter(|e| e.refused_by(TERM_FENCE))
+            .count();
+        ensure!(
+            refusals >= 3,
+            "the audit log shows {refusals} refusals by {TERM_FENCE}, not the three at least made here"
+        );
+    }
+    Ok(())
 }

@@ -4,12 +4,19 @@
 
 use std::collections::BTreeSet;
 
+use holdfast_controller::leader::crd::ControllerLease;
+use kube::Resource;
 use serde_yaml::Value;
 
 use crate::yaml::{at, find, id, items, of_kind, strings, text};
 
 /// The fence's name (its policy and its binding).
 pub const FENCE: &str = "holdfast-controller-fence";
+/// The term fence's name (its policy and its binding): the controller's writes only from the pod
+/// that holds its ControllerLease (`manifests/base/controller/term-fence.yaml`).
+pub const TERM_FENCE: &str = "holdfast-controller-term";
+/// Where the API server names a bound token's pod in the requests' user info.
+const POD_NAME_EXTRA: &str = "authentication.kubernetes.io/pod-name";
 
 /// What the fence can see of one row of the fast finalizer's table, as the policy's `deletable`
 /// variable writes it: the resource (`resource.group`), the label that finds it, and the kind
@@ -66,6 +73,22 @@ pub fn account_condition(account: &str) -> String {
     format!("request.userInfo.username.matches('^system:serviceaccount:[^:]+:{account}$')")
 }
 
+/// A policy's resource rule: its operations, API groups and resources.
+type Rule = (Vec<String>, Vec<String>, Vec<String>);
+
+fn resource_rules(policy: &Value) -> Vec<Rule> {
+    items(policy, "spec.matchConstraints.resourceRules")
+        .into_iter()
+        .map(|r| {
+            (
+                strings(r.get("operations")),
+                strings(r.get("apiGroups")),
+                strings(r.get("resources")),
+            )
+        })
+        .collect()
+}
+
 /// The rows of the policy's `deletable` variable: one per line, as the file lays them out.
 pub fn fence_rows(policy: &Value) -> Vec<String> {
     fence_variable(policy, "deletable")
@@ -100,17 +123,7 @@ pub fn check_fence(objects: &[Value]) -> Vec<String> {
             account_condition(account)
         ));
     }
-    let rules: BTreeSet<(Vec<String>, Vec<String>, Vec<String>)> =
-        items(policy, "spec.matchConstraints.resourceRules")
-            .into_iter()
-            .map(|r| {
-                (
-                    strings(r.get("operations")),
-                    strings(r.get("apiGroups")),
-                    strings(r.get("resources")),
-                )
-            })
-            .collect();
+    let rules: BTreeSet<Rule> = resource_rules(policy).into_iter().collect();
     // Every DELETE, the UPDATEs of the pinned kinds kube-apiserver admits itself (Packages go to
     // kapp-controller's aggregated API server, which no policy of kube-apiserver sees) and of
     // namespaces.
@@ -158,6 +171,100 @@ pub fn check_fence(objects: &[Value]) -> Vec<String> {
     if !enforced {
         problems.push(format!(
             "no binding of {FENCE} with validationActions [Deny] on every object"
+        ));
+    }
+    problems.extend(check_term_fence(objects, controller, account));
+    problems
+}
+
+/// The term fence is installed, judges every write (subresources too) of the controller's
+/// ServiceAccount's pods but the election's own against the ControllerLease, and its binding
+/// denies, with that lease as its parameter: the one the controller Deployment elects with, in
+/// its namespace. It fails open and passes all without the lease: kube-apiserver resolves the
+/// parameter for every write its rules match before it evaluates a condition, so either
+/// refusal would refuse every write in the cluster whenever the lease is missing or unread. The
+/// parameter is holdfast's ControllerLease, never a built-in kind (whose informer in the API
+/// server freezes: kubernetes/kubernetes#130887).
+fn check_term_fence(objects: &[Value], controller: &Value, account: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let Ok(policy) = find(objects, "ValidatingAdmissionPolicy", TERM_FENCE) else {
+        return vec![format!("no ValidatingAdmissionPolicy {TERM_FENCE}")];
+    };
+    let name = id(policy);
+    if text(policy, "spec.failurePolicy") != "Ignore" {
+        problems.push(format!(
+            "{name}: failurePolicy is not Ignore (a Lease not yet read would refuse every write in the cluster)"
+        ));
+    }
+    let lease_kind = (
+        format!(
+            "{}/{}",
+            ControllerLease::group(&()),
+            ControllerLease::version(&())
+        ),
+        ControllerLease::kind(&()).into_owned(),
+    );
+    let param_kind = (
+        text(policy, "spec.paramKind.apiVersion").to_owned(),
+        text(policy, "spec.paramKind.kind").to_owned(),
+    );
+    if param_kind != lease_kind {
+        problems.push(format!(
+            "{name}: its parameter is {param_kind:?}, not the controller's election, {lease_kind:?}"
+        ));
+    }
+    let conditions: Vec<&str> = items(policy, "spec.matchConditions")
+        .into_iter()
+        .map(|c| text(c, "expression"))
+        .collect();
+    let replicas = format!(
+        "{} && '{POD_NAME_EXTRA}' in request.userInfo.?extra.orValue({{}})",
+        account_condition(account)
+    );
+    if conditions.first() != Some(&replicas.as_str()) {
+        problems.push(format!(
+            "{name}: its first condition is not the pods of {account}: {replicas}"
+        ));
+    }
+    // The election's own writes, and nothing else, pass unjudged.
+    let election = format!(
+        "request.resource.group != '{}' || request.resource.resource != '{}'",
+        ControllerLease::group(&()),
+        ControllerLease::plural(&())
+    );
+    if conditions.get(1..) != Some(&[election.as_str()][..]) {
+        problems.push(format!(
+            "{name}: its conditions after the first are not the election's exception alone: {election}"
+        ));
+    }
+    let rules = resource_rules(policy);
+    let every_write = (
+        vec!["CREATE".into(), "UPDATE".into(), "DELETE".into()],
+        vec!["*".into()],
+        vec!["*/*".into()],
+    );
+    if rules != [every_write] {
+        problems.push(format!("{name}: matches {rules:?}, not every write"));
+    }
+    let args = strings(at(controller, "spec.template.spec.containers.0.args"));
+    let lease = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--lease-name="))
+        .unwrap_or(holdfast_controller::leader::LEASE);
+    let namespace = text(controller, "metadata.namespace");
+    let bound = of_kind(objects, "ValidatingAdmissionPolicyBinding")
+        .into_iter()
+        .any(|b| {
+            text(b, "spec.policyName") == TERM_FENCE
+                && strings(at(b, "spec.validationActions")) == ["Deny"]
+                && at(b, "spec.matchResources").is_none()
+                && text(b, "spec.paramRef.name") == lease
+                && text(b, "spec.paramRef.namespace") == namespace
+                && text(b, "spec.paramRef.parameterNotFoundAction") == "Allow"
+        });
+    if !bound {
+        problems.push(format!(
+            "no binding of {TERM_FENCE} with validationActions [Deny] and paramRef the ControllerLease {namespace}/{lease} (parameterNotFoundAction Allow: Deny would refuse every write in the cluster while there is no lease)"
         ));
     }
     problems

@@ -42,9 +42,11 @@ pub use checks::check_all;
 /// holdfast's namespace: every webhook must exclude it (and `kube-system`).
 pub const HOLDFAST_NAMESPACE: &str = "holdfast-system";
 
-/// holdfast's CRDs (`manifests/crds/`): the digest cache's and the pinning policies' parameters.
-pub const HOLDFAST_CRDS: [&str; 3] = [
+/// holdfast's CRDs (`manifests/crds/`): the digest cache's, the pinning policies' parameters and
+/// the controller's leader election.
+pub const HOLDFAST_CRDS: [&str; 4] = [
     "clusterdigestpins.holdfast.dev",
+    "controllerleases.holdfast.dev",
     "digestcacheentries.holdfast.dev",
     "digestpins.holdfast.dev",
 ];

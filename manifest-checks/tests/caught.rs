@@ -301,7 +301,7 @@ fn a_controller_without_high_availability_or_lease_rbac_is_caught() -> Result<()
         let index = rules
             .iter()
             .position(|r| {
-                strings(r.get("resources")) == ["leases"]
+                strings(r.get("resources")) == ["controllerleases"]
                     && strings(r.get("verbs")).contains(&verb.to_owned())
             })
             .with_context(|| format!("Role holdfast-controller has no lease rule with {verb}"))?;
@@ -309,7 +309,7 @@ fn a_controller_without_high_availability_or_lease_rbac_is_caught() -> Result<()
         expect_caught(
             &format!("no lease rule with {verb}"),
             check_availability(&objects),
-            &format!("may not {verb} its Lease"),
+            &format!("may not {verb} its ControllerLease"),
         );
     }
     // The Lease named by --lease-name is not the one RBAC names.
@@ -326,7 +326,7 @@ fn a_controller_without_high_availability_or_lease_rbac_is_caught() -> Result<()
     expect_caught(
         "another lease",
         check_availability(&objects),
-        "may not get its Lease",
+        "may not get its ControllerLease",
     );
     // No identity: every replica would claim the Lease as the same holder.
     let mut objects = base()?;

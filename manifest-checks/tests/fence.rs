@@ -1,17 +1,22 @@
 //! The controller's fence (a ValidatingAdmissionPolicy) is the fast finalizer's table
 //! (`DELETABLE`) for the controller's flags, in the base and with `components/fast-org-deletion`;
 //! drifts from the table or the controller are caught; its fetch fields are those of
-//! kapp-controller's upstream CRDs (collected by `make deps`; skipped without them).
+//! kapp-controller's upstream CRDs (collected by `make deps`; skipped without them). The term
+//! fence judges the pods of the controller's ServiceAccount against the ControllerLease it elects
+//! with.
 
 use std::collections::BTreeSet;
 
 use anyhow::{Context, Result, ensure};
 use holdfast_manifest_checks::{
-    fence::{FENCE, check_fence, fence_row, fence_rows, fence_rows_for, fence_variable},
+    fence::{
+        FENCE, TERM_FENCE, account_condition, check_fence, fence_row, fence_rows, fence_rows_for,
+        fence_variable,
+    },
     load::{base, kubectl, manifests, render, render_with_components},
     report::{assert_clean, expect_caught},
     upstream::{property_names, upstream_fetch_schema},
-    yaml::{at_mut, find, find_mut, kind},
+    yaml::{at_mut, find, find_mut, kind, text},
 };
 use serde_yaml::Value;
 
@@ -162,6 +167,89 @@ fn a_fence_that_drifts_from_the_table_or_the_controller_is_caught() -> Result<()
             Ok(())
         })?,
         "no ValidatingAdmissionPolicy",
+    );
+    let term_binding = |o: &mut Vec<Value>, path: &str, value: &str| -> Result<()> {
+        *at_mut(find_mut(o, "ValidatingAdmissionPolicyBinding", TERM_FENCE)?, path)? =
+            serde_yaml::from_str(value)?;
+        Ok(())
+    };
+    expect_caught(
+        "the term fence on another lease",
+        with(|o| term_binding(o, "spec.paramRef.name", "other-lease"))?,
+        TERM_FENCE,
+    );
+    expect_caught(
+        "the term fence on a lease of another namespace",
+        with(|o| term_binding(o, "spec.paramRef.namespace", "elsewhere"))?,
+        TERM_FENCE,
+    );
+    expect_caught(
+        "the term fence refusing every write in the cluster while no lease exists",
+        with(|o| term_binding(o, "spec.paramRef.parameterNotFoundAction", "Deny"))?,
+        TERM_FENCE,
+    );
+    expect_caught(
+        "the term fence refusing every write in the cluster while its lease is unread",
+        with(|o| {
+            *at_mut(
+                find_mut(o, "ValidatingAdmissionPolicy", TERM_FENCE)?,
+                "spec.failurePolicy",
+            )? = Value::from("Fail");
+            Ok(())
+        })?,
+        "failurePolicy is not Ignore",
+    );
+    expect_caught(
+        "the term fence on every token of the account, not its pods'",
+        with(|o| {
+            *at_mut(
+                find_mut(o, "ValidatingAdmissionPolicy", TERM_FENCE)?,
+                "spec.matchConditions.0.expression",
+            )? = Value::from(account_condition("holdfast-controller"));
+            Ok(())
+        })?,
+        "its first condition",
+    );
+    expect_caught(
+        "the term fence without subresources",
+        with(|o| {
+            *at_mut(
+                find_mut(o, "ValidatingAdmissionPolicy", TERM_FENCE)?,
+                "spec.matchConstraints.resourceRules.0.resources",
+            )? = serde_yaml::from_str("['*']")?;
+            Ok(())
+        })?,
+        "not every write",
+    );
+    expect_caught(
+        "the term fence on a coordination.k8s.io Lease (a built-in kind, whose informer freezes)",
+        with(|o| {
+            *at_mut(
+                find_mut(o, "ValidatingAdmissionPolicy", TERM_FENCE)?,
+                "spec.paramKind",
+            )? = serde_yaml::from_str("{apiVersion: coordination.k8s.io/v1, kind: Lease}")?;
+            Ok(())
+        })?,
+        "not the controller's election",
+    );
+    expect_caught(
+        "the term fence leaving every holdfast.dev write unjudged",
+        with(|o| {
+            *at_mut(
+                find_mut(o, "ValidatingAdmissionPolicy", TERM_FENCE)?,
+                "spec.matchConditions.1.expression",
+            )? = Value::from("request.resource.group != 'holdfast.dev'");
+            Ok(())
+        })?,
+        "the election's exception alone",
+    );
+    expect_caught(
+        "no term fence",
+        with(|o| {
+            o.retain(|d| text(d, "metadata.name") != TERM_FENCE);
+            Ok(())
+        })?,
+        "no ValidatingAdmissionPolicy holdfast-controller-term",
     );
     Ok(())
 }

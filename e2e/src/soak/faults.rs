@@ -14,7 +14,7 @@ use holdfast_certs::{
     CaOptions, ServingOptions,
     kube_store::{KubeCertStore, StoreConfig},
 };
-use k8s_openapi::api::coordination::v1::Lease;
+use holdfast_controller::leader::crd::ControllerLease;
 use kube::Api;
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
@@ -613,14 +613,14 @@ impl Injector {
 
     /// The controller replica holding the Lease now.
     async fn leader(&self) -> Result<String> {
-        let lease = Api::<Lease>::namespaced(self.client.clone(), NAMESPACE)
+        let lease = Api::<ControllerLease>::namespaced(self.client.clone(), NAMESPACE)
             .get(LEASE)
             .await
-            .context("reading the controllers' Lease")?;
+            .context("reading the controllers' ControllerLease")?;
         let holder = lease
             .spec
-            .and_then(|s| s.holder_identity)
-            .context("the controllers' Lease has no holder")?;
+            .holder_identity
+            .context("the controllers' ControllerLease has no holder")?;
         anyhow::ensure!(
             CONTROLLERS.contains(&holder.as_str()),
             "the Lease is held by {holder}, not a replica"

@@ -1,7 +1,8 @@
 //! The invariant the API server's audit log judges: no controller wrote while it did not hold
-//! the Lease. A replica is told apart by its user agent (`holdfast-controller/VERSION (IDENTITY)`,
-//! `holdfast_runtime::user_agent`); its terms are read from the Lease writes the log records,
-//! as the controller suite's fencing test reads them for one cut.
+//! the Lease (its ControllerLease). A replica is told apart by its user agent
+//! (`holdfast-controller/VERSION (IDENTITY)`, `holdfast_runtime::user_agent`); its terms are read
+//! from the lease writes the log records, as the controller suite's fencing test reads them for
+//! one cut. The writes the term fence refused are counted: the late writes it kept out.
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
@@ -39,15 +40,18 @@ pub struct Judgement {
     pub outside: Vec<String>,
     /// Of those, the ones a cut link held and delivered after the takeover: received within
     /// [`DELIVERY`] of the writer's link resuming. What a client cannot recall once sent, and
-    /// only a fence in the API server closes (SECURITY.md, "Controller down"): measured and
-    /// listed, not judged a violation.
+    /// the term fence refuses in the API server (SECURITY.md, "The term fence"): each one the
+    /// fence let through.
     pub delivered_late: Vec<String>,
+    /// Writes of controller replicas the term fence refused (`crate::accounts::TERM_FENCE`):
+    /// each one a write that would have landed outside its replica's term.
+    pub refused_by_term_fence: usize,
 }
 
-/// Judges every successful write of a controller replica (the Lease's own aside): it must be
+/// Judges every successful write of a controller replica (the lease's own aside): it must be
 /// made wholly inside a term of its own, neither received before its acquiring write completed
-/// nor completed after the next holder's acquiring write was received — unless one of `cuts`
-/// held it: received within [`DELIVERY`] of that replica's link resuming.
+/// nor completed after the next holder's acquiring write was received. Those one of `cuts` held
+/// (received within [`DELIVERY`] of that replica's link resuming) are listed apart as well.
 pub fn judge(events: &[Event], namespace: &str, lease: &str, cuts: &[Cut]) -> Judgement {
     let mut writes: Vec<(&Event, &str)> = events
         .iter()
@@ -72,18 +76,21 @@ pub fn judge(events: &[Event], namespace: &str, lease: &str, cuts: &[Cut]) -> Ju
                 && write.request_received_timestamp <= cut.resumed + DELIVERY
         })
     };
-    let mut judgement = Judgement::default();
+    let mut judgement = Judgement {
+        refused_by_term_fence: events
+            .iter()
+            .filter(|e| replica(e).is_some() && e.refused_by(crate::accounts::TERM_FENCE))
+            .count(),
+        ..Judgement::default()
+    };
     for (write, writer) in events
         .iter()
         .filter(|e| e.succeeded() && !e.is_lease(namespace, lease))
         .filter_map(|e| Some((e, replica(e)?)))
     {
         judgement.writes += 1;
-        let outside = if held(write, writer) {
-            &mut judgement.delivered_late
-        } else {
-            &mut judgement.outside
-        };
+        let before = judgement.outside.len();
+        let outside = &mut judgement.outside;
         let next = terms.partition_point(|t| t.completed <= write.request_received_timestamp);
         let current = next.checked_sub(1).map(|i| &terms[i]);
         match (current, terms.get(next)) {
@@ -103,6 +110,11 @@ pub fn judge(events: &[Event], namespace: &str, lease: &str, cuts: &[Cut]) -> Ju
                 write.describe()
             )),
             _ => {}
+        }
+        if judgement.outside.len() > before && held(write, writer) {
+            judgement
+                .delivered_late
+                .extend(judgement.outside[before..].iter().cloned());
         }
     }
     judgement
@@ -126,7 +138,12 @@ mod tests {
             "verb": "update",
             "userAgent": agent,
             "user": {"username": "system:serviceaccount:holdfast-system:holdfast-controller"},
-            "objectRef": {"resource": resource, "namespace": "holdfast-system", "name": name},
+            "objectRef": {
+                "resource": resource,
+                "apiGroup": if resource == "controllerleases" { "holdfast.dev" } else { "" },
+                "namespace": "holdfast-system",
+                "name": name,
+            },
             "responseStatus": {"code": code},
             "requestReceivedTimestamp": format!("2026-12-06T20:00:{received:02}.000000Z"),
             "stageTimestamp": format!("2026-12-06T20:00:{completed:02}.000000Z"),
@@ -135,7 +152,14 @@ mod tests {
     }
 
     fn lease(who: &str, received: u32, completed: u32) -> Event {
-        event(who, "leases", "holdfast-controller", received, completed, 200)
+        event(
+            who,
+            "controllerleases",
+            "holdfast-controller",
+            received,
+            completed,
+            200,
+        )
     }
 
     fn pin(who: &str, received: u32, completed: u32) -> Event {
@@ -194,9 +218,10 @@ mod tests {
     }
 
     /// The soak's CI run of issue 33: A's link hung with an apply on it; A stopped, B took over;
-    /// the relay delivered the apply when the link resumed, and the API server wrote it.
+    /// the relay delivered the apply when the link resumed, and the API server wrote it. A
+    /// violation (the term fence refuses it now), listed apart as what the cut held.
     #[test]
-    fn a_write_a_cut_link_delivered_on_resuming_is_listed_apart() {
+    fn a_write_a_cut_link_delivered_on_resuming_is_a_violation_listed_apart() {
         let resumed = |second: u32| Cut {
             replica: "a".into(),
             resumed: format!("2026-12-06T20:00:{second:02}.000000Z").parse().unwrap(),
@@ -208,13 +233,13 @@ mod tests {
             pin("a", 50, 50),
         ];
         let judgement = judge(&events, "holdfast-system", "holdfast-controller", &[resumed(40)]);
-        assert_eq!(judgement.delivered_late.len(), 1, "{judgement:?}");
-        assert!(judgement.delivered_late[0].starts_with("a wrote while b held the Lease"));
+        assert_eq!(judgement.outside.len(), 2, "{judgement:?}");
         assert_eq!(
-            judgement.outside.len(),
+            judgement.delivered_late.len(),
             1,
             "a write ten seconds after the resume is no held one: {judgement:?}"
         );
+        assert!(judgement.delivered_late[0].starts_with("a wrote while b held the Lease"));
         let judgement = judge(
             &events,
             "holdfast-system",
@@ -224,11 +249,33 @@ mod tests {
                 ..resumed(40)
             }],
         );
-        assert_eq!(
-            judgement.outside.len(),
-            2,
-            "another replica's cut excuses nothing"
+        assert!(
+            judgement.delivered_late.is_empty(),
+            "another replica's cut held nothing of A's: {judgement:?}"
         );
+    }
+
+    #[test]
+    fn a_write_the_term_fence_refused_is_counted_not_judged() {
+        let refusal = |message: &str| {
+            let mut write = pin("a", 30, 31);
+            write.response_status = Some(crate::audit::ResponseStatus {
+                code: 403,
+                message: message.into(),
+            });
+            write
+        };
+        let refused = refusal(
+            "digestcacheentries.holdfast.dev \"d-1\" is forbidden: ValidatingAdmissionPolicy 'holdfast-controller-term' with binding 'holdfast-controller-term' denied request: holdfast-controller writes only from the pod that holds its ControllerLease: a does not (b does)",
+        );
+        let other = refusal("apps.kappctrl.k14s.io \"app\" is forbidden: User cannot patch resource");
+        let events = [lease("a", 1, 2), lease("b", 25, 26), refused, other];
+        let judgement = judge(&events, "holdfast-system", "holdfast-controller", &[]);
+        assert_eq!(
+            judgement.refused_by_term_fence, 1,
+            "an RBAC 403 is not the term fence's"
+        );
+        assert!(judgement.outside.is_empty(), "{:?}", judgement.outside);
     }
 
     #[test]

@@ -313,9 +313,6 @@ pub async fn run(config: Config) -> Result<Report> {
     for write in leadership.outside {
         violations.record("write-outside-leadership", write);
     }
-    for write in &leadership.delivered_late {
-        eprintln!("soak: a cut link delivered a write after the takeover (held, not judged): {write}");
-    }
     let mirror_pins = shared.mirrored.seen();
     for pin in &mirror_pins {
         if !mirror_serves(&mirror_registry.addr, pin).await {
@@ -380,6 +377,7 @@ pub async fn run(config: Config) -> Result<Report> {
         panics: violations.all().iter().filter(|v| v.invariant == "panic").count(),
         controller_writes_judged: leadership.writes,
         late_writes_delivered: leadership.delivered_late.len(),
+        late_writes_refused: leadership.refused_by_term_fence,
         private_pins_in_owner_namespace: private_pins,
         mirror_pins: mirror_pins.len(),
         org_deletions: orgs.deletions,

@@ -22,8 +22,8 @@ use crate::{
 pub const WEBHOOKS: [&str; 2] = ["holdfast-webhook-a", "holdfast-webhook-b"];
 /// The controller replicas' process names, also their identities in the Lease.
 pub const CONTROLLERS: [&str; 2] = ["holdfast-controller-a", "holdfast-controller-b"];
-/// The Lease the controller replicas compete for (the binary's default).
-pub const LEASE: &str = "holdfast-controller";
+/// The ControllerLease the controller replicas compete for (the binary's default).
+pub const LEASE: &str = holdfast_controller::leader::LEASE;
 /// The controller binary's lease duration: a follower takes over this long after the leader's
 /// last renewal.
 pub const LEASE_DURATION: Duration = Duration::from_secs(15);

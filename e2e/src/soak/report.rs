@@ -110,9 +110,12 @@ pub struct Report {
     pub panics: usize,
     /// The controllers' writes the audit log showed, each judged against the Lease's terms.
     pub controller_writes_judged: usize,
-    /// Of those, the writes a cut link held and delivered after the takeover, which the API
-    /// server completed (a residual no client closes: listed, not violations).
+    /// Of the writes outside a term (violations), those a cut link held and delivered after the
+    /// takeover, which the API server completed: what the term fence should have refused.
     pub late_writes_delivered: usize,
+    /// The controllers' writes the term fence refused: late writes of a replica that had lost
+    /// the lease, kept out by the API server.
+    pub late_writes_refused: usize,
     /// Private Apps of the Secret's own namespace seen pinned (the scope check is not vacuous).
     pub private_pins_in_owner_namespace: usize,
     /// The distinct pins to the mirror's copies seen (each one checked served by the mirror).
@@ -135,7 +138,7 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={} mirror_pins={} org_deletions={} builds_after_org_delete={} orgs_not_staged={} late_writes_delivered={}",
+            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={} mirror_pins={} org_deletions={} builds_after_org_delete={} orgs_not_staged={} late_writes_delivered={} late_writes_refused={}",
             self.minutes,
             self.faults,
             self.violations,
@@ -161,6 +164,7 @@ impl fmt::Display for Report {
             self.builds_after_org_delete,
             self.orgs_not_staged,
             self.late_writes_delivered,
+            self.late_writes_refused,
         )
     }
 }

@@ -12,7 +12,7 @@ use crate::{
 
 /// The webhook runs >= 2 replicas spread by anti-affinity with a PodDisruptionBudget; the
 /// controller runs >= 2 replicas spread by anti-affinity, which elect a leader: each knows its
-/// pod name and its ServiceAccount may get, create and update its Lease.
+/// pod name and its ServiceAccount may get, create and update its ControllerLease.
 pub fn check_availability(objects: &[Value]) -> Vec<String> {
     let mut problems = Vec::new();
     let Ok(webhook) = find(objects, "Deployment", "holdfast-webhook") else {
@@ -55,8 +55,8 @@ fn disruption_budgeted(objects: &[Value], deployment: &Value) -> bool {
     })
 }
 
-/// The verbs on `coordination.k8s.io` leases that the roles bound to `account` grant on the
-/// Lease `lease` in holdfast's namespace.
+/// The verbs on `holdfast.dev` controllerleases that the roles bound to `account` grant on the
+/// ControllerLease `lease` in holdfast's namespace.
 fn lease_verbs(objects: &[Value], account: &str, lease: &str) -> BTreeSet<String> {
     let bound = objects
         .iter()
@@ -73,12 +73,12 @@ fn lease_verbs(objects: &[Value], account: &str, lease: &str) -> BTreeSet<String
         .filter_map(|b| find(objects, text(b, "roleRef.kind"), text(b, "roleRef.name")).ok());
     bound
         .flat_map(|role| items(role, "rules"))
+        .filter(|rule| strings(rule.get("apiGroups")).iter().any(|g| g == "holdfast.dev"))
         .filter(|rule| {
-            strings(rule.get("apiGroups"))
+            strings(rule.get("resources"))
                 .iter()
-                .any(|g| g == "coordination.k8s.io")
+                .any(|r| r == "controllerleases")
         })
-        .filter(|rule| strings(rule.get("resources")).iter().any(|r| r == "leases"))
         .filter(|rule| {
             let names = strings(rule.get("resourceNames"));
             names.is_empty() || names.iter().any(|n| n == lease)
@@ -88,8 +88,8 @@ fn lease_verbs(objects: &[Value], account: &str, lease: &str) -> BTreeSet<String
 }
 
 /// The controller's high availability: >= 2 replicas, spread, rolled without a gap, each with its
-/// identity, and the RBAC its Lease election calls (controller/src/leader.rs: get, create,
-/// update of the Lease named by --lease-name).
+/// identity, and the RBAC its election calls (controller/src/leader.rs: get, create, update of
+/// the ControllerLease named by --lease-name).
 fn check_controller_election(objects: &[Value], controller: &Value) -> Vec<String> {
     let mut problems = Vec::new();
     let replicas = at(controller, "spec.replicas")
@@ -111,7 +111,7 @@ fn check_controller_election(objects: &[Value], controller: &Value) -> Vec<Strin
     let lease = args
         .iter()
         .find_map(|a| a.strip_prefix("--lease-name="))
-        .unwrap_or("holdfast-controller");
+        .unwrap_or(holdfast_controller::leader::LEASE);
     let identity = container
         .map(|c| items(c, "env"))
         .unwrap_or_default()
@@ -127,7 +127,7 @@ fn check_controller_election(objects: &[Value], controller: &Value) -> Vec<Strin
     for verb in ["get", "create", "update"] {
         if !granted.contains(verb) {
             problems.push(format!(
-                "holdfast-controller runs {replicas} replicas with leader election but may not {verb} its Lease {HOLDFAST_NAMESPACE}/{lease}"
+                "holdfast-controller runs {replicas} replicas with leader election but may not {verb} its ControllerLease {HOLDFAST_NAMESPACE}/{lease}"
             ));
         }
     }

@@ -1,0 +1,9 @@
+//! Prints the ControllerLease CRD, generated from its type: the content of
+//! `manifests/crds/controllerleases.holdfast.dev.yaml` (`controller/tests/crd.rs` checks it is).
+//!
+//! From the workspace: `cargo run -q -p holdfast-controller --example crd > manifests/crds/controllerleases.holdfast.dev.yaml`
+
+fn main() -> Result<(), serde_yaml::Error> {
+    print!("{}", holdfast_controller::leader::crd::manifest()?);
+    Ok(())
+}
