@@ -1,18 +1,20 @@
 //! Leader election on a [`crd::ControllerLease`] (a `coordination.k8s.io/v1` Lease's fields in
 //! holdfast's own kind, which the term fence can take as its parameter: [`crd`]), so the
-//! controller can run with several replicas and only one reconciles. Timing follows client-go's leaderelection, not the Lease's
-//! timestamps: a candidate measures a holder's lease from when *it* last saw the Lease's record
-//! change (observed time, local monotonic clock), so clock skew between replicas cannot make two
-//! leaders; the leader gives every renewal a deadline (`renew_deadline` after the start of its
-//! last successful one, well inside the lease) and stops its work the moment that passes, even
-//! while a renewal request hangs: its work is dropped at once, requests in flight included (on
-//! shutdown it may wind down until that deadline). A lost leader then exits and restarts as a candidate; on
-//! shutdown it releases the Lease so a standby takes over without waiting for the expiry.
+//! controller can run with several replicas and only one reconciles. Timing follows client-go's
+//! leaderelection, not the lease's timestamps: a candidate measures a holder's lease from when
+//! *it* last saw the lease's record change (observed time, local monotonic clock), so clock skew
+//! between replicas cannot make two leaders; the leader gives every renewal a deadline
+//! (`renew_deadline` after the start of its last successful one, well inside the lease) and stops
+//! its work the moment that passes, even while a renewal request hangs: its work is dropped at
+//! once, requests in flight included (on shutdown it may wind down until that deadline). A lost
+//! leader then exits and restarts as a candidate; on shutdown it releases the lease so a standby
+//! takes over without waiting for the expiry.
 //!
-//! Why not a crate: `kube-leader-election` 0.44 needs kube 4 (holdfast is on kube 5);
-//! `kube-lease-manager` 0.13 supports kube 5 but computes expiry as the Lease's `renewTime` plus
-//! its duration against the local wall clock (the skew this module avoids), renews without a
-//! deadline, and needs `patch` on Leases. The timing below is pure functions, unit-tested.
+//! Why not a crate: both elect on `coordination.k8s.io` Leases only, which the term fence cannot
+//! take as its parameter ([`crd`] says why); besides, `kube-leader-election` 0.44 needs kube 4
+//! (holdfast is on kube 5), and `kube-lease-manager` 0.13 computes expiry as the Lease's
+//! `renewTime` plus its duration against the local wall clock (the skew this module avoids),
+//! renews without a deadline, and needs `patch`. The timing below is pure functions, unit-tested.
 
 pub mod crd;
 
