@@ -1076,16 +1076,24 @@ async fn the_term_fence_admits_a_controller_pods_writes_only_while_it_holds_the_
     apply(&client_b)
         .await
         .context("with no lease, a replica's write was refused: nobody leads, nothing is judged")?;
+    // A holds the lease: B's apply is refused, naming both, and A's passes. The API server reads
+    // the lease through its own watch: a bounded poll until it sees A's.
+    let a_is_the_one_judged_holder = |when: &'static str| {
+        let (apply, client_a, client_b) = (&apply, &client_a, &client_b);
+        async move {
+            let refused = until_refused(TERM_FENCE, || apply(client_b)).await?;
+            ensure!(
+                refused.contains(&format!("{b} does not ({a} does)")),
+                "{when}: the refusal does not name the writer and the holder: {refused}"
+            );
+            apply(client_a)
+                .await
+                .with_context(|| format!("{when}: A holds the lease, yet its apply was refused"))?;
+            anyhow::Ok(())
+        }
+    };
     take(&client_a, a).await?;
-    // The API server reads the lease through its own watch: a bounded poll until it sees A's.
-    let refused = until_refused(TERM_FENCE, || apply(&client_b)).await?;
-    ensure!(
-        refused.contains(&format!("{b} does not ({a} does)")),
-        "the refusal does not name the writer and the holder: {refused}"
-    );
-    apply(&client_a)
-        .await
-        .context("A holds the lease, yet its apply was refused")?;
+    a_is_the_one_judged_holder("A took the lease").await?;
 
     take(&client_b, b).await?;
     until_refused(TERM_FENCE, || apply(&client_a)).await?;
@@ -1114,14 +1122,8 @@ async fn the_term_fence_admits_a_controller_pods_writes_only_while_it_holds_the_
     tokio::time::sleep(Duration::from_secs(3)).await;
     take(&client_a, a).await?;
     kubectl_ok(&env, &["apply", "-f", &term_fence])?;
-    let refused = until_refused(TERM_FENCE, || apply(&client_b)).await?;
-    ensure!(
-        refused.contains(&format!("{b} does not ({a} does)")),
-        "the reinstalled term fence judged against a lease that is no more: {refused}"
-    );
-    apply(&client_a)
-        .await
-        .context("after the reinstall A holds the lease, yet its apply was refused")?;
+    // Judged against the lease as it is now, not as it was when the fence went.
+    a_is_the_one_judged_holder("the term fence reinstalled after A took the lease back").await?;
     Api::<ControllerLease>::namespaced(env.client().await?, NAMESPACE)
         .delete(LEASE, &DeleteParams::default())
         .await?;

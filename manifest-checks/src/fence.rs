@@ -177,6 +177,18 @@ pub fn check_fence(objects: &[Value]) -> Vec<String> {
     problems
 }
 
+/// The ControllerLease the controller Deployment elects with: its `--lease-name`, or the
+/// binary's default.
+pub fn lease_name(controller: &Value) -> &str {
+    at(controller, "spec.template.spec.containers.0.args")
+        .and_then(Value::as_sequence)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find_map(|a| a.strip_prefix("--lease-name="))
+        .unwrap_or(holdfast_controller::leader::LEASE)
+}
+
 /// The term fence is installed, judges every write (subresources too) of the controller's
 /// ServiceAccount's pods but the election's own against the ControllerLease, and its binding
 /// denies, with that lease as its parameter: the one the controller Deployment elects with, in
@@ -246,11 +258,7 @@ fn check_term_fence(objects: &[Value], controller: &Value, account: &str) -> Vec
     if rules != [every_write] {
         problems.push(format!("{name}: matches {rules:?}, not every write"));
     }
-    let args = strings(at(controller, "spec.template.spec.containers.0.args"));
-    let lease = args
-        .iter()
-        .find_map(|a| a.strip_prefix("--lease-name="))
-        .unwrap_or(holdfast_controller::leader::LEASE);
+    let lease = lease_name(controller);
     let namespace = text(controller, "metadata.namespace");
     let bound = of_kind(objects, "ValidatingAdmissionPolicyBinding")
         .into_iter()

@@ -108,10 +108,7 @@ fn check_controller_election(objects: &[Value], controller: &Value) -> Vec<Strin
     }
     let container = at(controller, "spec.template.spec.containers.0");
     let args = strings(container.and_then(|c| c.get("args")));
-    let lease = args
-        .iter()
-        .find_map(|a| a.strip_prefix("--lease-name="))
-        .unwrap_or(holdfast_controller::leader::LEASE);
+    let lease = crate::fence::lease_name(controller);
     let identity = container
         .map(|c| items(c, "env"))
         .unwrap_or_default()
