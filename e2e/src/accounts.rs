@@ -74,23 +74,7 @@ pub async fn install_rbac(env: &Env) -> Result<()> {
 /// (a bounded poll: nothing to watch) until the fence refuses it.
 async fn until_fenced(env: &Env) -> Result<()> {
     const PROBE: &str = "fence-probe";
-    let pods = Api::<Pod>::namespaced(env.client().await?, NAMESPACE);
-    let probe: Pod = serde_json::from_value(json!({
-        "metadata": {"name": PROBE},
-        "spec": {
-            "restartPolicy": "Never",
-            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "probe", "image": "registry.example/probe",
-                "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
-            }],
-        },
-    }))?;
-    match pods.create(&PostParams::default(), &probe).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => return Err(e).context("creating the fence's probe pod"),
-    }
+    placeholder_pod(env, CONTROLLER, PROBE).await?;
     let controller = service_account_client(env, CONTROLLER, &Forbidden::new()).await?;
     let pods = Api::<Pod>::namespaced(controller, NAMESPACE);
     let dry_run = DeleteParams {
@@ -221,6 +205,14 @@ pub async fn client_with_token(env: &Env, token: &str, forbidden: &Forbidden) ->
 /// missing, that selects no node (it never runs, on the real node neither); the token lives
 /// `lifetime`.
 pub async fn pod_token(env: &Env, account: &str, pod: &str, lifetime: Duration) -> Result<String> {
+    let created = placeholder_pod(env, account, pod).await?;
+    let uid = created.metadata.uid.context("a pod without a uid")?;
+    issue_token(env, account, Some((pod, &uid)), lifetime).await
+}
+
+/// The pod `pod` of the ServiceAccount `account` in holdfast's namespace, created if missing: it
+/// selects no node, so it never runs (on the real node neither).
+async fn placeholder_pod(env: &Env, account: &str, pod: &str) -> Result<Pod> {
     let pods = Api::<Pod>::namespaced(env.client().await?, NAMESPACE);
     let placeholder: Pod = serde_json::from_value(json!({
         "metadata": {"name": pod, "labels": {"app.kubernetes.io/name": "holdfast-placeholder"}},
@@ -235,13 +227,11 @@ pub async fn pod_token(env: &Env, account: &str, pod: &str, lifetime: Duration) 
             }],
         },
     }))?;
-    let created = match pods.create(&PostParams::default(), &placeholder).await {
-        Ok(created) => created,
-        Err(kube::Error::Api(e)) if e.code == 409 => pods.get(pod).await?,
-        Err(e) => return Err(e).with_context(|| format!("creating the placeholder pod {pod}")),
-    };
-    let uid = created.metadata.uid.context("a pod without a uid")?;
-    issue_token(env, account, Some((pod, &uid)), lifetime).await
+    match pods.create(&PostParams::default(), &placeholder).await {
+        Ok(created) => Ok(created),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(pods.get(pod).await?),
+        Err(e) => Err(e).with_context(|| format!("creating the placeholder pod {pod}")),
+    }
 }
 
 /// A token for the ServiceAccount `account` of holdfast's namespace, bound to the pod

@@ -89,33 +89,30 @@ pub fn judge(events: &[Event], namespace: &str, lease: &str, cuts: &[Cut]) -> Ju
         .filter_map(|e| Some((e, replica(e)?)))
     {
         judgement.writes += 1;
-        let before = judgement.outside.len();
-        let outside = &mut judgement.outside;
         let next = terms.partition_point(|t| t.completed <= write.request_received_timestamp);
         let current = next.checked_sub(1).map(|i| &terms[i]);
-        match (current, terms.get(next)) {
-            (Some(term), _) if term.holder != writer => outside.push(format!(
+        let outside = match (current, terms.get(next)) {
+            (Some(term), _) if term.holder != writer => format!(
                 "{writer} wrote while {} held the Lease: {}",
                 term.holder,
                 write.describe()
-            )),
-            (None, _) => outside.push(format!(
+            ),
+            (None, _) => format!(
                 "{writer} wrote before any replica held the Lease: {}",
                 write.describe()
-            )),
-            (_, Some(successor)) if successor.received < write.stage_timestamp => outside.push(format!(
+            ),
+            (_, Some(successor)) if successor.received < write.stage_timestamp => format!(
                 "{writer}'s write completed after {}'s acquiring Lease write was received ({}): {}",
                 successor.holder,
                 successor.received,
                 write.describe()
-            )),
-            _ => {}
+            ),
+            _ => continue,
+        };
+        if held(write, writer) {
+            judgement.delivered_late.push(outside.clone());
         }
-        if judgement.outside.len() > before && held(write, writer) {
-            judgement
-                .delivered_late
-                .extend(judgement.outside[before..].iter().cloned());
-        }
+        judgement.outside.push(outside);
     }
     judgement
 }
