@@ -134,11 +134,13 @@ bench-mirror:
 ## webhook or controller replica SIGKILLed, the serving certificate rotated) and invariants checked all along; host
 ## processes (two webhook and two controller replicas), not yet the real node; last line minutes=… faults=…
 ## violations=0 rss_slope_mib_per_h_webhook=… rss_slope_mib_per_h_controller=… admissions=…
-## failed_admissions_outside_apiserver_down=0 …; exits non-zero on a violation
+## failed_admissions_outside_apiserver_down=0 …; exits non-zero on a violation; the resource samples in SOAK_SAMPLES
+## (.holdfast/soak-samples.csv)
 SOAK_MINUTES ?= 120
+SOAK_SAMPLES ?= .holdfast/soak-samples.csv
 soak: deps
 	$(CARGO) build -q -p holdfast-webhook -p holdfast-controller -p holdfast-e2e --bin holdfast-webhook --bin holdfast-controller --bin holdfast-soak
-	SOAK_MINUTES=$(SOAK_MINUTES) target/debug/holdfast-soak
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SAMPLES=$(SOAK_SAMPLES) target/debug/holdfast-soak
 
 ## image: the container image of holdfast's binaries (and the kubectl plugin), without a Docker engine (scripts/image.sh: static
 ## musl binaries, umoci): an OCI layout in target/image/oci and, tagged $(IMAGE), the archive

@@ -1,6 +1,6 @@
 //! Issue 33, the short soak: the same code as `make soak` ([`holdfast_e2e::soak`]) with 24
 //! objects over 6 tags, Korifi orgs of one app, and each fault injected once, in an environment of its own; no invariant
-//! may break.
+//! may break. `SOAK_SAMPLES` names a CSV file for the resource samples.
 
 use std::process::ExitCode;
 
@@ -12,7 +12,11 @@ fn main() -> ExitCode {
 }
 
 async fn the_short_soak() -> Result<()> {
-    let report = tokio::spawn(soak::run(Config::short()))
+    let config = Config {
+        samples_to: std::env::var_os("SOAK_SAMPLES").map(Into::into),
+        ..Config::short()
+    };
+    let report = tokio::spawn(soak::run(config))
         .await
         .context("the soak panicked")??;
     eprintln!("{report}");
@@ -36,6 +40,14 @@ async fn the_short_soak() -> Result<()> {
             && report.mirror_pins > 0
             && report.org_deletions > 0,
         "the load did not run: {report}"
+    );
+    // Every process was sampled, the controllers in both roles (standing by at the start).
+    let roles: std::collections::BTreeSet<_> = report.controller.stretches.iter().map(|s| s.role).collect();
+    ensure!(
+        report.webhook.judged_minutes > 0.0 && roles.len() == 2,
+        "the resource samples judged nothing of a role: webhook {:?}, controller {:?}",
+        report.webhook.stretches,
+        report.controller.stretches
     );
     Ok(())
 }

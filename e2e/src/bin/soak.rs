@@ -3,7 +3,8 @@
 //! registry outages and errors, kube-apiserver restarts, etcd SIGKILLs, the leader's link cut,
 //! webhook and controller replicas SIGKILLed and the serving certificate rotated, and
 //! invariants checked all along ([`holdfast_e2e::soak`]). The last line is the report; the exit
-//! status is non-zero when any invariant was broken.
+//! status is non-zero when any invariant was broken. `SOAK_SAMPLES` names a CSV file for the
+//! resource samples the bounds were judged on.
 
 use std::process::ExitCode;
 
@@ -19,8 +20,12 @@ async fn main() -> Result<ExitCode> {
             .with_context(|| format!("SOAK_MINUTES={minutes} is not a number of minutes"))?,
         Err(_) => 120,
     };
+    let config = Config {
+        samples_to: std::env::var_os("SOAK_SAMPLES").map(Into::into),
+        ..Config::long(minutes)
+    };
     // On a runtime worker: the environment's processes die with the thread that forked them.
-    let report = tokio::spawn(soak::run(Config::long(minutes)))
+    let report = tokio::spawn(soak::run(config))
         .await
         .context("the soak panicked")??;
     println!("{report}");

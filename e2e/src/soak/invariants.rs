@@ -352,18 +352,42 @@ pub async fn follow(
     true
 }
 
+/// What a holdfast process was doing when sampled. A controller's footprint steps when it
+/// starts leading (a watch of every kind, registry connections), so each role is judged apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Role {
+    /// A webhook replica.
+    Serving,
+    /// A controller replica holding the Lease (`holdfast_controller_leader 1`).
+    Leading,
+    /// A controller replica standing by (`holdfast_controller_leader 0`).
+    StandingBy,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Serving => "serving",
+            Role::Leading => "leading",
+            Role::StandingBy => "standing-by",
+        }
+    }
+}
+
 /// One sample of one holdfast process.
 #[derive(Debug, Clone)]
 pub struct Sample {
     pub name: &'static str,
     pub pid: u32,
+    pub role: Role,
     pub at: Instant,
     pub usage: Usage,
 }
 
 /// Samples every holdfast process every `every` until `stop`, and starts again any that exited
 /// (a controller that lost its Lease exits, and its pod's container is restarted); returns the
-/// samples and the restarts.
+/// samples and the restarts. A controller whose role cannot be read (it is starting, or just
+/// exited) is not sampled that round.
 pub async fn monitor(
     env: Arc<tokio::sync::Mutex<Env>>,
     holdfast: Arc<Holdfast>,
@@ -372,36 +396,97 @@ pub async fn monitor(
     stop: CancellationToken,
 ) -> Result<(Vec<Sample>, Vec<String>)> {
     let (mut samples, mut restarts) = (Vec::new(), Vec::new());
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
     let mut tick = tokio::time::interval(every);
     while stop.run_until_cancelled(tick.tick()).await.is_some() {
-        let mut env = env.lock().await;
-        for replica in holdfast.replicas() {
-            if let Some(status) = env.exited(replica.name)? {
-                let restart = format!(
-                    "{} exited ({status}) at +{:.0}s, started again",
-                    replica.name,
-                    started.elapsed().as_secs_f64()
-                );
-                eprintln!("soak: {restart}");
-                env.respawn_process(replica.name, crate::process::Stop::Kill)?;
-                restarts.push(restart);
-                continue;
+        let mut taken = Vec::new();
+        {
+            let mut env = env.lock().await;
+            for replica in holdfast.replicas() {
+                if let Some(status) = env.exited(replica.name)? {
+                    let restart = format!(
+                        "{} exited ({status}) at +{:.0}s, started again",
+                        replica.name,
+                        started.elapsed().as_secs_f64()
+                    );
+                    eprintln!("soak: {restart}");
+                    env.respawn_process(replica.name, crate::process::Stop::Kill)?;
+                    restarts.push(restart);
+                    continue;
+                }
+                let Some(pid) = env.pid_of(replica.name) else {
+                    continue;
+                };
+                // A process that exits between the check and the read is restarted next round.
+                if let Ok(usage) = Usage::of(Some(pid)) {
+                    taken.push((replica, pid, Instant::now(), usage));
+                }
             }
-            let Some(pid) = env.pid_of(replica.name) else {
-                continue;
+        }
+        for (replica, pid, at, usage) in taken {
+            let role = match replica.link {
+                None => Some(Role::Serving),
+                Some(_) => leading(&http, &replica.admin)
+                    .await
+                    .map(|leading| if leading { Role::Leading } else { Role::StandingBy }),
             };
-            // A process that exits between the check and the read is restarted next round.
-            if let Ok(usage) = Usage::of(Some(pid)) {
+            if let Some(role) = role {
                 samples.push(Sample {
                     name: replica.name,
                     pid,
-                    at: Instant::now(),
+                    role,
+                    at,
                     usage,
                 });
             }
         }
     }
     Ok((samples, restarts))
+}
+
+/// Whether the controller serving its admin port at `admin` leads (its
+/// `holdfast_controller_leader` gauge); none when the gauge cannot be read.
+async fn leading(http: &reqwest::Client, admin: &str) -> Option<bool> {
+    let text = http
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .error_for_status()
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("holdfast_controller_leader "))
+        .map(|value| value.trim() == "1")
+}
+
+/// Writes `samples` to `path` as CSV (seconds since `started`, process, pid, role, RSS in MiB,
+/// open file descriptors, threads): what a resource bound was judged on, kept for a reader.
+pub fn write_samples(path: &std::path::Path, samples: &[Sample], started: Instant) -> Result<()> {
+    use std::fmt::Write as _;
+    let mut csv = String::from("seconds,process,pid,role,rss_mib,open_fds,threads\n");
+    for s in samples {
+        let _ = writeln!(
+            csv,
+            "{:.1},{},{},{},{:.2},{},{}",
+            s.at.duration_since(started).as_secs_f64(),
+            s.name,
+            s.pid,
+            s.role.as_str(),
+            s.usage.rss_mib(),
+            s.usage.open_fds,
+            s.usage.threads
+        );
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, csv)?;
+    Ok(())
 }
 
 /// The lines of holdfast's logs that report a panic.

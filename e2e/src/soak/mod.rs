@@ -59,14 +59,20 @@ pub struct Config {
     pub hold: Duration,
     /// The quiet spell before each fault.
     pub quiet: Duration,
-    /// Before the first fault; also what the resource slopes leave out of each process's life.
+    /// Before the first fault; no sample before its end is judged.
     pub warm_up: Duration,
+    /// What the resource figures leave out of each stretch of a process (its start, or a
+    /// controller's change of role: caches filled, connections opened), and the least a
+    /// stretch must span after it to be judged.
+    pub settle: Duration,
+    /// Where the resource samples are written as CSV ([`invariants::write_samples`]), if anywhere.
+    pub samples_to: Option<std::path::PathBuf>,
     pub sample_every: Duration,
     /// Added to two refresh intervals before a moved tag's pins are checked (a loaded machine).
     pub follow_slack: Duration,
     /// The apps of each Korifi org the soak creates and deletes.
     pub org_apps: usize,
-    /// When set, the resource bounds are violations: the steepest RSS slope of a process (MiB/h),
+    /// When set, the resource bounds are violations: the steepest RSS slope of a role (MiB/h),
     /// and the growth of its open file descriptors and threads. A short run's slope says
     /// nothing about an hour, so only a long one enforces them.
     pub bounds: Option<Bounds>,
@@ -98,6 +104,8 @@ impl Config {
             hold: Duration::from_secs(20),
             quiet: Duration::from_secs(60),
             warm_up: (duration / 10).clamp(Duration::from_secs(60), Duration::from_secs(600)),
+            settle: Duration::from_secs(180),
+            samples_to: None,
             sample_every: Duration::from_secs(15),
             follow_slack: Duration::from_secs(60),
             org_apps: 3,
@@ -126,6 +134,8 @@ impl Config {
             hold: Duration::from_secs(5),
             quiet: Duration::from_secs(5),
             warm_up: Duration::from_secs(20),
+            settle: Duration::from_secs(30),
+            samples_to: None,
             sample_every: Duration::from_secs(5),
             follow_slack: Duration::from_secs(30),
             org_apps: 1,
@@ -339,24 +349,60 @@ pub async fn run(config: Config) -> Result<Report> {
         unpinned_outside += 1;
         violations.record("admitted-unpinned", admission.detail.clone());
     }
-    let judged = |component| report::resources(&samples, component, started, config.warm_up, config.warm_up);
+    if let Some(path) = &config.samples_to {
+        invariants::write_samples(path, &samples, started)?;
+        eprintln!(
+            "soak: {} resource samples written to {}",
+            samples.len(),
+            path.display()
+        );
+    }
+    let judged = |component| {
+        report::resources(
+            &samples,
+            component,
+            started,
+            config.warm_up,
+            config.settle,
+            config.settle,
+        )
+    };
     let (webhook, controller) = (judged("holdfast-webhook"), judged("holdfast-controller"));
-    if let Some(bounds) = config.bounds {
-        for (name, r) in [("webhook", webhook), ("controller", controller)] {
-            if r.rss_slope_mib_per_h
-                .is_some_and(|s| s > bounds.rss_slope_mib_per_h)
-            {
-                violations.record("rss-slope", format!("{name}: {:?} MiB/h", r.rss_slope_mib_per_h));
-            }
-            if r.fd_growth > bounds.fd_growth || r.thread_growth > bounds.thread_growth {
-                violations.record(
-                    "resource-growth",
-                    format!(
-                        "{name}: {} more fds, {} more threads",
-                        r.fd_growth, r.thread_growth
-                    ),
-                );
-            }
+    for (name, r) in [("webhook", &webhook), ("controller", &controller)] {
+        eprintln!(
+            "soak: {name}: RSS slope {:?} MiB/h over {:.0} judged minutes in {} stretches",
+            r.rss_slope_mib_per_h,
+            r.judged_minutes,
+            r.stretches.len()
+        );
+        let Some(bounds) = config.bounds else {
+            continue;
+        };
+        // The stretch that grew most names where to look.
+        let steepest = r
+            .stretches
+            .iter()
+            .max_by(|a, b| a.rss_slope_mib_per_h.total_cmp(&b.rss_slope_mib_per_h))
+            .map_or_else(|| "none".into(), ToString::to_string);
+        if r.rss_slope_mib_per_h
+            .is_some_and(|s| s > bounds.rss_slope_mib_per_h)
+        {
+            violations.record(
+                "rss-slope",
+                format!(
+                    "{name}: {:?} MiB/h over {:.0} judged minutes; the steepest stretch {steepest}",
+                    r.rss_slope_mib_per_h, r.judged_minutes
+                ),
+            );
+        }
+        if r.fd_growth > bounds.fd_growth || r.thread_growth > bounds.thread_growth {
+            violations.record(
+                "resource-growth",
+                format!(
+                    "{name}: {} more fds, {} more threads within one stretch",
+                    r.fd_growth, r.thread_growth
+                ),
+            );
         }
     }
     let count = |outcome: Outcome| of(outcome).count();

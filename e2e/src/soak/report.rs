@@ -7,35 +7,80 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::invariants::Sample;
+use super::invariants::{Role, Sample};
 
 /// The least-squares slope of `points` (x, y), none with fewer than two distinct x.
 pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
+    centred(points).and_then(|(sxy, sxx)| (sxx > 0.0).then(|| sxy / sxx))
+}
+
+/// The sums of `points`' centred products: Σ(x − x̄)(y − ȳ) and Σ(x − x̄)²; none when empty.
+fn centred(points: &[(f64, f64)]) -> Option<(f64, f64)> {
+    if points.is_empty() {
+        return None;
+    }
     let n = points.len() as f64;
     let (sx, sy) = points
         .iter()
         .fold((0.0, 0.0), |(sx, sy), (x, y)| (sx + x, sy + y));
     let (mx, my) = (sx / n, sy / n);
-    let (sxy, sxx) = points.iter().fold((0.0, 0.0), |(sxy, sxx), (x, y)| {
+    Some(points.iter().fold((0.0, 0.0), |(sxy, sxx), (x, y)| {
         (sxy + (x - mx) * (y - my), sxx + (x - mx) * (x - mx))
-    });
-    (sxx > 0.0).then(|| sxy / sxx)
+    }))
 }
 
-/// What the samples of one component (the processes whose names start with `component`) show
-/// after warm-up: each process (one pid) judged on its samples taken `warm_up` after both the
-/// soak's start and its own first sample, when they span at least `min_span`.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// The resource figures of one component (the processes whose names start with `component`),
+/// each process judged in stretches: one per pid and role (a controller standing by, then
+/// leading, is two), each on its samples taken `settle` after the stretch began and `warm_up`
+/// after the soak did, when they span at least `min_span`. A leak grows within every stretch;
+/// a step between them (a standby starting to lead, a restart) is not growth, so the RSS slope
+/// is fitted over each role's judged stretches at once, each with an intercept of its own.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Resources {
-    /// The steepest RSS slope of any process, MiB per hour; none when no process had samples
-    /// enough.
+    /// The steepest of the roles' RSS slopes, MiB per hour; none when no stretch was judged.
     pub rss_slope_mib_per_h: Option<f64>,
     /// The largest RSS seen, MiB.
     pub rss_max_mib: f64,
-    /// The largest growth of open file descriptors and of threads within one process, from its
-    /// first judged sample to its last.
+    /// The largest growth of open file descriptors and of threads within one judged stretch,
+    /// from its first judged sample to its last.
     pub fd_growth: i64,
     pub thread_growth: i64,
+    /// The minutes of judged samples, all stretches together.
+    pub judged_minutes: f64,
+    /// The judged stretches, for the report of a broken bound.
+    pub stretches: Vec<Stretch>,
+}
+
+/// One judged stretch: one process in one role.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stretch {
+    pub name: &'static str,
+    pub pid: u32,
+    pub role: Role,
+    /// Its judged samples' first and last, in minutes since the soak started.
+    pub from_minute: f64,
+    pub to_minute: f64,
+    pub first_rss_mib: f64,
+    pub last_rss_mib: f64,
+    /// Its own RSS slope, MiB per hour.
+    pub rss_slope_mib_per_h: f64,
+}
+
+impl fmt::Display for Stretch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (pid {}, {}) +{:.1}..+{:.1} min: {:.1} -> {:.1} MiB ({:.1} MiB/h)",
+            self.name,
+            self.pid,
+            self.role.as_str(),
+            self.from_minute,
+            self.to_minute,
+            self.first_rss_mib,
+            self.last_rss_mib,
+            self.rss_slope_mib_per_h
+        )
+    }
 }
 
 pub fn resources(
@@ -43,8 +88,10 @@ pub fn resources(
     component: &str,
     started: Instant,
     warm_up: Duration,
+    settle: Duration,
     min_span: Duration,
 ) -> Resources {
+    // Each process's samples in time order, cut where its role changes.
     let mut per_process: BTreeMap<(&str, u32), Vec<&Sample>> = BTreeMap::new();
     for sample in samples.iter().filter(|s| s.name.starts_with(component)) {
         per_process
@@ -52,42 +99,59 @@ pub fn resources(
             .or_default()
             .push(sample);
     }
+    let hours = |s: &Sample| s.at.duration_since(started).as_secs_f64() / 3600.0;
     let mut out = Resources::default();
+    // Per role: the sums of the stretches' centred products (x·y, x·x), whose ratio is the
+    // slope common to all of them.
+    let mut fits: BTreeMap<Role, (f64, f64)> = BTreeMap::new();
     for process in per_process.values() {
         out.rss_max_mib = process
             .iter()
             .map(|s| s.usage.rss_mib())
             .fold(out.rss_max_mib, f64::max);
-        let first = process[0].at;
-        let judged: Vec<&&Sample> = process
-            .iter()
-            .filter(|s| s.at >= started + warm_up && s.at >= first + warm_up)
-            .collect();
-        let (Some(a), Some(b)) = (judged.first(), judged.last()) else {
-            continue;
-        };
-        if b.at.duration_since(a.at) < min_span {
-            continue;
+        for stretch in process.chunk_by(|a, b| a.role == b.role) {
+            let begun = stretch[0].at;
+            let judged: Vec<&Sample> = stretch
+                .iter()
+                .copied()
+                .filter(|s| s.at >= started + warm_up && s.at >= begun + settle)
+                .collect();
+            let (Some(a), Some(b)) = (judged.first(), judged.last()) else {
+                continue;
+            };
+            if b.at.duration_since(a.at) < min_span {
+                continue;
+            }
+            let points: Vec<(f64, f64)> = judged.iter().map(|s| (hours(s), s.usage.rss_mib())).collect();
+            let (Some(own), Some((sxy, sxx))) = (slope(&points), centred(&points)) else {
+                continue;
+            };
+            let fit = fits.entry(a.role).or_default();
+            *fit = (fit.0 + sxy, fit.1 + sxx);
+            out.fd_growth = out
+                .fd_growth
+                .max(b.usage.open_fds as i64 - a.usage.open_fds as i64);
+            out.thread_growth = out
+                .thread_growth
+                .max(b.usage.threads as i64 - a.usage.threads as i64);
+            out.judged_minutes += b.at.duration_since(a.at).as_secs_f64() / 60.0;
+            out.stretches.push(Stretch {
+                name: a.name,
+                pid: a.pid,
+                role: a.role,
+                from_minute: hours(a) * 60.0,
+                to_minute: hours(b) * 60.0,
+                first_rss_mib: a.usage.rss_mib(),
+                last_rss_mib: b.usage.rss_mib(),
+                rss_slope_mib_per_h: own,
+            });
         }
-        let points: Vec<(f64, f64)> = judged
-            .iter()
-            .map(|s| {
-                (
-                    s.at.duration_since(started).as_secs_f64() / 3600.0,
-                    s.usage.rss_mib(),
-                )
-            })
-            .collect();
-        if let Some(slope) = slope(&points) {
-            out.rss_slope_mib_per_h = Some(out.rss_slope_mib_per_h.map_or(slope, |s: f64| s.max(slope)));
-        }
-        out.fd_growth = out
-            .fd_growth
-            .max(b.usage.open_fds as i64 - a.usage.open_fds as i64);
-        out.thread_growth = out
-            .thread_growth
-            .max(b.usage.threads as i64 - a.usage.threads as i64);
     }
+    out.rss_slope_mib_per_h = fits
+        .values()
+        .filter(|(_, sxx)| *sxx > 0.0)
+        .map(|(sxy, sxx)| sxy / sxx)
+        .reduce(f64::max);
     out
 }
 
@@ -138,7 +202,7 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={} mirror_pins={} org_deletions={} builds_after_org_delete={} orgs_not_staged={} late_writes_delivered={} late_writes_refused={}",
+            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={} mirror_pins={} org_deletions={} builds_after_org_delete={} orgs_not_staged={} late_writes_delivered={} late_writes_refused={} rss_judged_minutes_webhook={:.0} rss_judged_minutes_controller={:.0}",
             self.minutes,
             self.faults,
             self.violations,
@@ -165,6 +229,8 @@ impl fmt::Display for Report {
             self.orgs_not_staged,
             self.late_writes_delivered,
             self.late_writes_refused,
+            self.webhook.judged_minutes,
+            self.controller.judged_minutes,
         )
     }
 }
@@ -181,50 +247,140 @@ mod tests {
         assert_eq!(slope(&[(1.0, 2.0), (1.0, 5.0)]), None, "one x has no slope");
     }
 
+    /// Samples of `name` (pid `pid`, `role`) every minute from `from` to `to` minutes, RSS
+    /// `rss(minute)` MiB, `fds(minute)` descriptors.
+    fn stretch(
+        started: Instant,
+        (name, pid, role): (&'static str, u32, Role),
+        (from, to): (u64, u64),
+        rss: impl Fn(u64) -> f64,
+        fds: impl Fn(u64) -> u64,
+    ) -> Vec<Sample> {
+        (from..=to)
+            .map(|minute| Sample {
+                name,
+                pid,
+                role,
+                at: started + Duration::from_secs(minute * 60),
+                usage: Usage {
+                    rss_kib: (rss(minute) * 1024.0) as u64,
+                    open_fds: fds(minute),
+                    threads: 4,
+                    ..Default::default()
+                },
+            })
+            .collect()
+    }
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
     #[test]
-    fn resources_judge_each_process_after_warm_up_and_take_the_steepest() {
+    fn a_standby_that_starts_leading_steps_but_does_not_grow() {
         let started = Instant::now();
-        let at = |s: u64| started + Duration::from_secs(s);
-        let sample = |name, pid, s, rss_mib: u64, fds| Sample {
-            name,
-            pid,
-            at: at(s),
-            usage: Usage {
-                rss_kib: rss_mib * 1024,
-                open_fds: fds,
-                threads: 4,
-                ..Default::default()
-            },
-        };
-        let samples = vec![
-            // Warm-up: not judged (else the slope would be steep).
-            sample("holdfast-webhook-a", 1, 0, 1, 10),
-            sample("holdfast-webhook-a", 1, 600, 20, 10),
-            sample("holdfast-webhook-a", 1, 2400, 21, 12),
-            sample("holdfast-webhook-a", 1, 4200, 22, 11),
-            // Flat, another process.
-            sample("holdfast-webhook-b", 2, 600, 30, 10),
-            sample("holdfast-webhook-b", 2, 3600, 30, 10),
-            sample("holdfast-controller-a", 3, 600, 99, 10),
-        ];
-        let webhook = resources(
-            &samples,
-            "holdfast-webhook",
+        let a = ("holdfast-controller-a", 7, Role::StandingBy);
+        let mut samples = stretch(started, a, (0, 40), |_| 20.0, |_| 12);
+        // The same process leads from minute 41: twice the memory, five times the descriptors,
+        // flat after its first two minutes.
+        samples.extend(stretch(
             started,
-            Duration::from_secs(300),
-            Duration::from_secs(60),
-        );
-        let slope = webhook.rss_slope_mib_per_h.unwrap();
-        assert!((slope - 2.0).abs() < 1e-9, "{slope}");
-        assert_eq!(webhook.rss_max_mib, 30.0);
-        assert_eq!(webhook.fd_growth, 1);
-        let controller = resources(
+            ("holdfast-controller-a", 7, Role::Leading),
+            (41, 80),
+            |m| if m < 43 { 30.0 } else { 40.0 },
+            |_| 60,
+        ));
+        let judged = resources(
             &samples,
             "holdfast-controller",
             started,
-            Duration::from_secs(300),
-            Duration::from_secs(60),
+            10 * MINUTE,
+            3 * MINUTE,
+            3 * MINUTE,
         );
-        assert_eq!(controller.rss_slope_mib_per_h, None, "one sample spans nothing");
+        let slope = judged.rss_slope_mib_per_h.expect("two stretches judged");
+        assert!(slope.abs() < 1e-9, "{slope}");
+        assert_eq!(judged.fd_growth, 0, "the step in descriptors is the new role's");
+        assert_eq!(judged.stretches.len(), 2);
+        assert_eq!(judged.rss_max_mib, 40.0);
+        // Judged as one stretch, the step reads as steep growth.
+        let unsplit: Vec<Sample> = samples
+            .iter()
+            .map(|s| Sample {
+                role: Role::Leading,
+                ..s.clone()
+            })
+            .collect();
+        let whole = resources(
+            &unsplit,
+            "holdfast-controller",
+            started,
+            10 * MINUTE,
+            3 * MINUTE,
+            3 * MINUTE,
+        );
+        assert!(whole.rss_slope_mib_per_h.unwrap() > 10.0, "{whole:?}");
+    }
+
+    #[test]
+    fn growth_within_each_life_is_caught_across_restarts() {
+        let started = Instant::now();
+        // Three lives of a leader, each starting at 30 MiB and growing 10 MiB/h: no one life
+        // is long, and each restart drops the memory back.
+        let mut samples = Vec::new();
+        for (pid, from) in [(1, 0), (2, 20), (3, 40)] {
+            samples.extend(stretch(
+                started,
+                ("holdfast-controller-b", pid, Role::Leading),
+                (from, from + 19),
+                move |m| 30.0 + (m - from) as f64 * 10.0 / 60.0,
+                move |m| 20 + (m - from),
+            ));
+        }
+        let judged = resources(
+            &samples,
+            "holdfast-controller",
+            started,
+            5 * MINUTE,
+            3 * MINUTE,
+            3 * MINUTE,
+        );
+        let slope = judged.rss_slope_mib_per_h.expect("judged");
+        assert!((slope - 10.0).abs() < 1e-3, "{slope}"); // RSS is kept in KiB
+        // Each life's descriptors grow by one a minute: 16 from its first judged sample to its last.
+        assert_eq!(judged.fd_growth, 16);
+        // The first life's first 5 minutes are the soak's warm-up; the others lose 3 each.
+        let spans: Vec<(f64, f64)> = judged
+            .stretches
+            .iter()
+            .map(|s| (s.from_minute, s.to_minute))
+            .collect();
+        assert_eq!(spans, [(5.0, 19.0), (23.0, 39.0), (43.0, 59.0)]);
+        assert!((judged.judged_minutes - 46.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_stretch_shorter_than_the_least_span_is_not_judged() {
+        let started = Instant::now();
+        let webhook = ("holdfast-webhook-b", 9, Role::Serving);
+        // Four minutes of life: one after settling, less than the three a judgement needs.
+        let samples = stretch(started, webhook, (20, 24), |m| m as f64, |_| 10);
+        let judged = resources(
+            &samples,
+            "holdfast-webhook",
+            started,
+            10 * MINUTE,
+            3 * MINUTE,
+            3 * MINUTE,
+        );
+        assert_eq!(judged.rss_slope_mib_per_h, None);
+        assert!(judged.stretches.is_empty());
+        assert_eq!(
+            judged.rss_max_mib, 24.0,
+            "its memory still counts towards the largest"
+        );
+        let other = resources(&samples, "holdfast-controller", started, MINUTE, MINUTE, MINUTE);
+        assert_eq!(
+            other.rss_max_mib, 0.0,
+            "another component's samples are not judged"
+        );
     }
 }
