@@ -83,6 +83,7 @@ impl fmt::Display for Stretch {
     }
 }
 
+/// Judges `component`'s samples as [`Resources`] says.
 pub fn resources(
     samples: &[Sample],
     component: &str,
