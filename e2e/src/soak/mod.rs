@@ -357,16 +357,7 @@ pub async fn run(config: Config) -> Result<Report> {
             path.display()
         );
     }
-    let judged = |component| {
-        report::resources(
-            &samples,
-            component,
-            started,
-            config.warm_up,
-            config.settle,
-            config.settle,
-        )
-    };
+    let judged = |component| report::resources(&samples, component, started, config.warm_up, config.settle);
     let (webhook, controller) = (judged("holdfast-webhook"), judged("holdfast-controller"));
     for (name, r) in [("webhook", &webhook), ("controller", &controller)] {
         eprintln!(

@@ -32,7 +32,7 @@ fn centred(points: &[(f64, f64)]) -> Option<(f64, f64)> {
 /// The resource figures of one component (the processes whose names start with `component`),
 /// each process judged in stretches: one per pid and role (a controller standing by, then
 /// leading, is two), each on its samples taken `settle` after the stretch began and `warm_up`
-/// after the soak did, when they span at least `min_span`. A leak grows within every stretch;
+/// after the soak did, when they span at least `settle` too. A leak grows within every stretch;
 /// a step between them (a standby starting to lead, a restart) is not growth, so the RSS slope
 /// is fitted over each role's judged stretches at once, each with an intercept of its own.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -90,7 +90,6 @@ pub fn resources(
     started: Instant,
     warm_up: Duration,
     settle: Duration,
-    min_span: Duration,
 ) -> Resources {
     // Each process's samples in time order, cut where its role changes.
     let mut per_process: BTreeMap<(&str, u32), Vec<&Sample>> = BTreeMap::new();
@@ -120,7 +119,7 @@ pub fn resources(
             let (Some(a), Some(b)) = (judged.first(), judged.last()) else {
                 continue;
             };
-            if b.at.duration_since(a.at) < min_span {
+            if b.at.duration_since(a.at) < settle {
                 continue;
             }
             let points: Vec<(f64, f64)> = judged.iter().map(|s| (hours(s), s.usage.rss_mib())).collect();
@@ -289,14 +288,7 @@ mod tests {
             |m| if m < 43 { 30.0 } else { 40.0 },
             |_| 60,
         ));
-        let judged = resources(
-            &samples,
-            "holdfast-controller",
-            started,
-            10 * MINUTE,
-            3 * MINUTE,
-            3 * MINUTE,
-        );
+        let judged = resources(&samples, "holdfast-controller", started, 10 * MINUTE, 3 * MINUTE);
         let slope = judged.rss_slope_mib_per_h.expect("two stretches judged");
         assert!(slope.abs() < 1e-9, "{slope}");
         assert_eq!(judged.fd_growth, 0, "the step in descriptors is the new role's");
@@ -310,14 +302,7 @@ mod tests {
                 ..s.clone()
             })
             .collect();
-        let whole = resources(
-            &unsplit,
-            "holdfast-controller",
-            started,
-            10 * MINUTE,
-            3 * MINUTE,
-            3 * MINUTE,
-        );
+        let whole = resources(&unsplit, "holdfast-controller", started, 10 * MINUTE, 3 * MINUTE);
         assert!(whole.rss_slope_mib_per_h.unwrap() > 10.0, "{whole:?}");
     }
 
@@ -336,14 +321,7 @@ mod tests {
                 move |m| 20 + (m - from),
             ));
         }
-        let judged = resources(
-            &samples,
-            "holdfast-controller",
-            started,
-            5 * MINUTE,
-            3 * MINUTE,
-            3 * MINUTE,
-        );
+        let judged = resources(&samples, "holdfast-controller", started, 5 * MINUTE, 3 * MINUTE);
         let slope = judged.rss_slope_mib_per_h.expect("judged");
         assert!((slope - 10.0).abs() < 1e-3, "{slope}"); // RSS is kept in KiB
         // Each life's descriptors grow by one a minute: 16 from its first judged sample to its last.
@@ -364,21 +342,14 @@ mod tests {
         let webhook = ("holdfast-webhook-b", 9, Role::Serving);
         // Four minutes of life: one after settling, less than the three a judgement needs.
         let samples = stretch(started, webhook, (20, 24), |m| m as f64, |_| 10);
-        let judged = resources(
-            &samples,
-            "holdfast-webhook",
-            started,
-            10 * MINUTE,
-            3 * MINUTE,
-            3 * MINUTE,
-        );
+        let judged = resources(&samples, "holdfast-webhook", started, 10 * MINUTE, 3 * MINUTE);
         assert_eq!(judged.rss_slope_mib_per_h, None);
         assert!(judged.stretches.is_empty());
         assert_eq!(
             judged.rss_max_mib, 24.0,
             "its memory still counts towards the largest"
         );
-        let other = resources(&samples, "holdfast-controller", started, MINUTE, MINUTE, MINUTE);
+        let other = resources(&samples, "holdfast-controller", started, MINUTE, MINUTE);
         assert_eq!(
             other.rss_max_mib, 0.0,
             "another component's samples are not judged"
