@@ -131,16 +131,20 @@ bench-mirror:
 
 ## soak: SOAK_MINUTES (120) of Apps and PackageRepositories created, updated and deleted over 30 moving tags with a fault
 ## injector cycling (registry stopped / 503 / 429, kube-apiserver restarted, etcd SIGKILLed, the leader's API link cut, a
-## webhook or controller replica SIGKILLed, the serving certificate rotated) and invariants checked all along; host
-## processes (two webhook and two controller replicas), not yet the real node; last line minutes=… faults=…
+## webhook or controller replica SIGKILLed, the serving certificate rotated) and invariants checked all along; holdfast
+## as the chart's release on make cluster's real node (two webhook and two controller pods), or with SOAK_ON=processes
+## as make up's host processes;
+## last line minutes=… faults=…
 ## violations=0 rss_slope_mib_per_h_webhook=… rss_slope_mib_per_h_controller=… admissions=…
 ## failed_admissions_outside_apiserver_down=0 …; exits non-zero on a violation; the resource samples in SOAK_SAMPLES
 ## (.holdfast/soak-samples.csv)
 SOAK_MINUTES ?= 120
 SOAK_SAMPLES ?= .holdfast/soak-samples.csv
+SOAK_ON ?= node
 soak: deps
+	@if [ "$(SOAK_ON)" = node ]; then scripts/install-deps.sh --node && scripts/install-deps.sh --release-tools; fi
 	$(CARGO) build -q -p holdfast-webhook -p holdfast-controller -p holdfast-e2e --bin holdfast-webhook --bin holdfast-controller --bin holdfast-soak
-	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SAMPLES=$(SOAK_SAMPLES) target/debug/holdfast-soak
+	SOAK_MINUTES=$(SOAK_MINUTES) SOAK_SAMPLES=$(SOAK_SAMPLES) SOAK_ON=$(SOAK_ON) target/debug/holdfast-soak
 
 ## image: the container image of holdfast's binaries (and the kubectl plugin), without a Docker engine (scripts/image.sh: static
 ## musl binaries, umoci): an OCI layout in target/image/oci and, tagged $(IMAGE), the archive

@@ -29,7 +29,7 @@ TOOLS_CHAIN='scripts/install-deps.sh --cross && scripts/image.sh binaries && scr
 NODE_CHAIN='scripts/install-deps.sh --node && scripts/install-deps.sh --image-tools'
 # The test targets that build, push, sign or package the image (e2e/src/dist.rs), by name: a
 # name selects that target in every package that has one (manifest-checks' chart.rs too).
-IMAGE_SUITES=(chart image package node)
+IMAGE_SUITES=(chart image package node soak_on_node)
 
 log() { printf '[test %(%H:%M:%S)T] %s\n' -1 "$*"; }
 

@@ -6,11 +6,9 @@
 //! directory of the fixture's own. Dropping it stops the node
 //! (through its script, which removes what it made) and then the control plane.
 //!
-//! The node is one per machine (its bridge, pod range and kube-proxy's nftables table are fixed):
-//! starting fails while another runs (`make cluster`'s: `make down` stops it). The control plane is
-//! stopped with the test binary (parent-death signal) however that ends; the node's processes run
-//! in sessions of their own and outlive a test binary that is killed: `scripts/node.sh down DIR`
-//! then stops them (DIR is logged at start).
+//! The control plane is stopped with the test binary (parent-death signal) however that ends; the
+//! node ([`Node`]) outlives a test binary that is killed. [`Node::around`] makes the same node,
+//! kapp-controller and release around a control plane the caller started (the soak's).
 
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
@@ -30,29 +28,35 @@ pub const RELEASE: &str = "holdfast";
 /// A running `make cluster`.
 pub struct Cluster {
     pub env: Env,
-    /// What `STATE/env` and `STATE/node/env` export.
-    vars: BTreeMap<String, String>,
-    state: TempDir,
+    /// The node, kapp-controller on it and holdfast's release, in the state directory
+    /// `holdfast-localenv` writes the control plane's `env` into.
+    pub node: Node,
     localenv: Option<ServerProcess>,
-    node_started: bool,
 }
 
 impl Fixture for Cluster {
     async fn start() -> Result<Self> {
         // Forked from a runtime worker, which lives as long as the runtime: the control plane's
         // parent-death signal follows the forking thread (a blocking-pool thread exits when idle).
-        let cluster = tokio::spawn(async { Self::control_plane() })
+        let mut cluster = tokio::spawn(async { Self::control_plane() })
             .await
             .context("the control plane's start panicked")??;
-        tokio::task::spawn_blocking(move || cluster.node_and_release())
-            .await
-            .context("the cluster's start panicked")?
+        let node = tokio::task::spawn_blocking(move || {
+            cluster.until_control_plane()?;
+            cluster.node.up()?;
+            cluster.node.install(&serde_json::json!({}))?;
+            let kubeconfig = cluster.node.var("KUBECONFIG")?.into();
+            let registry = cluster.node.var("HOLDFAST_REGISTRY")?.to_string();
+            cluster.env = Env::attached(kubeconfig, registry, None);
+            Ok::<_, anyhow::Error>(cluster)
+        });
+        node.await.context("the cluster's start panicked")?
     }
 
     fn ready(&self) -> String {
         format!(
             "harness: make cluster (control plane, the real node {NODE}, holdfast from its chart) ready in {}",
-            self.state.path().display()
+            self.node.dir()
         )
     }
 }
@@ -61,21 +65,8 @@ impl Cluster {
     /// `holdfast-localenv up --without-holdfast --without-kapp-controller` in a new state directory
     /// (not waited for).
     fn control_plane() -> Result<Self> {
-        if Path::new("/sys/class/net").join(BRIDGE).exists() {
-            bail!(
-                "a real node already runs on this machine (its bridge {BRIDGE} exists): `make down` stops make cluster's"
-            );
-        }
-        let state = tempfile::Builder::new().prefix("holdfast-cluster-").tempdir()?;
-        eprintln!("harness: make cluster in {}", state.path().display());
-        let mut cluster = Cluster {
-            env: Env::attached(Default::default(), String::new(), None),
-            vars: BTreeMap::new(),
-            state,
-            localenv: None,
-            node_started: false,
-        };
-        let dir = cluster.dir().to_string();
+        let node = Node::new()?;
+        let dir = node.dir().to_string();
         // The test binary is target/<profile>/deps/NAME-HASH; cargo builds the package's binaries
         // beside deps/ for its integration tests.
         let exe = std::env::current_exe()?;
@@ -85,30 +76,32 @@ impl Cluster {
             .map(|p| p.join("holdfast-localenv"))
             .filter(|p| p.is_file())
             .context("holdfast-localenv is not built beside the test binary")?;
-        cluster.localenv = Some(ServerProcess::spawn(
+        let localenv = ServerProcess::spawn(
             "holdfast-localenv",
             &localenv,
             &[
                 "up".into(),
                 "--state-dir".into(),
-                dir.clone(),
+                dir,
                 "--without-holdfast".into(),
                 "--without-kapp-controller".into(),
             ],
             &[],
-            cluster.state.path().join("localenv.log"),
-        )?);
-        Ok(cluster)
+            node.state.path().join("localenv.log"),
+        )?;
+        Ok(Cluster {
+            env: Env::attached(Default::default(), String::new(), None),
+            node,
+            localenv: Some(localenv),
+        })
     }
 
-    /// Once the control plane is ready: the node, kapp-controller on it, then holdfast's release.
-    fn node_and_release(mut self) -> Result<Self> {
-        let cluster = &mut self;
-        let dir = cluster.dir().to_string();
-        let env_file = cluster.state.path().join("env");
+    /// Waits for the control plane's `STATE/env` (its presence means ready).
+    fn until_control_plane(&mut self) -> Result<()> {
+        let env_file = self.node.state.path().join("env");
         let deadline = std::time::Instant::now() + Duration::from_secs(300);
         while !env_file.exists() {
-            if let Some(process) = cluster.localenv.as_mut() {
+            if let Some(process) = self.localenv.as_mut() {
                 process.check_running()?;
             }
             ensure!(
@@ -117,18 +110,117 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-        cluster.node_started = true;
-        dist::script("node.sh", &["up", &dir])?;
-        dist::script("kapp-controller.sh", &["up", &dir])?;
-        dist::script("install.sh", &[&dir])?;
-        cluster.read_vars()?;
-        let kubeconfig = cluster.var("KUBECONFIG")?.into();
-        let registry = cluster.var("HOLDFAST_REGISTRY")?.to_string();
-        cluster.env = Env::attached(kubeconfig, registry, None);
-        Ok(self)
+        Ok(())
     }
 
-    /// The fixture's state directory (`STATE` of the scripts).
+    /// The process id of the control plane's `holdfast-localenv` (what runs the host processes).
+    pub fn localenv_pid(&self) -> Option<u32> {
+        self.localenv.as_ref().map(ServerProcess::pid)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // The node before the control plane it registered with.
+        self.node.stop();
+        if let Some(mut localenv) = self.localenv.take() {
+            localenv.stop(Duration::from_secs(30));
+        }
+    }
+}
+
+/// What `STATE/env` exports for a control plane (`holdfast-localenv up` writes it, and
+/// [`Node::around`]): the kubeconfig at `kubeconfig`, the registry, and for `make cluster`'s
+/// kubelet its client CA and the API server's address, where the node's forwarder sends pods'
+/// calls to the `kubernetes` Service.
+pub fn state_exports(env: &Env, kubeconfig: &Path) -> String {
+    format!(
+        "export KUBECONFIG={}\nexport HOLDFAST_REGISTRY={}\nexport HOLDFAST_KUBELET_CLIENT_CA={}\nexport HOLDFAST_APISERVER=127.0.0.1:{}\n",
+        kubeconfig.display(),
+        env.registry(),
+        env.kubelet_client_ca().display(),
+        env.apiserver_port(),
+    )
+}
+
+/// `make cluster`'s real node (scripts/node.sh), kapp-controller as a pod there
+/// (scripts/kapp-controller.sh) and holdfast installed onto it from its image and chart
+/// (scripts/install.sh), in a state directory of its own. Dropping it stops the node (through
+/// its script, which removes what it made).
+///
+/// The node is one per machine (its bridge, pod range and kube-proxy's nftables table are fixed):
+/// starting fails while another runs (`make cluster`'s: `make down` stops it). The node's
+/// processes run in sessions of their own and outlive a test binary that is killed:
+/// `scripts/node.sh down DIR` then stops them (DIR is logged at start).
+pub struct Node {
+    state: TempDir,
+    /// What `STATE/env` and `STATE/node/env` export.
+    vars: BTreeMap<String, String>,
+    started: bool,
+}
+
+impl Node {
+    /// A new state directory, when no other node runs on this machine.
+    fn new() -> Result<Self> {
+        if Path::new("/sys/class/net").join(BRIDGE).exists() {
+            bail!(
+                "a real node already runs on this machine (its bridge {BRIDGE} exists): `make down` stops make cluster's"
+            );
+        }
+        let state = tempfile::Builder::new().prefix("holdfast-cluster-").tempdir()?;
+        eprintln!("harness: make cluster in {}", state.path().display());
+        Ok(Node {
+            state,
+            vars: BTreeMap::new(),
+            started: false,
+        })
+    }
+
+    /// The node and kapp-controller around `env`, a control plane this process started: what
+    /// `make cluster` makes around `holdfast-localenv`'s, with the control plane's processes left
+    /// in `env`'s hands (the soak restarts them); holdfast's release follows with
+    /// [`Node::install`]. Writes its state directory only: [`Node::up`] starts it.
+    pub fn around(env: &Env) -> Result<Self> {
+        let node = Node::new()?;
+        let kubeconfig = node.state.path().join("kubeconfig");
+        std::fs::copy(env.kubeconfig(), &kubeconfig)?;
+        std::fs::write(node.state.path().join("env"), state_exports(env, &kubeconfig))?;
+        Ok(node)
+    }
+
+    /// Once the control plane's `STATE/env` is written: the node, then kapp-controller on it.
+    /// Blocking: on the blocking pool, never `block_in_place` on a worker that forked the
+    /// control plane (its processes die with that thread, [`crate::process`]).
+    pub fn up(&mut self) -> Result<()> {
+        let dir = self.dir().to_string();
+        self.started = true;
+        dist::script("node.sh", &["up", &dir])?;
+        dist::script("kapp-controller.sh", &["up", &dir])?;
+        self.read_vars()
+    }
+
+    /// holdfast's release, from its image and chart (scripts/install.sh), with `values` (a
+    /// values file's content, JSON) over the script's.
+    pub fn install(&mut self, values: &serde_json::Value) -> Result<()> {
+        let file = self.state.path().join("soak-values.json");
+        std::fs::write(&file, serde_json::to_vec(values)?)?;
+        let args = format!("--values={}", file.display());
+        let dir = self.dir().to_string();
+        dist::script_with_env("install.sh", &[&dir], &[("HOLDFAST_HELM_ARGS", &args)])?;
+        self.read_vars()
+    }
+
+    /// Stops the node (once).
+    fn stop(&mut self) {
+        if std::mem::take(&mut self.started) {
+            let dir = self.dir().to_string();
+            if let Err(e) = dist::script("node.sh", &["down", &dir]) {
+                eprintln!("harness: stopping the node failed: {e:#}");
+            }
+        }
+    }
+
+    /// The node's state directory (`STATE` of the scripts).
     pub fn dir(&self) -> &str {
         self.state.path().to_str().unwrap_or_default()
     }
@@ -196,11 +288,6 @@ impl Cluster {
         Ok(String::from_utf8(out.stdout)?)
     }
 
-    /// The process id of the control plane's `holdfast-localenv` (what runs the host processes).
-    pub fn localenv_pid(&self) -> Option<u32> {
-        self.localenv.as_ref().map(ServerProcess::pid)
-    }
-
     /// helm of `make deps`, against this cluster.
     pub fn helm(&self, args: &[&str]) -> Result<String> {
         let helm = holdfast_manifest_checks::chart::helm()?;
@@ -208,16 +295,8 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
+impl Drop for Node {
     fn drop(&mut self) {
-        if self.node_started {
-            let dir = self.dir().to_string();
-            if let Err(e) = dist::script("node.sh", &["down", &dir]) {
-                eprintln!("harness: stopping the node failed: {e:#}");
-            }
-        }
-        if let Some(mut localenv) = self.localenv.take() {
-            localenv.stop(Duration::from_secs(30));
-        }
+        self.stop();
     }
 }

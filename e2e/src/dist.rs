@@ -28,7 +28,14 @@ pub fn target_dir() -> PathBuf {
 
 /// Runs one of scripts/ and returns its standard output; fails with its standard error.
 pub fn script(name: &str, args: &[&str]) -> Result<String> {
-    run_script(Command::new(repo().join("scripts").join(name)), name, args)
+    script_with_env(name, args, &[])
+}
+
+/// [`script`] with the variables `vars` set.
+pub fn script_with_env(name: &str, args: &[&str], vars: &[(&str, &str)]) -> Result<String> {
+    let mut command = Command::new(repo().join("scripts").join(name));
+    command.envs(vars.iter().copied());
+    run_script(command, name, args)
 }
 
 /// [`script`] for what it pushes to `env`'s registry, which speaks plain HTTP wherever it listens:

@@ -534,13 +534,13 @@ pub fn ca_bundle_injected(config: Option<&MutatingWebhookConfiguration>) -> bool
     })
 }
 
-/// The fingerprint of the certificate served at `addr` (a webhook's TLS port on loopback) right
-/// now, seen by a TLS client that trusts only `bundle` (the published caBundle), as kube-apiserver
-/// does.
-pub async fn served_fingerprint(addr: &str, bundle: &str) -> Result<String> {
+/// The fingerprint of the certificate served at `addr` (a webhook's TLS port) right now, seen
+/// by a TLS client that trusts only `bundle` (the published caBundle) and verifies the name
+/// `server` (`127.0.0.1` on loopback, the Service's name for a pod), as kube-apiserver does.
+pub async fn served_fingerprint(addr: &str, server: &str, bundle: &str) -> Result<String> {
     let config = holdfast_certs::client_config(bundle)?;
     let tcp = tokio::net::TcpStream::connect(addr).await?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
+    let name = rustls::pki_types::ServerName::try_from(server.to_owned())?;
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await?;

@@ -344,7 +344,7 @@ async fn kubectl_apply_comes_back_patched_over_tls(env: Arc<Env>) -> Result<()> 
 /// trusts only the published caBundle.
 async fn served_fingerprint(webhook: &LocalWebhook) -> Result<String> {
     let bundle = webhook.store.ca_bundle().await?;
-    holdfast_e2e::webhook::served_fingerprint(&webhook.addr.to_string(), &bundle).await
+    holdfast_e2e::webhook::served_fingerprint(&webhook.addr.to_string(), "127.0.0.1", &bundle).await
 }
 
 async fn rotation_under_load_fails_no_admission(env: Arc<Env>) -> Result<()> {

@@ -70,7 +70,7 @@ const WAIT: Duration = Duration::from_secs(180);
 fn kubectl_json(cluster: &Cluster, args: &[&str]) -> Result<Value> {
     let mut all = args.to_vec();
     all.extend(["-o", "json"]);
-    Ok(serde_json::from_str(&cluster.run("kubectl", &all)?)?)
+    Ok(serde_json::from_str(&cluster.node.run("kubectl", &all)?)?)
 }
 
 fn apps(client: kube::Client, namespace: &str) -> Api<DynamicObject> {
@@ -80,7 +80,7 @@ fn apps(client: kube::Client, namespace: &str) -> Api<DynamicObject> {
 
 /// `kubectl rollout status` of one of the release's Deployments (at most 3 minutes).
 fn rollout_status(cluster: &Cluster, deployment: &str) -> Result<()> {
-    cluster.run(
+    cluster.node.run(
         "kubectl",
         &["rollout", "status", "-n", NAMESPACE, deployment, "--timeout=180s"],
     )?;
@@ -94,7 +94,7 @@ fn helm_upgrade(cluster: &Cluster, extra: &[&str]) -> Result<()> {
     let mut args = vec!["upgrade", RELEASE, &chart, "-n", NAMESPACE, "--reuse-values"];
     args.extend(extra);
     args.extend(["--wait", "--timeout=180s"]);
-    cluster.helm(&args)?;
+    cluster.node.helm(&args)?;
     Ok(())
 }
 
@@ -154,7 +154,7 @@ fn container_pid(cluster: &Cluster, container_id: &str) -> Result<u32> {
     let id = container_id
         .strip_prefix("containerd://")
         .with_context(|| format!("{container_id} is not a containerd container"))?;
-    let inspect: Value = serde_json::from_str(&cluster.run("crictl", &["inspect", id])?)?;
+    let inspect: Value = serde_json::from_str(&cluster.node.run("crictl", &["inspect", id])?)?;
     let pid = inspect["info"]["pid"]
         .as_u64()
         .context("crictl inspect gave no pid")?;
@@ -205,7 +205,7 @@ async fn holdfast_runs_restricted_from_its_chart_on_the_real_node(cluster: Arc<C
         namespace["metadata"]["labels"]
     );
     // Enforced, not only labelled: a root pod is refused at admission.
-    let refused = cluster.run(
+    let refused = cluster.node.run(
         "kubectl",
         &[
             "run",
@@ -390,7 +390,10 @@ fn kapp_controller_pod(cluster: &Cluster) -> Result<String> {
         pod["spec"]["nodeName"]
     );
     ensure!(is_ready(pod), "{name} is not Ready: {}", pod["status"]);
-    let image = format!("{}/kapp-controller", cluster.var("HOLDFAST_CLUSTER_REGISTRY")?);
+    let image = format!(
+        "{}/kapp-controller",
+        cluster.node.var("HOLDFAST_CLUSTER_REGISTRY")?
+    );
     let statuses = pod["status"]["containerStatuses"]
         .as_array()
         .cloned()
@@ -427,7 +430,7 @@ fn kapp_controller_pod(cluster: &Cluster) -> Result<String> {
 
 /// The end of the log of kapp-controller's pod `pod` (its controller container).
 fn kapp_controller_log(cluster: &Cluster, pod: &str) -> Result<String> {
-    cluster.run(
+    cluster.node.run(
         "kubectl",
         &[
             "logs",
@@ -588,7 +591,7 @@ async fn a_registry_outage_keeps_the_app_reconciling_on_the_node(cluster: Arc<Cl
         "the App opted out of holdfast was changed: {}",
         fetch_url(&tagged)
     );
-    cluster.script("node.sh", &["registry-outage", "on"])?;
+    cluster.node.script("node.sh", &["registry-outage", "on"])?;
     let started = std::time::Instant::now();
     // Syncs count when their fetch began after this (the status has whole seconds): during the
     // outage.
@@ -607,7 +610,7 @@ async fn a_registry_outage_keeps_the_app_reconciling_on_the_node(cluster: Arc<Cl
     }
     let outage = started.elapsed();
     watch.abort();
-    cluster.script("node.sh", &["registry-outage", "off"])?;
+    cluster.node.script("node.sh", &["registry-outage", "off"])?;
 
     let seen = seen.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
     let pinned = seen.get("pinned").cloned().unwrap_or_default();
@@ -640,6 +643,7 @@ async fn a_registry_outage_keeps_the_app_reconciling_on_the_node(cluster: Arc<Cl
 /// Whether a pod in `namespace` opens a TCP connection to `target`.
 fn connects(cluster: &Cluster, namespace: &str, pod: &str, target: &str) -> bool {
     cluster
+        .node
         .run(
             "kubectl",
             &[
@@ -669,17 +673,17 @@ fn labelled_client_pod(cluster: &Cluster, namespace: &str, name: &str, labels: &
         "metadata": {"name": name, "labels": labels},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": NODE},
-            "tolerations": [{"key": cluster.var("HOLDFAST_NODE_TAINT")?, "operator": "Exists", "effect": "NoSchedule"}],
+            "tolerations": [{"key": cluster.node.var("HOLDFAST_NODE_TAINT")?, "operator": "Exists", "effect": "NoSchedule"}],
             "automountServiceAccountToken": false,
             "securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
             "containers": [{
-                "name": "main", "image": cluster.var("HOLDFAST_NETCHECK_IMAGE")?, "args": ["pause"],
+                "name": "main", "image": cluster.node.var("HOLDFAST_NETCHECK_IMAGE")?, "args": ["pause"],
                 "securityContext": {"readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}
             }]
         }
     });
     cluster.env.kubectl_apply(namespace, &pod.to_string())?;
-    cluster.run(
+    cluster.node.run(
         "kubectl",
         &[
             "wait",
@@ -745,8 +749,8 @@ async fn network_policies_let_only_scrapers_reach_the_admin_ports(cluster: Arc<C
 /// policy selects reaches the registry but not the kubelet's port on the same address, which an
 /// unselected pod reaches. The release gets its egress back afterwards.
 async fn egress_is_restricted_to_the_api_server_and_the_registries(cluster: Arc<Cluster>) -> Result<()> {
-    let node_ip = cluster.var("HOLDFAST_NODE_IP")?.to_owned();
-    let registry = cluster.var("HOLDFAST_CLUSTER_REGISTRY")?.to_owned();
+    let node_ip = cluster.node.var("HOLDFAST_NODE_IP")?.to_owned();
+    let registry = cluster.node.var("HOLDFAST_CLUSTER_REGISTRY")?.to_owned();
     let registry_port = registry
         .rsplit_once(':')
         .map(|(_, p)| p.to_owned())
@@ -850,7 +854,7 @@ async fn under_restricted_egress(cluster: &Cluster, kubelet: &str, registry: &st
     .await;
     // Gone before the next test: it carries the release's labels, and the uninstall's watch of
     // the release's pods would see it go.
-    cluster.run(
+    cluster.node.run(
         "kubectl",
         &[
             "delete",
@@ -925,7 +929,9 @@ async fn rolling_updates_and_a_helm_upgrade_and_rollback_fail_no_admission(
         move || -> Result<()> {
             std::thread::sleep(Duration::from_secs(3));
             let deployment = "deployment/holdfast-webhook";
-            cluster.run("kubectl", &["rollout", "restart", "-n", NAMESPACE, deployment])?;
+            cluster
+                .node
+                .run("kubectl", &["rollout", "restart", "-n", NAMESPACE, deployment])?;
             rollout_status(&cluster, deployment)?;
             helm_upgrade(
                 &cluster,
@@ -936,7 +942,9 @@ async fn rolling_updates_and_a_helm_upgrade_and_rollback_fail_no_admission(
                     "controller.podAnnotations.holdfast\\.dev/rolled=upgrade",
                 ],
             )?;
-            cluster.helm(&["rollback", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=180s"])?;
+            cluster
+                .node
+                .helm(&["rollback", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=180s"])?;
             std::thread::sleep(Duration::from_secs(3));
             Ok(())
         }
@@ -960,7 +968,9 @@ async fn rolling_updates_and_a_helm_upgrade_and_rollback_fail_no_admission(
         "only {} admissions ran through the rollouts",
         seen.created
     );
-    let history = cluster.helm(&["history", RELEASE, "-n", NAMESPACE, "-o", "json"])?;
+    let history = cluster
+        .node
+        .helm(&["history", RELEASE, "-n", NAMESPACE, "-o", "json"])?;
     let revisions: Vec<Value> = serde_json::from_str(&history)?;
     ensure!(
         revisions.len() >= 3,
@@ -976,6 +986,7 @@ async fn rolling_updates_and_a_helm_upgrade_and_rollback_fail_no_admission(
 /// node is uncordoned both Deployments are whole again.
 async fn a_drain_of_the_node_stops_at_the_pod_disruption_budgets(cluster: Arc<Cluster>) -> Result<()> {
     let out = cluster
+        .node
         .command("kubectl")
         .args([
             "drain",
@@ -987,7 +998,7 @@ async fn a_drain_of_the_node_stops_at_the_pod_disruption_budgets(cluster: Arc<Cl
         ])
         .output()?;
     let during = release_pods(&cluster)?;
-    cluster.run("kubectl", &["uncordon", NODE])?;
+    cluster.node.run("kubectl", &["uncordon", NODE])?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     ensure!(!out.status.success(), "the drain went through: {stderr}");
     ensure!(
@@ -1236,7 +1247,7 @@ async fn the_controller_killed_in_its_pod_restarts_and_loses_nothing(cluster: Ar
         .as_str()
         .unwrap_or_default();
     let pid = container_pid(&cluster, container)?;
-    cluster.run("kill", &["-KILL", &pid.to_string()])?;
+    cluster.node.run("kill", &["-KILL", &pid.to_string()])?;
     let killed_at = std::time::SystemTime::now();
     eprintln!("SIGKILLed the leader {leader} (pid {pid})");
 
@@ -1344,7 +1355,9 @@ async fn helm_uninstall_removes_the_webhooks_before_the_pods(cluster: Arc<Cluste
         !running.items.is_empty(),
         "the release has no pods before the uninstall"
     );
-    cluster.helm(&["uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=180s"])?;
+    cluster
+        .node
+        .helm(&["uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout=180s"])?;
     // The garbage collector deletes the pods after helm has deleted their Deployments.
     for pod in &running.items {
         wait::deleted(&pods, &pod.name_any(), pod.uid().as_deref().unwrap_or_default()).await?;
@@ -1412,7 +1425,7 @@ async fn the_carvel_package_installed_by_the_in_cluster_kapp_controller_runs_on_
     let env = &cluster.env;
     // The Helm release out of the way (as the test before leaves it; run alone, this one
     // uninstalls it): the package installs the same objects.
-    cluster.script("install.sh", &["uninstall"])?;
+    cluster.node.script("install.sh", &["uninstall"])?;
     let kapp_controller_pod = kapp_controller_pod(&cluster)?;
     let packaged = dist::package(env)?;
     let client = env.client().await?;
@@ -1434,7 +1447,7 @@ async fn the_carvel_package_installed_by_the_in_cluster_kapp_controller_runs_on_
 
     let placement = json!({
         "nodeSelector": {"kubernetes.io/hostname": NODE},
-        "tolerations": [{"key": cluster.var("HOLDFAST_NODE_TAINT")?, "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": [{"key": cluster.node.var("HOLDFAST_NODE_TAINT")?, "operator": "Exists", "effect": "NoSchedule"}],
     });
     let values = json!({
         "insecureRegistries": [env.registry()],
@@ -1493,7 +1506,7 @@ async fn the_carvel_package_installed_by_the_in_cluster_kapp_controller_runs_on_
         .await
         .context("installed as the Carvel package")?;
 
-    cluster.run(
+    cluster.node.run(
         "kubectl",
         &[
             "delete",
@@ -1529,7 +1542,7 @@ async fn the_carvel_package_installed_by_the_in_cluster_kapp_controller_runs_on_
     )
     .await
     .context("the package's pods still there after its PackageInstall was deleted")?;
-    cluster.run(
+    cluster.node.run(
         "kubectl",
         &[
             "delete",
@@ -1560,7 +1573,7 @@ async fn kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node(cluster: Ar
     let placement = json!([
         {"op": "add", "path": "/spec/template/spec/nodeSelector", "value": {"kubernetes.io/hostname": NODE}},
         {"op": "add", "path": "/spec/template/spec/tolerations",
-         "value": [{"key": cluster.var("HOLDFAST_NODE_TAINT")?, "operator": "Exists", "effect": "NoSchedule"}]},
+         "value": [{"key": cluster.node.var("HOLDFAST_NODE_TAINT")?, "operator": "Exists", "effect": "NoSchedule"}]},
         {"op": "add", "path": "/spec/template/spec/containers/0/args/-", "value": format!("--insecure-registry={registry}")},
     ]);
     let kustomization = json!({
@@ -1574,7 +1587,9 @@ async fn kubectl_apply_k_of_the_recommended_overlay_runs_on_the_node(cluster: Ar
         overlay.path().join("kustomization.yaml"),
         serde_yaml::to_string(&kustomization)?,
     )?;
-    cluster.run("kubectl", &["apply", "-k", &overlay.path().to_string_lossy()])?;
+    cluster
+        .node
+        .run("kubectl", &["apply", "-k", &overlay.path().to_string_lossy()])?;
     for deployment in ["deployment/holdfast-webhook", "deployment/holdfast-controller"] {
         rollout_status(&cluster, deployment)?;
     }

@@ -91,15 +91,7 @@ async fn up(state: &Path, holdfast: bool, kapp_controller: bool) -> Result<()> {
         .map(|(name, pid)| format!("{name}={pid}"))
         .collect();
     std::fs::write(state.join("pids"), pids.join("\n") + "\n")?;
-    // HOLDFAST_KUBELET_CLIENT_CA: for `make cluster`'s kubelet (scripts/node.sh);
-    // HOLDFAST_APISERVER: where the node's forwarder sends pods' calls to the `kubernetes` Service.
-    let mut exports = format!(
-        "export KUBECONFIG={}\nexport HOLDFAST_REGISTRY={}\nexport HOLDFAST_KUBELET_CLIENT_CA={}\nexport HOLDFAST_APISERVER=127.0.0.1:{}\n",
-        kubeconfig.display(),
-        env.registry(),
-        env.kubelet_client_ca().display(),
-        env.apiserver_port(),
-    );
+    let mut exports = holdfast_e2e::cluster::state_exports(&env, &kubeconfig);
     if let Some(webhook) = &webhook {
         exports.push_str(&format!(
             "export HOLDFAST_WEBHOOK_ADMIN=http://{}\nexport HOLDFAST_CONTROLLER_ADMIN=http://{}\n",

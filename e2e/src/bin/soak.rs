@@ -4,12 +4,13 @@
 //! webhook and controller replicas SIGKILLed and the serving certificate rotated, and
 //! invariants checked all along ([`holdfast_e2e::soak`]). The last line is the report; the exit
 //! status is non-zero when any invariant was broken. `SOAK_SAMPLES` names a CSV file for the
-//! resource samples the bounds were judged on.
+//! resource samples the bounds were judged on. holdfast runs as the chart's pods on `make
+//! cluster`'s real node; `SOAK_ON=processes`, as `make up`'s host processes.
 
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use holdfast_e2e::soak::{self, Config};
+use holdfast_e2e::soak::{self, Config, Placement};
 
 #[tokio::main]
 async fn main() -> Result<ExitCode> {
@@ -21,6 +22,7 @@ async fn main() -> Result<ExitCode> {
         Err(_) => 120,
     };
     let config = Config {
+        placement: Placement::from_env()?,
         samples_to: std::env::var_os("SOAK_SAMPLES").map(Into::into),
         ..Config::long(minutes)
     };

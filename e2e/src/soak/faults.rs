@@ -23,7 +23,7 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::replicas::{CONTROLLERS, Holdfast, LEASE, LEASE_DURATION, WEBHOOKS};
+use super::replicas::{Component, Holdfast, LEASE, LEASE_DURATION};
 use crate::{
     Env,
     control_plane::{ETCD, KUBE_APISERVER, SpareRegistry},
@@ -255,8 +255,9 @@ pub struct RegistryFront {
 }
 
 impl RegistryFront {
-    pub async fn start(upstream: &str) -> Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+    /// A front listening on `host` (loopback, or the real node's address) before `upstream`.
+    pub async fn start(host: &str, upstream: &str) -> Result<Self> {
+        let listener = TcpListener::bind((host, 0)).await?;
         let addr = listener.local_addr()?.to_string();
         let upstream = upstream.to_string();
         let answer = watch::Sender::new(Answer::Pass);
@@ -516,7 +517,8 @@ impl Injector {
                 ))
             }
             Fault::RegistryWrongDigests => {
-                // Past one refresh round, so that the controller's checks meet it.
+                // Past one refresh round of a leader's, so that the controller's checks meet it.
+                self.leader().await?;
                 let held = self.refresh + self.hold;
                 let before = self.front.faulted();
                 self.front.answer(Answer::WrongDigest);
@@ -547,34 +549,33 @@ impl Injector {
             }
             Fault::LeaderLinkCut => {
                 let leader = self.leader().await?;
-                let link = self
-                    .holdfast
-                    .replica(&leader)?
-                    .link
-                    .as_ref()
-                    .context("the leader has no link of its own")?;
                 let cut_for = LEASE_DURATION + self.hold;
-                link.hang();
+                self.holdfast.hang(&leader).await?;
                 tokio::time::sleep(cut_for).await;
                 self.timeline.cuts_mut().push(Cut {
                     replica: leader.clone(),
                     resumed: k8s_openapi::jiff::Timestamp::now(),
                 });
-                link.resume();
+                self.holdfast.resume(&leader).await?;
                 Ok(format!(
                     "{leader}'s link to the API server hung for {cut_for:?}, resumed"
                 ))
             }
             Fault::WebhookKilled => {
-                let name = WEBHOOKS[1];
-                self.env.lock().await.respawn_process(name, Stop::Kill)?;
-                self.holdfast.replica(name)?.ready().await?;
+                // Always the second: the first lives the whole run, its memory judged over it.
+                let name = self
+                    .holdfast
+                    .webhooks()
+                    .nth(1)
+                    .context("no second webhook replica")?
+                    .name
+                    .clone();
+                self.holdfast.kill(&self.env, &name).await?;
                 Ok(format!("{name} SIGKILLed, started again, ready"))
             }
             Fault::ControllerKilled => {
                 let leader = self.leader().await?;
-                self.env.lock().await.respawn_process(&leader, Stop::Kill)?;
-                self.holdfast.replica(&leader)?.ready().await?;
+                self.holdfast.kill(&self.env, &leader).await?;
                 Ok(format!("{leader} (leading) SIGKILLed, started again, ready"))
             }
             Fault::CertificateRotated => self.rotate_certificate().await,
@@ -587,6 +588,8 @@ impl Injector {
     /// controller's refresh pinned the new digest and copies it: at most four refresh
     /// intervals), then for the hold; fails if no write met it.
     async fn mirror_refuses_writes(&self, code: u16) -> Result<String> {
+        // The window counts from a leader's term: only a leader's refresh copies.
+        let leader = self.leader().await?;
         let (before, started) = (self.mirror.faulted(), Instant::now());
         self.mirror.answer(Answer::RefuseWrites(code));
         let met = self.mirror.until_faulted(before, self.refresh * 4).await;
@@ -601,7 +604,7 @@ impl Injector {
             self.refresh
         );
         Ok(format!(
-            "mirror answered {code} to writes for {held:.1?} ({refused} refused)"
+            "mirror answered {code} to writes for {held:.1?} ({refused} refused; {leader} leading)"
         ))
     }
 
@@ -612,21 +615,34 @@ impl Injector {
         Ok(format!("registry answered {code} for {:?}", self.hold))
     }
 
-    /// The controller replica holding the Lease now.
+    /// The controller replica leading now: the Lease's holder, which says so itself (its
+    /// `holdfast_controller_leader` gauge) and is ready. Waited for, up to the kubelet's longest
+    /// restart back-off: after a kill or an API server restart a term may not have begun yet,
+    /// and a fault that needs a leader (a refresh round, a copy) proves nothing without one.
     async fn leader(&self) -> Result<String> {
-        let lease = Api::<ControllerLease>::namespaced(self.client.clone(), NAMESPACE)
-            .get(LEASE)
-            .await
-            .context("reading the controllers' ControllerLease")?;
-        let holder = lease
-            .spec
-            .holder_identity
-            .context("the controllers' ControllerLease has no holder")?;
-        anyhow::ensure!(
-            CONTROLLERS.contains(&holder.as_str()),
-            "the Lease is held by {holder}, not a replica"
-        );
-        Ok(holder)
+        let leases = Api::<ControllerLease>::namespaced(self.client.clone(), NAMESPACE);
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(330);
+        loop {
+            let holder = leases
+                .get(LEASE)
+                .await
+                .context("reading the controllers' ControllerLease")?
+                .spec
+                .holder_identity;
+            let replica = holder.as_deref().and_then(|h| self.holdfast.replica(h).ok());
+            if let Some(replica) = replica.filter(|r| r.component == Component::Controller)
+                && super::invariants::leading(&http, &replica.admin).await == Some(true)
+                && replica.ready().await.is_ok()
+            {
+                return Ok(replica.name.clone());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "no controller replica led 330 s on (the Lease's holder: {holder:?})"
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
 
     /// A new serving certificate in the Secret the webhooks serve from (as any replica's renewal
@@ -646,11 +662,16 @@ impl Injector {
             validating_webhook_configurations: vec!["holdfast".into()],
         };
         let store = KubeCertStore::bootstrap(self.client.clone(), config).await?;
-        let first = self.holdfast.webhooks[0]
+        let first = self
+            .holdfast
+            .webhooks()
+            .next()
+            .context("no webhook replica")?
             .addr
             .as_deref()
             .context("a webhook without an address")?;
-        let before = crate::webhook::served_fingerprint(first, &store.ca_bundle().await?).await?;
+        let before =
+            crate::webhook::served_fingerprint(first, SERVICE_NAME, &store.ca_bundle().await?).await?;
         store.rotate_leaf().await?;
         let (rotated, bundle) = (store.resolver().fingerprint(), store.ca_bundle().await?);
         anyhow::ensure!(
@@ -658,11 +679,11 @@ impl Injector {
             "the rotation left the certificate {before} in place"
         );
         let started = Instant::now();
-        for webhook in &self.holdfast.webhooks {
+        for webhook in self.holdfast.webhooks() {
             let addr = webhook.addr.as_deref().context("a webhook without an address")?;
             // Nothing to watch: the certificate a process serves is seen only by connecting.
             loop {
-                let served = crate::webhook::served_fingerprint(addr, &bundle).await;
+                let served = crate::webhook::served_fingerprint(addr, SERVICE_NAME, &bundle).await;
                 if served.as_deref().ok() == Some(rotated.as_str()) {
                     break;
                 }
@@ -680,6 +701,10 @@ impl Injector {
         ))
     }
 }
+
+/// The webhook Service's name, which every serving certificate names (the replicas' own and the
+/// rotation's), on loopback or in a pod alike.
+const SERVICE_NAME: &str = "holdfast-webhook.holdfast-system.svc";
 
 #[cfg(test)]
 mod tests {

@@ -23,7 +23,11 @@ use kube::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{faults::Timeline, load, replicas::Holdfast};
+use super::{
+    faults::Timeline,
+    load,
+    replicas::{Component, Holdfast},
+};
 use crate::{Env, process::Usage};
 
 /// Locks a soak mutex; every writer leaves its state whole (one insert or push at a time), so
@@ -377,17 +381,17 @@ impl Role {
 /// One sample of one holdfast process.
 #[derive(Debug, Clone)]
 pub struct Sample {
-    pub name: &'static str,
+    pub name: String,
     pub pid: u32,
     pub role: Role,
     pub at: Instant,
     pub usage: Usage,
 }
 
-/// Samples every holdfast process every `every` until `stop`, and starts again any that exited
-/// (a controller that lost its Lease exits, and its pod's container is restarted); returns the
-/// samples and the restarts. A controller whose role cannot be read (it is starting, or just
-/// exited) is not sampled that round.
+/// Samples every holdfast process every `every` until `stop`, and has holdfast start again the
+/// host processes that exited ([`Holdfast::restart_exited`]); returns the samples and the
+/// restarts. A controller whose role cannot be read (it is starting, or just exited) is not
+/// sampled that round.
 pub async fn monitor(
     env: Arc<tokio::sync::Mutex<Env>>,
     holdfast: Arc<Holdfast>,
@@ -401,40 +405,30 @@ pub async fn monitor(
         .build()?;
     let mut tick = tokio::time::interval(every);
     while stop.run_until_cancelled(tick.tick()).await.is_some() {
-        let mut taken = Vec::new();
+        for restart in holdfast
+            .restart_exited(&env, started.elapsed().as_secs_f64())
+            .await?
         {
-            let mut env = env.lock().await;
-            for replica in holdfast.replicas() {
-                if let Some(status) = env.exited(replica.name)? {
-                    let restart = format!(
-                        "{} exited ({status}) at +{:.0}s, started again",
-                        replica.name,
-                        started.elapsed().as_secs_f64()
-                    );
-                    eprintln!("soak: {restart}");
-                    env.respawn_process(replica.name, crate::process::Stop::Kill)?;
-                    restarts.push(restart);
-                    continue;
-                }
-                let Some(pid) = env.pid_of(replica.name) else {
-                    continue;
-                };
-                // A process that exits between the check and the read is restarted next round.
-                if let Ok(usage) = Usage::of(Some(pid)) {
-                    taken.push((replica, pid, Instant::now(), usage));
-                }
-            }
+            eprintln!("soak: {restart}");
+            restarts.push(restart);
         }
-        for (replica, pid, at, usage) in taken {
-            let role = match replica.link {
-                None => Some(Role::Serving),
-                Some(_) => leading(&http, &replica.admin)
+        for replica in holdfast.replicas() {
+            // A process that exits between the look-up and the read is seen next round.
+            let Some(pid) = holdfast.pid(&env, replica).await else {
+                continue;
+            };
+            let (at, Ok(usage)) = (Instant::now(), Usage::of(Some(pid))) else {
+                continue;
+            };
+            let role = match replica.component {
+                Component::Webhook => Some(Role::Serving),
+                Component::Controller => leading(&http, &replica.admin)
                     .await
                     .map(|leading| if leading { Role::Leading } else { Role::StandingBy }),
             };
             if let Some(role) = role {
                 samples.push(Sample {
-                    name: replica.name,
+                    name: replica.name.clone(),
                     pid,
                     role,
                     at,
@@ -448,7 +442,7 @@ pub async fn monitor(
 
 /// Whether the controller serving its admin port at `admin` leads (its
 /// `holdfast_controller_leader` gauge); none when the gauge cannot be read.
-async fn leading(http: &reqwest::Client, admin: &str) -> Option<bool> {
+pub(super) async fn leading(http: &reqwest::Client, admin: &str) -> Option<bool> {
     let text = http
         .get(format!("http://{admin}/metrics"))
         .send()
@@ -487,23 +481,6 @@ pub fn write_samples(path: &std::path::Path, samples: &[Sample], started: Instan
     }
     std::fs::write(path, csv)?;
     Ok(())
-}
-
-/// The lines of holdfast's logs that report a panic.
-pub fn panics(env: &Env, holdfast: &Holdfast) -> Vec<String> {
-    holdfast
-        .replicas()
-        .flat_map(|replica| {
-            let log = env
-                .log_path(replica.name)
-                .and_then(|p| std::fs::read_to_string(p).ok())
-                .unwrap_or_default();
-            log.lines()
-                .filter(|l| l.contains("panicked"))
-                .map(|l| format!("{}: {l}", replica.name))
-                .collect::<Vec<_>>()
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,18 +1,21 @@
 //! The soak (issue 33): holdfast under continuous churn while a fault injector cycles through
 //! the failures it knows, one at a time with recovery between, and invariants checked all along.
 //!
-//! The environment is the host-process one of `make up` and the e2e suites ([`Env`]): the real
-//! kube-apiserver, etcd, kube-controller-manager, kube-scheduler and kwok, the real
-//! kapp-controller, and holdfast's own binaries as processes ([`replicas`]: two webhooks behind
-//! a front that balances connections, two controllers electing a leader, each through a link of
-//! its own). The upstream registry is a registry of the soak's own behind a front that can
-//! answer 503 or 429, slowly, or with digests nothing serves ([`faults::RegistryFront`]); the
-//! objects name the front. A mirror registry (`--mirror-registry`) behind a front of its own,
-//! which can refuse writes (full, read-only), holds the copies the objects of one namespace are
-//! pinned to. At the end the API server's audit log judges every controller write against the
-//! Lease's terms ([`leadership`]), and the mirror must serve every copy a pin named. The real
-//! Korifi on the real kpack has its orgs created and deleted throughout ([`orgs`]): every
-//! deletion completes, with no Build after it. Not yet here: `make cluster`'s real node.
+//! The control plane is the host-process one of `make up` and the e2e suites ([`Env`]): the
+//! real kube-apiserver, etcd, kube-controller-manager, kube-scheduler and kwok, the real
+//! kapp-controller, so that the soak can stop and kill them. holdfast is placed as
+//! [`Placement`] says ([`replicas`]): the chart's release on `make cluster`'s real node around
+//! that control plane (two pods of each Deployment, behind their Service; kills and cut links
+//! in the pods), or its binaries as host processes (two webhooks behind a front that balances
+//! connections, two controllers electing a leader, each through a link of its own). The
+//! upstream registry is a registry of the soak's own behind a front that can answer 503 or 429,
+//! slowly, or with digests nothing serves ([`faults::RegistryFront`]); the objects name the
+//! front. A mirror registry (`--mirror-registry`) behind a front of its own, which can refuse
+//! writes (full, read-only), holds the copies the objects of one namespace are pinned to. At
+//! the end the API server's audit log judges every controller write against the Lease's terms
+//! ([`leadership`]), and the mirror must serve every copy a pin named. The real Korifi on the
+//! real kpack has its orgs created and deleted throughout ([`orgs`]): every deletion completes,
+//! with no Build after it.
 
 pub mod faults;
 pub mod invariants;
@@ -28,7 +31,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use holdfast_pins::PinnedKind;
 use kube::Api;
 use tokio_util::sync::CancellationToken;
@@ -41,15 +44,36 @@ use self::{
     replicas::Holdfast,
     report::Report,
 };
-use crate::{Env, installed::NAMESPACE};
+use crate::{Env, cluster::Node, installed::NAMESPACE};
 
 /// How long after a fault's recovery a client's failure (or an admission let through unpinned)
 /// is still the fault's: clients reconnect, and the API server's own clients resync.
 const GRACE: Duration = Duration::from_secs(15);
 
+/// Where holdfast runs in the soak ([`replicas`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// As `make up` runs it: host processes.
+    Processes,
+    /// As `make cluster` runs it: the chart's pods on the real node.
+    Node,
+}
+
+impl Placement {
+    /// `SOAK_ON`: `node` (the default, as users run holdfast) or `processes`.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("SOAK_ON").as_deref() {
+            Ok("node") | Err(_) => Ok(Placement::Node),
+            Ok("processes") => Ok(Placement::Processes),
+            Ok(other) => anyhow::bail!("SOAK_ON={other}: `node` (the default) or `processes`"),
+        }
+    }
+}
+
 /// How the soak runs.
 #[derive(Debug, Clone)]
 pub struct Config {
+    pub placement: Placement,
     /// Faults are injected until then (and each at least once).
     pub duration: Duration,
     pub shape: Shape,
@@ -87,10 +111,11 @@ pub struct Bounds {
 
 impl Config {
     /// `make soak`: `minutes` of faults (`SOAK_MINUTES`) over 200 objects and 30 tags, each tag
-    /// moved every 5 minutes; the resource bounds enforced from an hour on.
+    /// moved every 5 minutes, on the real node; the resource bounds enforced from an hour on.
     pub fn long(minutes: u64) -> Self {
         let duration = Duration::from_secs(minutes * 60);
         Self {
+            placement: Placement::Node,
             duration,
             shape: Shape {
                 namespaces: 5,
@@ -121,6 +146,7 @@ impl Config {
     /// every 15 s, refreshes every 15 s; about five minutes.
     pub fn short() -> Self {
         Self {
+            placement: Placement::Processes,
             duration: Duration::ZERO,
             shape: Shape {
                 namespaces: 2,
@@ -153,29 +179,48 @@ pub async fn run(config: Config) -> Result<Report> {
         !env.is_existing_cluster(),
         "the soak runs only on the local control plane"
     );
+    // On the real node, what its pods call listens on the node's address (the host reaches it
+    // too); as host processes, on loopback.
+    let node = match config.placement {
+        Placement::Processes => None,
+        Placement::Node => Some(blocking(Node::around(&env)?, Node::up).await?),
+    };
+    let host = match &node {
+        Some(node) => node.var("HOLDFAST_NODE_IP")?.to_owned(),
+        None => "127.0.0.1".to_owned(),
+    };
     let registry = env.spare_registry().await?;
     let (pushes, front) = (
         registry.addr.clone(),
-        Arc::new(RegistryFront::start(&registry.addr).await?),
+        Arc::new(RegistryFront::start(&host, &registry.addr).await?),
     );
     let registry = Arc::new(tokio::sync::Mutex::new(registry));
     let mirror_registry = env.spare_registry().await?;
-    let mirror = Arc::new(RegistryFront::start(&mirror_registry.addr).await?);
-    let private = private::Private::start(&env).await?;
+    let mirror = Arc::new(RegistryFront::start(&host, &mirror_registry.addr).await?);
+    let private = private::Private::start(&env, &host).await?;
     let registries = [front.addr.as_str(), private.addr.as_str()];
     // Before holdfast: its controller looks for kpack's and Korifi's kinds as a term starts.
     let repository_prefix = env.korifi().await?.repository_prefix().to_owned();
-    let holdfast = Arc::new(
-        Holdfast::start(
-            &mut env,
-            &registries,
-            &mirror.addr,
-            config.refresh,
-            config.duration + Duration::from_secs(3600),
-        )
-        .await?,
-    );
-    env.kapp_controller().await?;
+    let holdfast = match node {
+        None => {
+            let holdfast = Holdfast::processes(
+                &mut env,
+                &registries,
+                &mirror.addr,
+                config.refresh,
+                config.duration + Duration::from_secs(3600),
+            )
+            .await?;
+            env.kapp_controller().await?;
+            holdfast
+        }
+        Some(node) => {
+            let values = replicas::release_values(&node, &registries, &mirror.addr, config.refresh)?;
+            let node = blocking(node, move |node| node.install(&values)).await?;
+            Holdfast::pods(node, env.client().await?).await?
+        }
+    };
+    let holdfast = Arc::new(holdfast);
     let client = env.client().await?;
     let shared = Shared {
         history: Arc::default(),
@@ -315,7 +360,7 @@ pub async fn run(config: Config) -> Result<Report> {
     let private_pins = private_pins.await?;
 
     let violations = &shared.violations;
-    for panic in invariants::panics(&*env.lock().await, &holdfast) {
+    for panic in holdfast.panics(&*env.lock().await) {
         violations.record("panic", panic);
     }
     let audit = env.lock().await.audit_log()?;
@@ -421,9 +466,67 @@ pub async fn run(config: Config) -> Result<Report> {
         builds_after_org_delete: orgs.builds_after_delete,
         orgs_not_staged: orgs.not_populated,
     };
-    // The environment's processes stop with it, here, on the runtime that started them.
+    // The node (if any) before the control plane it registered with; the environment's
+    // processes stop with it, here, on the runtime that started them.
+    drop(holdfast);
     drop(env);
     Ok(report)
+}
+
+/// The short soak of `make test` with holdfast placed as `placement`: each fault once, and
+/// no invariant broken; fails too when a part of the load did not run (an invariant checked
+/// over nothing holds vacuously) or a role's memory was judged over nothing.
+pub async fn short(placement: Placement) -> Result<Report> {
+    let config = Config {
+        placement,
+        samples_to: std::env::var_os("SOAK_SAMPLES").map(Into::into),
+        ..Config::short()
+    };
+    // On a runtime worker: the environment's processes die with the thread that forked them.
+    let report = tokio::spawn(run(config)).await.context("the soak panicked")??;
+    eprintln!("{report}");
+    ensure!(
+        report.violations == 0,
+        "{} violations (listed above): {report}",
+        report.violations
+    );
+    ensure!(
+        report.faults >= Fault::ALL.len(),
+        "{} faults injected, not each of the {} once",
+        report.faults,
+        Fault::ALL.len()
+    );
+    ensure!(
+        report.admissions > 0
+            && report.tag_moves > 0
+            && report.follows_checked > 0
+            && report.controller_writes_judged > 0
+            && report.private_pins_in_owner_namespace > 0
+            && report.mirror_pins > 0
+            && report.org_deletions > 0,
+        "the load did not run: {report}"
+    );
+    // Every process was sampled, the controllers in both roles (standing by at the start).
+    let roles: std::collections::BTreeSet<_> = report.controller.stretches.iter().map(|s| s.role).collect();
+    ensure!(
+        report.webhook.judged_minutes > 0.0 && roles.len() == 2,
+        "the resource samples judged nothing of a role: webhook {:?}, controller {:?}",
+        report.webhook.stretches,
+        report.controller.stretches
+    );
+    Ok(report)
+}
+
+/// `step` (a script's run) on the node, on the blocking pool: `block_in_place` would turn the
+/// worker that forked the control plane into a pool thread, whose exit when idle kills its
+/// children ([`crate::process`]).
+async fn blocking(
+    mut node: Node,
+    step: impl FnOnce(&mut Node) -> Result<()> + Send + 'static,
+) -> Result<Node> {
+    tokio::task::spawn_blocking(move || step(&mut node).map(|()| node))
+        .await
+        .context("a step on the node panicked")?
 }
 
 /// Whether the mirror registry (`addr`, behind its front) serves the pin `mirror/repository@digest`.

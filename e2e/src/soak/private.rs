@@ -18,7 +18,7 @@ use kube::{
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::invariants::Violations;
+use super::{faults::RegistryFront, invariants::Violations};
 use crate::{Env, control_plane::SpareRegistry, images, objects, peers::kapp_controller};
 
 /// On every private App: `owner` in the Secret's namespace, `other` elsewhere.
@@ -35,12 +35,13 @@ pub struct Private {
     /// The tagged reference every private App names.
     url: String,
     /// Kept running for the soak.
-    _registry: SpareRegistry,
+    _registry: (SpareRegistry, RegistryFront),
 }
 
 impl Private {
-    /// Starts the registry and pushes the image.
-    pub async fn start(env: &Env) -> Result<Self> {
+    /// Starts the registry, behind a front on `host` (where holdfast reaches it), and pushes
+    /// the image.
+    pub async fn start(env: &Env, host: &str) -> Result<Self> {
         let registry = env.spare_registry_with_users(&[USER]).await?;
         let config =
             b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: config}\ndata: {private: \"true\"}\n";
@@ -48,10 +49,11 @@ impl Private {
         images::push_as(&registry.addr, Some(USER), "soak/private", "live", &image)
             .await
             .context("pushing the private image")?;
+        let front = RegistryFront::start(host, &registry.addr).await?;
         Ok(Self {
-            addr: registry.addr.clone(),
-            url: format!("{}/soak/private:live", registry.addr),
-            _registry: registry,
+            url: format!("{}/soak/private:live", front.addr),
+            addr: front.addr.clone(),
+            _registry: (registry, front),
         })
     }
 

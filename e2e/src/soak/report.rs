@@ -54,7 +54,7 @@ pub struct Resources {
 /// One judged stretch: one process in one role.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stretch {
-    pub name: &'static str,
+    pub name: String,
     pub pid: u32,
     pub role: Role,
     /// Its judged samples' first and last, in minutes since the soak started.
@@ -95,7 +95,7 @@ pub fn resources(
     let mut per_process: BTreeMap<(&str, u32), Vec<&Sample>> = BTreeMap::new();
     for sample in samples.iter().filter(|s| s.name.starts_with(component)) {
         per_process
-            .entry((sample.name, sample.pid))
+            .entry((sample.name.as_str(), sample.pid))
             .or_default()
             .push(sample);
     }
@@ -136,7 +136,7 @@ pub fn resources(
                 .max(b.usage.threads as i64 - a.usage.threads as i64);
             out.judged_minutes += b.at.duration_since(a.at).as_secs_f64() / 60.0;
             out.stretches.push(Stretch {
-                name: a.name,
+                name: a.name.clone(),
                 pid: a.pid,
                 role: a.role,
                 from_minute: hours(a) * 60.0,
@@ -258,7 +258,7 @@ mod tests {
     ) -> Vec<Sample> {
         (from..=to)
             .map(|minute| Sample {
-                name,
+                name: name.into(),
                 pid,
                 role,
                 at: started + Duration::from_secs(minute * 60),
