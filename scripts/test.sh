@@ -14,7 +14,7 @@
 #      builds take what they leave;
 #   3. then the admission hot path's instruction counts against their baseline
 #      (scripts/instructions.sh check), and the image's suites (IMAGE_SUITES), the real node's
-#      among them.
+#      and the short soak (holdfast on the node) among them.
 # Where everything is cached this is the plain sequence. All runs are `--workspace`: cargo unifies
 # the dependencies' features over the packages it selects, and a narrower selection would
 # rebuild them.
@@ -27,9 +27,10 @@ TOOLS_LOG="$STATE/release-tools.log"
 NODE_LOG="$STATE/node-builds.log"
 TOOLS_CHAIN='scripts/install-deps.sh --cross && scripts/image.sh binaries && scripts/instructions.sh build'
 NODE_CHAIN='scripts/install-deps.sh --node && scripts/install-deps.sh --image-tools'
-# The test targets that build, push, sign or package the image (e2e/src/dist.rs), by name: a
-# name selects that target in every package that has one (manifest-checks' chart.rs too).
-IMAGE_SUITES=(chart image package node soak_on_node)
+# The test targets that build, push, sign or package the image (e2e/src/dist.rs) or install it on
+# the real node (the short soak too), by name: a name selects that target in every package that
+# has one (manifest-checks' chart.rs too).
+IMAGE_SUITES=(chart image package node soak)
 
 log() { printf '[test %(%H:%M:%S)T] %s\n' -1 "$*"; }
 
