@@ -13,6 +13,7 @@ pub mod dist;
 pub mod images;
 pub mod installed;
 pub mod latency;
+pub mod metrics;
 pub mod mirror;
 pub mod netns;
 pub mod objects;

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, ensure};
 use holdfast_e2e::{
     Env,
     controller::LocalController,
-    e2e_main, images,
+    e2e_main, images, metrics,
     objects::{api_for, parse_documents},
     wait,
 };
@@ -181,20 +181,6 @@ async fn one_replica_leads_and_a_standby_takes_over(env: Arc<Env>) -> Result<()>
     Ok(())
 }
 
-/// The value of the sample `series` (name and labels exactly as exposed) in `text`.
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|value| value.split_whitespace().next())
-        .and_then(|value| value.parse().ok())
-}
-
-async fn scrape(http: &reqwest::Client, admin: std::net::SocketAddr) -> Result<String> {
-    let response = http.get(format!("http://{admin}/metrics")).send().await?;
-    ensure!(response.status().is_success(), "/metrics: {}", response.status());
-    Ok(response.text().await?)
-}
-
 async fn readyz(http: &reqwest::Client, admin: std::net::SocketAddr) -> Result<(u16, String)> {
     let response = http.get(format!("http://{admin}/readyz")).send().await?;
     Ok((response.status().as_u16(), response.text().await?))
@@ -203,14 +189,13 @@ async fn readyz(http: &reqwest::Client, admin: std::net::SocketAddr) -> Result<(
 /// Scrapes until `done` holds of the exposition (a counter is bumped just after the write it
 /// counts returns, which a watch may show first); bounded like every wait.
 async fn scrape_until(
-    http: &reqwest::Client,
     admin: std::net::SocketAddr,
     what: &str,
     done: impl Fn(&str) -> bool,
 ) -> Result<String> {
     let deadline = tokio::time::Instant::now() + wait::DEFAULT_TIMEOUT;
     loop {
-        let text = scrape(http, admin).await?;
+        let text = metrics::scrape(&admin.to_string()).await?;
         if done(&text) {
             return Ok(text);
         }
@@ -275,14 +260,14 @@ async fn the_admin_port_reports_readiness_and_metrics_as_work_happens(env: Arc<E
     );
     let app_ok = "holdfast_controller_reconciles_total{controller=\"pinning\",kind=\"App\",result=\"ok\"}";
     let lookups = "holdfast_controller_registry_lookups_total";
-    let before = scrape(&http, addr).await?;
+    let before = metrics::scrape(&addr.to_string()).await?;
     ensure!(
-        sample(&before, "holdfast_controller_leader") == Some(1.0),
+        metrics::value(&before, "holdfast_controller_leader") == Some(1.0),
         "leader gauge while leading:\n{before}"
     );
     let (reconciled_before, lookups_before) = (
-        sample(&before, app_ok).unwrap_or(0.0),
-        sample(&before, lookups).unwrap_or(0.0),
+        metrics::value(&before, app_ok).unwrap_or(0.0),
+        metrics::value(&before, lookups).unwrap_or(0.0),
     );
 
     // An App admitted with a tag (no webhook here): the controller pins it.
@@ -299,16 +284,16 @@ async fn the_admin_port_reports_readiness_and_metrics_as_work_happens(env: Arc<E
         url_of(a).as_deref() == Some(pinned.as_str())
     })
     .await?;
-    let after = scrape_until(&http, addr, "a counted App reconcile", |text| {
-        sample(text, app_ok).unwrap_or(0.0) > reconciled_before
+    let after = scrape_until(addr, "a counted App reconcile", |text| {
+        metrics::value(text, app_ok).unwrap_or(0.0) > reconciled_before
     })
     .await?;
     ensure!(
-        sample(&after, lookups).unwrap_or(0.0) > lookups_before,
+        metrics::value(&after, lookups).unwrap_or(0.0) > lookups_before,
         "pinning a new tag made no registry lookup:\n{after}"
     );
     ensure!(
-        sample(
+        metrics::value(
             &after,
             "holdfast_controller_reconcile_duration_seconds_count{controller=\"pinning\",kind=\"App\"}"
         )
@@ -317,7 +302,7 @@ async fn the_admin_port_reports_readiness_and_metrics_as_work_happens(env: Arc<E
         "no App reconcile timed:\n{after}"
     );
     ensure!(
-        sample(&after, "holdfast_controller_digest_cache_entries").unwrap_or(0.0) >= 1.0,
+        metrics::value(&after, "holdfast_controller_digest_cache_entries").unwrap_or(0.0) >= 1.0,
         "the resolved tag is not in the cache:\n{after}"
     );
 
@@ -328,15 +313,15 @@ async fn the_admin_port_reports_readiness_and_metrics_as_work_happens(env: Arc<E
         .context("the controller did not stop within 20 s")???;
     let (status, why) = readyz(&http, addr).await?;
     ensure!(status == 503, "/readyz after stopping: {status} {why}");
-    let stopped = scrape(&http, addr).await?;
+    let stopped = metrics::scrape(&addr.to_string()).await?;
     ensure!(
-        sample(&stopped, "holdfast_controller_leader") == Some(0.0),
+        metrics::value(&stopped, "holdfast_controller_leader") == Some(0.0),
         "leader gauge after stopping:\n{stopped}"
     );
     eprintln!(
         "admin port: ready while leading, App reconciles {reconciled_before} -> {}, registry lookups {lookups_before} -> {}",
-        sample(&after, app_ok).unwrap_or(0.0),
-        sample(&after, lookups).unwrap_or(0.0)
+        metrics::value(&after, app_ok).unwrap_or(0.0),
+        metrics::value(&after, lookups).unwrap_or(0.0)
     );
     admin_cancel.cancel();
     admin_task.await?;

@@ -180,11 +180,7 @@ async fn remove_peer_apis(client: &Client) -> Result<()> {
 /// `holdfast_{component}_peer_api_served` for `kind`, from the admin port `admin`; an error
 /// while the series is absent.
 async fn peer_api_served(admin: &str, component: &str, kind: &str) -> Result<f64> {
-    let text = reqwest::get(format!("http://{admin}/metrics"))
-        .await?
-        .error_for_status()?
-        .text()
-        .await?;
+    let text = holdfast_e2e::metrics::scrape(admin).await?;
     let prefix = format!("holdfast_{component}_peer_api_served{{");
     text.lines()
         .filter(|l| l.starts_with(&prefix) && l.contains(&format!("kind=\"{kind}\"")))

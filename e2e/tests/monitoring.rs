@@ -15,7 +15,7 @@ use std::{collections::BTreeSet, path::PathBuf, process::ExitCode, time::Duratio
 
 use anyhow::{Context, Result, bail, ensure};
 use holdfast_e2e::{
-    Env, images, installed,
+    Env, images, installed, metrics,
     objects::{api_for, create_all},
     peers::kapp_controller,
     wait,
@@ -83,8 +83,8 @@ async fn queries_name_exported_metrics() -> Result<()> {
     );
     let apps = api_for(&client, app, Some("monitored")).await?;
     fetches_avoided_count_the_syncs(&env, &apps, controller_admin).await?;
-    let webhook = exported(&scrape(&holdfast.admin).await?)?;
-    let controller = exported(&scrape(controller_admin).await?)?;
+    let webhook = exported(&metrics::scrape(&holdfast.admin).await?)?;
+    let controller = exported(&metrics::scrape(controller_admin).await?)?;
     for (component, names, expected) in [
         ("webhook", &webhook, "holdfast_webhook_digest_cache_entries_stale"),
         (
@@ -168,17 +168,13 @@ async fn fetches_avoided_count_the_syncs(env: &Env, apps: &Api<DynamicObject>, a
     .await?;
     // The controller reads the same change off its own watch: its count follows within moments.
     // A metric has no watch; it is read until it counts or the limit passes.
-    let series = "holdfast_controller_fetches_avoided_total{kind=\"App\"} ";
+    let series = "holdfast_controller_fetches_avoided_total{kind=\"App\"}";
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
         tick.tick().await;
-        let text = scrape(admin).await?;
-        let count: f64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix(series))
-            .and_then(|v| v.trim().parse().ok())
-            .context("no fetches_avoided series for Apps")?;
+        let text = metrics::scrape(admin).await?;
+        let count = metrics::value(&text, series).context("no fetches_avoided series for Apps")?;
         if count >= 1.0 {
             return Ok(());
         }
@@ -187,14 +183,6 @@ async fn fetches_avoided_count_the_syncs(env: &Env, apps: &Api<DynamicObject>, a
             "kapp-controller synced the pinned App again, but fetches_avoided stayed at {count}"
         );
     }
-}
-
-async fn scrape(admin: &str) -> Result<String> {
-    let response = reqwest::get(format!("http://{admin}/metrics")).await?;
-    if !response.status().is_success() {
-        bail!("{admin}/metrics answered {}", response.status());
-    }
-    Ok(response.text().await?)
 }
 
 /// The sample names of every metric family the OpenMetrics text declares (`# TYPE NAME TYPE`).

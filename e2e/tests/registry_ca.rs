@@ -15,6 +15,7 @@ use anyhow::{Context, Result, ensure};
 use holdfast_e2e::{
     Env, images,
     installed::{self, Options},
+    metrics,
     objects::create_all,
     scenarios,
     tls_front::TlsFront,
@@ -149,14 +150,7 @@ async fn a_registry_behind_a_private_ca_pins_with_the_bundle_and_fails_clearly_w
 /// `holdfast_<component>_registry_certificate_errors_total` on the admin port at `admin`. The
 /// webhook counts before it answers the admission, the controller before it records PinFailed.
 async fn certificate_errors(admin: &str, component: &str) -> Result<f64> {
-    let metric = format!("holdfast_{component}_registry_certificate_errors_total ");
-    let text = reqwest::get(format!("http://{admin}/metrics"))
-        .await?
-        .error_for_status()?
-        .text()
-        .await?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(&metric))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .with_context(|| format!("no {metric}on {admin}"))
+    let metric = format!("holdfast_{component}_registry_certificate_errors_total");
+    let text = metrics::scrape(admin).await?;
+    metrics::value(&text, &metric).with_context(|| format!("no {metric} on {admin}"))
 }

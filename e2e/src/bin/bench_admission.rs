@@ -254,10 +254,7 @@ async fn pin_phase(
         latencies,
         cpu_ticks: Usage::of(None)?.cpu_ticks - ticks,
     });
-    let metrics = reqwest::get(format!("http://{}/metrics", holdfast.admin_addr))
-        .await?
-        .text()
-        .await?;
+    let metrics = holdfast_e2e::metrics::scrape(&holdfast.admin_addr.to_string()).await?;
     let (server_p99_bound_ms, server_count) = histogram_p99(&metrics, "rule=\"pin-fetch-refs\"")?;
     Ok(PinFigures {
         client,

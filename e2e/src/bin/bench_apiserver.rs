@@ -646,11 +646,7 @@ async fn until_the_policy_pins(client: &Client, holdfast: &Installed, setup: &Se
 
 /// Calls holdfast has answered so far (every rule and operation), from its own metrics.
 async fn holdfast_calls(holdfast: &Installed) -> Result<u64> {
-    let metrics = reqwest::get(format!("http://{}/metrics", holdfast.admin))
-        .await?
-        .error_for_status()?
-        .text()
-        .await?;
+    let metrics = holdfast_e2e::metrics::scrape(&holdfast.admin).await?;
     Ok(metrics
         .lines()
         .filter(|l| l.starts_with("holdfast_webhook_admission_duration_seconds_count{"))

@@ -739,11 +739,13 @@ fn metrics_sum(texts: &[String], series: &str) -> Result<u64> {
 
 /// The value of the series `series` (its name and labels as exported) in the metrics `text`.
 fn metric(text: &str, series: &str) -> Result<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .with_context(|| format!("the controller exports no {series}"))?
-        .parse()
-        .with_context(|| format!("{series} is not a count"))
+    let value = holdfast_e2e::metrics::value(text, series)
+        .with_context(|| format!("the controller exports no {series} (or not as a number)"))?;
+    anyhow::ensure!(
+        value >= 0.0 && value.fract() == 0.0,
+        "{series} is {value}, not a count"
+    );
+    Ok(value as u64)
 }
 
 /// holdfast as an arm runs it: the webhook registered as `registration` says, and the whole

@@ -621,7 +621,6 @@ impl Injector {
     /// and a fault that needs a leader (a refresh round, a copy) proves nothing without one.
     async fn leader(&self) -> Result<String> {
         let leases = Api::<ControllerLease>::namespaced(self.client.clone(), NAMESPACE);
-        let http = reqwest::Client::new();
         let deadline = Instant::now() + Duration::from_secs(330);
         loop {
             let holder = leases
@@ -632,7 +631,7 @@ impl Injector {
                 .holder_identity;
             let replica = holder.as_deref().and_then(|h| self.holdfast.replica(h).ok());
             if let Some(replica) = replica.filter(|r| r.component == Component::Controller)
-                && super::invariants::leading(&http, &replica.admin).await == Some(true)
+                && super::invariants::leading(&replica.admin).await == Some(true)
                 && replica.ready().await.is_ok()
             {
                 return Ok(replica.name.clone());

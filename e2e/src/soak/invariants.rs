@@ -400,9 +400,6 @@ pub async fn monitor(
     stop: CancellationToken,
 ) -> Result<(Vec<Sample>, Vec<String>)> {
     let (mut samples, mut restarts) = (Vec::new(), Vec::new());
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(2))
-        .build()?;
     let mut tick = tokio::time::interval(every);
     while stop.run_until_cancelled(tick.tick()).await.is_some() {
         for restart in holdfast
@@ -422,7 +419,7 @@ pub async fn monitor(
             };
             let role = match replica.component {
                 Component::Webhook => Some(Role::Serving),
-                Component::Controller => leading(&http, &replica.admin)
+                Component::Controller => leading(&replica.admin)
                     .await
                     .map(|leading| if leading { Role::Leading } else { Role::StandingBy }),
             };
@@ -442,20 +439,9 @@ pub async fn monitor(
 
 /// Whether the controller serving its admin port at `admin` leads (its
 /// `holdfast_controller_leader` gauge); none when the gauge cannot be read.
-pub(super) async fn leading(http: &reqwest::Client, admin: &str) -> Option<bool> {
-    let text = http
-        .get(format!("http://{admin}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .error_for_status()
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find_map(|line| line.strip_prefix("holdfast_controller_leader "))
-        .map(|value| value.trim() == "1")
+pub(super) async fn leading(admin: &str) -> Option<bool> {
+    let text = crate::metrics::scrape(admin).await.ok()?;
+    crate::metrics::value(&text, "holdfast_controller_leader").map(|value| value == 1.0)
 }
 
 /// Writes `samples` to `path` as CSV (seconds since `started`, process, pid, role, RSS in MiB,
