@@ -31,7 +31,8 @@ e2e_main!(serial:
     the_guard_refuses_builds_and_pods_for_terminating_owners,
     the_fast_finalizer_deletes_the_image_with_the_app,
     the_fast_finalizer_spares_an_image_that_only_shares_the_apps_name,
-    org_spaces_are_deleted_at_once_only_when_opted_in
+    org_spaces_are_deleted_at_once_only_when_opted_in,
+    only_an_unmarked_space_left_in_a_deleted_org_namespace_is_an_orphan
 );
 
 /// The finalizer as `holdfast-controller` runs it, with `options`, until the token is cancelled.
@@ -279,4 +280,82 @@ async fn an_org_deletion_completes_when_holdfast_is_killed_midway(_shared: Arc<E
     );
     // Its configurations and background tasks go before the environment does.
     holdfast.stop().await
+}
+
+/// Issue 33: the soak counts apart, rather than judging, an org deletion cut short across a
+/// kube-apiserver restart when the namespace controller left the org's CFSpace stored in the
+/// deleted namespace, never marked for deletion ([`org_deletion::orphaned_space`]). That state
+/// is made here as a force delete makes it (the namespace finalized before the namespace
+/// controller's first pass); a namespace still there, or a space the namespace controller did
+/// mark before the namespace went, is no such orphan.
+async fn only_an_unmarked_space_left_in_a_deleted_org_namespace_is_an_orphan(env: Arc<Env>) -> Result<()> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let client = env.client().await?;
+    let namespaces = kube::Api::<Namespace>::all(client.clone());
+    let orphaned = |org: &str| {
+        let org = org_deletion::PopulatedOrg {
+            org: org.into(),
+            space: "space".into(),
+            apps: Vec::new(),
+        };
+        let client = client.clone();
+        async move { org_deletion::orphaned_space(&client, &org).await }
+    };
+    // Deletes the namespace and removes it at once, whatever it still holds.
+    let force_delete = |org: String| {
+        let namespaces = namespaces.clone();
+        async move {
+            namespaces.delete(&org, &DeleteParams::default()).await?;
+            let mut namespace = namespaces.get(&org).await?;
+            namespace.spec = None;
+            namespaces
+                .replace_subresource("finalize", &org, &Default::default(), &namespace)
+                .await?;
+            ensure!(
+                namespaces.get_opt(&org).await?.is_none(),
+                "{org} still there once finalized"
+            );
+            Ok::<_, anyhow::Error>(())
+        }
+    };
+    let new_org = || async {
+        let org = holdfast_e2e::control_plane::unique_name("org");
+        let mut namespace = Namespace::default();
+        namespace.metadata.name = Some(org.clone());
+        namespaces.create(&Default::default(), &namespace).await?;
+        Ok::<_, anyhow::Error>(org)
+    };
+
+    // Unmarked, in a namespace that is gone: the orphan.
+    let org = new_org().await?;
+    let space = create(&env, &org, "apiVersion: korifi.cloudfoundry.org/v1alpha1\nkind: CFSpace\nmetadata: {name: space}\nspec: {displayName: space}\n").await?;
+    let present = orphaned(&org).await?;
+    ensure!(present.is_none(), "an org whose namespace is there: {present:?}");
+    force_delete(org.clone()).await?;
+    let orphan = orphaned(&org)
+        .await?
+        .context("the unmarked space in the deleted namespace was not told an orphan")?;
+    ensure!(orphan.contains(&space.uid().unwrap_or_default()), "{orphan}");
+    api_for(&client, &space, Some(&org))
+        .await?
+        .delete("space", &DeleteParams::default())
+        .await?;
+
+    // Marked by the namespace controller (its finalizer holds it), then the namespace gone.
+    let org = new_org().await?;
+    let space = create(&env, &org, &scenarios::cfspace("space")).await?;
+    namespaces.delete(&org, &DeleteParams::default()).await?;
+    let spaces = api_for(&client, &space, Some(&org)).await?;
+    wait::until(&spaces, "space", |s: Option<&DynamicObject>| {
+        s.is_some_and(|s| s.metadata.deletion_timestamp.is_some())
+    })
+    .await?;
+    force_delete(org.clone()).await?;
+    let marked = orphaned(&org).await?;
+    release(&env, &org, &space).await?;
+    ensure!(
+        marked.is_none(),
+        "a space marked for deletion was told an orphan: {marked:?}"
+    );
+    Ok(())
 }

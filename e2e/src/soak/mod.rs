@@ -465,6 +465,7 @@ pub async fn run(config: Config) -> Result<Report> {
         org_deletions: orgs.deletions,
         builds_after_org_delete: orgs.builds_after_delete,
         orgs_not_staged: orgs.not_populated,
+        orgs_orphaned_by_apiserver_restart: orgs.orphaned_by_apiserver_restart,
     };
     // The node (if any) before the control plane it registered with; the environment's
     // processes stop with it, here, on the runtime that started them.

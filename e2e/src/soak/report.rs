@@ -190,6 +190,9 @@ pub struct Report {
     pub builds_after_org_delete: usize,
     /// Orgs Korifi or kpack did not stage in time: not deleted, not judged.
     pub orgs_not_staged: usize,
+    /// Org deletions the namespace controller cut short across a kube-apiserver restart (the
+    /// org's CFSpace left stored in its deleted namespace): not judged.
+    pub orgs_orphaned_by_apiserver_restart: usize,
 }
 
 /// The figure of an optional slope: `n/a` when no process had samples enough.
@@ -202,7 +205,7 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={} mirror_pins={} org_deletions={} builds_after_org_delete={} orgs_not_staged={} late_writes_delivered={} late_writes_refused={} rss_judged_minutes_webhook={:.0} rss_judged_minutes_controller={:.0}",
+            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={} mirror_pins={} org_deletions={} builds_after_org_delete={} orgs_not_staged={} late_writes_delivered={} late_writes_refused={} rss_judged_minutes_webhook={:.0} rss_judged_minutes_controller={:.0} orgs_orphaned_by_apiserver_restart={}",
             self.minutes,
             self.faults,
             self.violations,
@@ -231,6 +234,7 @@ impl fmt::Display for Report {
             self.late_writes_refused,
             self.webhook.judged_minutes,
             self.controller.judged_minutes,
+            self.orgs_orphaned_by_apiserver_restart,
         )
     }
 }

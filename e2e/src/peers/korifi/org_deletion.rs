@@ -165,6 +165,32 @@ impl Deletion {
     }
 }
 
+/// When `org`'s namespace is gone but its CFSpace is still stored in it, never marked for
+/// deletion: what the namespace controller leaves when it empties a namespace while a restarted
+/// kube-apiserver does not serve the custom resources yet (a list or deletecollection answered
+/// 404 reads as "none there", kubernetes/kubernetes#104342 and #93790 are of that class). Nobody
+/// deletes such a CFSpace, so its space and apps stay. Returns what was found, for the log; none
+/// when the org's deletion stopped short for any other reason.
+pub async fn orphaned_space(client: &Client, org: &PopulatedOrg) -> Result<Option<String>> {
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(&org.org).await?.is_some() {
+        return Ok(None);
+    }
+    let spaces = Api::<DynamicObject>::namespaced_with(client.clone(), &org.org, &resource("CFSpace"));
+    Ok(spaces
+        .get_opt(&org.space)
+        .await?
+        .filter(|space| space.metadata.deletion_timestamp.is_none())
+        .map(|space| {
+            format!(
+                "the org's namespace {} is gone, but its CFSpace {} (uid {}) is still stored there, never marked for deletion",
+                org.org,
+                org.space,
+                space.metadata.uid.as_deref().unwrap_or("?")
+            )
+        }))
+}
+
 /// `cf delete-org`, then waits (each part on a watch, at most `timeout`) until everything is gone.
 pub async fn delete(client: &Client, org: &PopulatedOrg, timeout: Duration) -> Result<Deletion> {
     let orgs = Api::<DynamicObject>::namespaced_with(client.clone(), ROOT_NAMESPACE, &resource("CFOrg"));
