@@ -6,9 +6,12 @@
 //! directory of the fixture's own. Dropping it stops the node
 //! (through its script, which removes what it made) and then the control plane.
 //!
-//! The control plane is stopped with the test binary (parent-death signal) however that ends; the
-//! node ([`Node`]) outlives a test binary that is killed. [`Node::around`] makes the same node,
-//! kapp-controller and release around a control plane the caller started (the soak's).
+//! The node is one per machine (its bridge, pod range and kube-proxy's nftables table are fixed):
+//! starting one fails while another runs (`make down` stops make cluster's). The control plane is
+//! stopped with the test binary (parent-death signal) however that ends; the node ([`Node`]) runs
+//! in sessions of its own and outlives a test binary that is killed: `scripts/node.sh down DIR`
+//! then stops it (DIR is logged at start). [`Node::around`] makes the same node, kapp-controller
+//! and release around a control plane the caller started (the soak's).
 
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
