@@ -318,16 +318,9 @@ async fn only_an_unmarked_space_left_in_a_deleted_org_namespace_is_an_orphan(env
             Ok::<_, anyhow::Error>(())
         }
     };
-    let new_org = || async {
-        let org = holdfast_e2e::control_plane::unique_name("org");
-        let mut namespace = Namespace::default();
-        namespace.metadata.name = Some(org.clone());
-        namespaces.create(&Default::default(), &namespace).await?;
-        Ok::<_, anyhow::Error>(org)
-    };
 
     // Unmarked, in a namespace that is gone: the orphan.
-    let org = new_org().await?;
+    let org = env.namespace("org").await?;
     let space = create(&env, &org, "apiVersion: korifi.cloudfoundry.org/v1alpha1\nkind: CFSpace\nmetadata: {name: space}\nspec: {displayName: space}\n").await?;
     let present = orphaned(&org).await?;
     ensure!(present.is_none(), "an org whose namespace is there: {present:?}");
@@ -342,7 +335,7 @@ async fn only_an_unmarked_space_left_in_a_deleted_org_namespace_is_an_orphan(env
         .await?;
 
     // Marked by the namespace controller (its finalizer holds it), then the namespace gone.
-    let org = new_org().await?;
+    let org = env.namespace("org").await?;
     let space = create(&env, &org, &scenarios::cfspace("space")).await?;
     namespaces.delete(&org, &DeleteParams::default()).await?;
     let spaces = api_for(&client, &space, Some(&org)).await?;
