@@ -89,6 +89,8 @@ pub struct Config {
     /// controller's change of role: caches filled, connections opened), and the least a
     /// stretch must span after it to be judged.
     pub settle: Duration,
+    /// The least judged span of a stretch whose own RSS growth counts ([`report::Judging`]).
+    pub long_life: Duration,
     /// Where the resource samples are written as CSV ([`invariants::write_samples`]), if anywhere.
     pub samples_to: Option<std::path::PathBuf>,
     pub sample_every: Duration,
@@ -130,6 +132,7 @@ impl Config {
             quiet: Duration::from_secs(60),
             warm_up: (duration / 10).clamp(Duration::from_secs(60), Duration::from_secs(600)),
             settle: Duration::from_secs(180),
+            long_life: Duration::from_secs(30 * 60),
             samples_to: None,
             sample_every: Duration::from_secs(15),
             follow_slack: Duration::from_secs(60),
@@ -161,6 +164,7 @@ impl Config {
             quiet: Duration::from_secs(5),
             warm_up: Duration::from_secs(20),
             settle: Duration::from_secs(30),
+            long_life: Duration::from_secs(120),
             samples_to: None,
             sample_every: Duration::from_secs(5),
             follow_slack: Duration::from_secs(30),
@@ -402,12 +406,19 @@ pub async fn run(config: Config) -> Result<Report> {
             path.display()
         );
     }
-    let judged = |component| report::resources(&samples, component, started, config.warm_up, config.settle);
+    let judging = report::Judging {
+        warm_up: config.warm_up,
+        settle: config.settle,
+        long_life: config.long_life,
+    };
+    let judged = |component| report::resources(&samples, component, started, judging);
     let (webhook, controller) = (judged("holdfast-webhook"), judged("holdfast-controller"));
     for (name, r) in [("webhook", &webhook), ("controller", &controller)] {
         eprintln!(
-            "soak: {name}: RSS slope {:?} MiB/h over {:.0} judged minutes in {} stretches",
-            r.rss_slope_mib_per_h,
+            "soak: {name}: RSS slope {:?} MiB/h across {} lives, {:?} MiB/h within long lives; {:.0} judged minutes in {} stretches",
+            r.rss_slope_across_lives,
+            r.lives,
+            r.rss_slope_within_long_lives,
             r.judged_minutes,
             r.stretches.len()
         );
@@ -426,8 +437,8 @@ pub async fn run(config: Config) -> Result<Report> {
             violations.record(
                 "rss-slope",
                 format!(
-                    "{name}: {:?} MiB/h over {:.0} judged minutes; the steepest stretch {steepest}",
-                    r.rss_slope_mib_per_h, r.judged_minutes
+                    "{name}: {:?} MiB/h across {} lives, {:?} MiB/h within long lives; the steepest stretch {steepest}",
+                    r.rss_slope_across_lives, r.lives, r.rss_slope_within_long_lives
                 ),
             );
         }

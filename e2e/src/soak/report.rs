@@ -29,16 +29,40 @@ fn centred(points: &[(f64, f64)]) -> Option<(f64, f64)> {
     }))
 }
 
+/// How a component's resource samples are judged.
+#[derive(Debug, Clone, Copy)]
+pub struct Judging {
+    /// No sample taken before this long after the soak started is judged.
+    pub warm_up: Duration,
+    /// Left out at the start of each stretch for its descriptors and threads (connections
+    /// opened, tasks started), and the least span a stretch must have after it to be judged.
+    pub settle: Duration,
+    /// The least judged span of a stretch whose own RSS growth counts: in a shorter life a
+    /// fill-up (caches, allocator arenas) cannot be told from a leak.
+    pub long_life: Duration,
+}
+
 /// The resource figures of one component (the processes whose names start with `component`),
 /// each process judged in stretches: one per pid and role (a controller standing by, then
-/// leading, is two), each on its samples taken `settle` after the stretch began and `warm_up`
-/// after the soak did, when they span at least `settle` too. A leak grows within every stretch;
-/// a step between them (a standby starting to lead, a restart) is not growth, so the RSS slope
-/// is fitted over each role's judged stretches at once, each with an intercept of its own.
+/// leading, is two). The RSS slope of a role is the steeper of two fits:
+/// - **across lives**: its stretches compared at the same age (an intercept per minute of age),
+///   against the soak's time. A fill-up is the same in every life and fits flat; memory that
+///   builds up over the run, in one process or in what every new life loads, rises.
+/// - **within long lives**: the growth within each stretch judged for at least
+///   [`Judging::long_life`] after its settle, with an intercept per stretch (a step between
+///   roles or restarts is not growth). A leak keeps growing after any fill-up.
+///
+/// Descriptors and threads are judged within each stretch from `settle` on.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Resources {
-    /// The steepest of the roles' RSS slopes, MiB per hour; none when no stretch was judged.
+    /// The steepest RSS slope of the roles, either fit, MiB per hour; none when no fit had
+    /// samples enough.
     pub rss_slope_mib_per_h: Option<f64>,
+    /// The steepest slope across lives, and within long lives, MiB per hour.
+    pub rss_slope_across_lives: Option<f64>,
+    pub rss_slope_within_long_lives: Option<f64>,
+    /// The lives compared across (stretches with a sample after warm-up).
+    pub lives: usize,
     /// The largest RSS seen, MiB.
     pub rss_max_mib: f64,
     /// The largest growth of open file descriptors and of threads within one judged stretch,
@@ -83,14 +107,34 @@ impl fmt::Display for Stretch {
     }
 }
 
+/// Sums of centred products from groups of points, each group with an intercept of its own:
+/// their ratio is the slope common to the groups.
+#[derive(Debug, Clone, Copy, Default)]
+struct Fit {
+    sxy: f64,
+    sxx: f64,
+}
+
+impl Fit {
+    fn add(&mut self, group: &[(f64, f64)]) {
+        if let Some((sxy, sxx)) = centred(group) {
+            self.sxy += sxy;
+            self.sxx += sxx;
+        }
+    }
+
+    fn slope(self) -> Option<f64> {
+        (self.sxx > 0.0).then(|| self.sxy / self.sxx)
+    }
+}
+
+/// The steepest of the roles' slopes.
+fn steepest(fits: &BTreeMap<Role, Fit>) -> Option<f64> {
+    fits.values().filter_map(|fit| fit.slope()).reduce(f64::max)
+}
+
 /// Judges `component`'s samples as [`Resources`] says.
-pub fn resources(
-    samples: &[Sample],
-    component: &str,
-    started: Instant,
-    warm_up: Duration,
-    settle: Duration,
-) -> Resources {
+pub fn resources(samples: &[Sample], component: &str, started: Instant, judging: Judging) -> Resources {
     // Each process's samples in time order, cut where its role changes.
     let mut per_process: BTreeMap<(&str, u32), Vec<&Sample>> = BTreeMap::new();
     for sample in samples.iter().filter(|s| s.name.starts_with(component)) {
@@ -101,9 +145,9 @@ pub fn resources(
     }
     let hours = |s: &Sample| s.at.duration_since(started).as_secs_f64() / 3600.0;
     let mut out = Resources::default();
-    // Per role: the sums of the stretches' centred products (x·y, x·x), whose ratio is the
-    // slope common to all of them.
-    let mut fits: BTreeMap<Role, (f64, f64)> = BTreeMap::new();
+    let mut within: BTreeMap<Role, Fit> = BTreeMap::new();
+    // Per role and minute of age: each life's mean (soak time, RSS) at that age.
+    let mut by_age: BTreeMap<(Role, u64), Vec<(f64, f64)>> = BTreeMap::new();
     for process in per_process.values() {
         out.rss_max_mib = process
             .iter()
@@ -111,34 +155,54 @@ pub fn resources(
             .fold(out.rss_max_mib, f64::max);
         for stretch in process.chunk_by(|a, b| a.role == b.role) {
             let begun = stretch[0].at;
-            let judged: Vec<&Sample> = stretch
+            let role = stretch[0].role;
+            let after_warm_up: Vec<&Sample> = stretch
                 .iter()
                 .copied()
-                .filter(|s| s.at >= started + warm_up && s.at >= begun + settle)
+                .filter(|s| s.at >= started + judging.warm_up)
+                .collect();
+            if !after_warm_up.is_empty() {
+                out.lives += 1;
+            }
+            for age in after_warm_up.chunk_by(|a, b| {
+                a.at.duration_since(begun).as_secs() / 60 == b.at.duration_since(begun).as_secs() / 60
+            }) {
+                let n = age.len() as f64;
+                let mean = |f: &dyn Fn(&Sample) -> f64| age.iter().map(|s| f(s)).sum::<f64>() / n;
+                by_age
+                    .entry((role, age[0].at.duration_since(begun).as_secs() / 60))
+                    .or_default()
+                    .push((mean(&hours), mean(&|s| s.usage.rss_mib())));
+            }
+            let judged: Vec<&Sample> = after_warm_up
+                .into_iter()
+                .filter(|s| s.at >= begun + judging.settle)
                 .collect();
             let (Some(a), Some(b)) = (judged.first(), judged.last()) else {
                 continue;
             };
-            if b.at.duration_since(a.at) < settle {
+            let span = b.at.duration_since(a.at);
+            if span < judging.settle {
                 continue;
             }
             let points: Vec<(f64, f64)> = judged.iter().map(|s| (hours(s), s.usage.rss_mib())).collect();
-            let (Some(own), Some((sxy, sxx))) = (slope(&points), centred(&points)) else {
+            let Some(own) = slope(&points) else {
                 continue;
             };
-            let fit = fits.entry(a.role).or_default();
-            *fit = (fit.0 + sxy, fit.1 + sxx);
+            if span >= judging.long_life {
+                within.entry(role).or_default().add(&points);
+            }
             out.fd_growth = out
                 .fd_growth
                 .max(b.usage.open_fds as i64 - a.usage.open_fds as i64);
             out.thread_growth = out
                 .thread_growth
                 .max(b.usage.threads as i64 - a.usage.threads as i64);
-            out.judged_minutes += b.at.duration_since(a.at).as_secs_f64() / 60.0;
+            out.judged_minutes += span.as_secs_f64() / 60.0;
             out.stretches.push(Stretch {
                 name: a.name.clone(),
                 pid: a.pid,
-                role: a.role,
+                role,
                 from_minute: hours(a) * 60.0,
                 to_minute: hours(b) * 60.0,
                 first_rss_mib: a.usage.rss_mib(),
@@ -147,10 +211,15 @@ pub fn resources(
             });
         }
     }
-    out.rss_slope_mib_per_h = fits
-        .values()
-        .filter(|(_, sxx)| *sxx > 0.0)
-        .map(|(sxy, sxx)| sxy / sxx)
+    let mut across: BTreeMap<Role, Fit> = BTreeMap::new();
+    for ((role, _), lives) in &by_age {
+        across.entry(*role).or_default().add(lives);
+    }
+    out.rss_slope_across_lives = steepest(&across);
+    out.rss_slope_within_long_lives = steepest(&within);
+    out.rss_slope_mib_per_h = [out.rss_slope_across_lives, out.rss_slope_within_long_lives]
+        .into_iter()
+        .flatten()
         .reduce(f64::max);
     out
 }
@@ -205,7 +274,7 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={} mirror_pins={} org_deletions={} builds_after_org_delete={} orgs_not_staged={} late_writes_delivered={} late_writes_refused={} rss_judged_minutes_webhook={:.0} rss_judged_minutes_controller={:.0} orgs_orphaned_by_apiserver_restart={}",
+            "minutes={:.1} faults={} violations={} rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} admissions={} failed_admissions_outside_apiserver_down={} failed_admissions={} unpinned_admissions={} unpinned_outside_webhook_or_apiserver_down={} tag_moves={} follows_checked={} restarts={} panics={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={} controller_writes_judged={} private_pins_in_owner_namespace={} mirror_pins={} org_deletions={} builds_after_org_delete={} orgs_not_staged={} late_writes_delivered={} late_writes_refused={} rss_judged_minutes_webhook={:.0} rss_judged_minutes_controller={:.0} orgs_orphaned_by_apiserver_restart={} rss_slope_across_lives_webhook={} rss_slope_across_lives_controller={} rss_slope_within_long_lives_webhook={} rss_slope_within_long_lives_controller={}",
             self.minutes,
             self.faults,
             self.violations,
@@ -235,6 +304,10 @@ impl fmt::Display for Report {
             self.webhook.judged_minutes,
             self.controller.judged_minutes,
             self.orgs_orphaned_by_apiserver_restart,
+            figure(self.webhook.rss_slope_across_lives),
+            figure(self.controller.rss_slope_across_lives),
+            figure(self.webhook.rss_slope_within_long_lives),
+            figure(self.controller.rss_slope_within_long_lives),
         )
     }
 }
@@ -278,6 +351,15 @@ mod tests {
 
     const MINUTE: Duration = Duration::from_secs(60);
 
+    /// Judging with these minutes of warm-up, settle and long life.
+    fn judging(warm_up: u32, settle: u32, long_life: u32) -> Judging {
+        Judging {
+            warm_up: warm_up * MINUTE,
+            settle: settle * MINUTE,
+            long_life: long_life * MINUTE,
+        }
+    }
+
     #[test]
     fn a_standby_that_starts_leading_steps_but_does_not_grow() {
         let started = Instant::now();
@@ -292,9 +374,14 @@ mod tests {
             |m| if m < 43 { 30.0 } else { 40.0 },
             |_| 60,
         ));
-        let judged = resources(&samples, "holdfast-controller", started, 10 * MINUTE, 3 * MINUTE);
-        let slope = judged.rss_slope_mib_per_h.expect("two stretches judged");
+        let judged = resources(&samples, "holdfast-controller", started, judging(10, 3, 20));
+        let slope = judged.rss_slope_mib_per_h.expect("two long stretches judged");
         assert!(slope.abs() < 1e-9, "{slope}");
+        assert_eq!(judged.rss_slope_within_long_lives, Some(slope));
+        assert_eq!(
+            judged.rss_slope_across_lives, None,
+            "one life per role: nothing to compare"
+        );
         assert_eq!(judged.fd_growth, 0, "the step in descriptors is the new role's");
         assert_eq!(judged.stretches.len(), 2);
         assert_eq!(judged.rss_max_mib, 40.0);
@@ -306,38 +393,98 @@ mod tests {
                 ..s.clone()
             })
             .collect();
-        let whole = resources(&unsplit, "holdfast-controller", started, 10 * MINUTE, 3 * MINUTE);
+        let whole = resources(&unsplit, "holdfast-controller", started, judging(10, 3, 20));
         assert!(whole.rss_slope_mib_per_h.unwrap() > 10.0, "{whole:?}");
     }
 
+    /// Leaders of 13-minute lives, one after another for two hours (a fault ends each, as on
+    /// the node): each life's RSS fills from 30 MiB by 1 MiB a minute for 10 minutes and stays,
+    /// plus `per_hour` × the soak's time when the life began.
+    fn short_leader_lives(started: Instant, per_hour: f64) -> Vec<Sample> {
+        (0..9u32)
+            .flat_map(|life| {
+                let from = u64::from(life) * 13;
+                let name = if life % 2 == 0 {
+                    "holdfast-controller-a"
+                } else {
+                    "holdfast-controller-b"
+                };
+                stretch(
+                    started,
+                    (name, 100 + life, Role::Leading),
+                    (from, from + 12),
+                    move |m| 30.0 + (m - from).min(10) as f64 + per_hour * from as f64 / 60.0,
+                    |_| 40,
+                )
+            })
+            .collect()
+    }
+
     #[test]
-    fn growth_within_each_life_is_caught_across_restarts() {
+    fn a_fill_up_in_every_short_life_is_not_growth() {
         let started = Instant::now();
-        // Three lives of a leader, each starting at 30 MiB and growing 10 MiB/h: no one life
-        // is long, and each restart drops the memory back.
+        let samples = short_leader_lives(started, 0.0);
+        let judged = resources(&samples, "holdfast-controller", started, judging(13, 3, 30));
+        let across = judged.rss_slope_across_lives.expect("lives compared");
+        assert!(across.abs() < 1e-9, "{across}");
+        assert_eq!(judged.rss_slope_within_long_lives, None, "no life is long");
+        assert_eq!(judged.rss_slope_mib_per_h, Some(across));
+        assert_eq!(
+            judged.lives,
+            9 - 1,
+            "the first life is over before the warm-up is"
+        );
+        // Within each short life, the fill-up reads as steep growth (the first node run's
+        // violation): what a life too short to pass its fill-up cannot tell from a leak.
+        let within_short = resources(&samples, "holdfast-controller", started, judging(10, 3, 3));
+        assert!(
+            within_short.rss_slope_within_long_lives.unwrap() > 5.0,
+            "{within_short:?}"
+        );
+    }
+
+    #[test]
+    fn memory_that_builds_up_across_short_lives_is_growth() {
+        let started = Instant::now();
+        let samples = short_leader_lives(started, 10.0);
+        let judged = resources(&samples, "holdfast-controller", started, judging(10, 3, 30));
+        let slope = judged.rss_slope_mib_per_h.expect("lives compared");
+        assert!((slope - 10.0).abs() < 1e-2, "{slope}"); // RSS is kept in KiB
+    }
+
+    #[test]
+    fn growth_within_long_lives_is_caught_across_restarts() {
+        let started = Instant::now();
+        // Three lives of a webhook, each starting at 30 MiB and growing 10 MiB/h: each restart
+        // drops the memory back, so only growth within a life shows it.
         let mut samples = Vec::new();
-        for (pid, from) in [(1, 0), (2, 20), (3, 40)] {
+        for (pid, from) in [(1, 0), (2, 40), (3, 80)] {
             samples.extend(stretch(
                 started,
-                ("holdfast-controller-b", pid, Role::Leading),
-                (from, from + 19),
+                ("holdfast-webhook-b", pid, Role::Serving),
+                (from, from + 39),
                 move |m| 30.0 + (m - from) as f64 * 10.0 / 60.0,
                 move |m| 20 + (m - from),
             ));
         }
-        let judged = resources(&samples, "holdfast-controller", started, 5 * MINUTE, 3 * MINUTE);
+        let judged = resources(&samples, "holdfast-webhook", started, judging(5, 3, 30));
         let slope = judged.rss_slope_mib_per_h.expect("judged");
-        assert!((slope - 10.0).abs() < 1e-3, "{slope}"); // RSS is kept in KiB
-        // Each life's descriptors grow by one a minute: 16 from its first judged sample to its last.
-        assert_eq!(judged.fd_growth, 16);
+        assert!((slope - 10.0).abs() < 1e-3, "{slope}");
+        let across = judged.rss_slope_across_lives.expect("lives compared");
+        assert!(across.abs() < 1e-3, "the same at the same age: {across}");
+        // Each life's descriptors grow by one a minute: 36 from its first judged sample to its last.
+        assert_eq!(judged.fd_growth, 36);
         // The first life's first 5 minutes are the soak's warm-up; the others lose 3 each.
         let spans: Vec<(f64, f64)> = judged
             .stretches
             .iter()
             .map(|s| (s.from_minute, s.to_minute))
             .collect();
-        assert_eq!(spans, [(5.0, 19.0), (23.0, 39.0), (43.0, 59.0)]);
-        assert!((judged.judged_minutes - 46.0).abs() < 1e-9);
+        assert_eq!(spans, [(5.0, 39.0), (43.0, 79.0), (83.0, 119.0)]);
+        assert!((judged.judged_minutes - 106.0).abs() < 1e-9);
+        // Lives shorter than a long one are not judged within.
+        let short = resources(&samples, "holdfast-webhook", started, judging(5, 3, 40));
+        assert_eq!(short.rss_slope_within_long_lives, None);
     }
 
     #[test]
@@ -346,14 +493,14 @@ mod tests {
         let webhook = ("holdfast-webhook-b", 9, Role::Serving);
         // Four minutes of life: one after settling, less than the three a judgement needs.
         let samples = stretch(started, webhook, (20, 24), |m| m as f64, |_| 10);
-        let judged = resources(&samples, "holdfast-webhook", started, 10 * MINUTE, 3 * MINUTE);
+        let judged = resources(&samples, "holdfast-webhook", started, judging(10, 3, 3));
         assert_eq!(judged.rss_slope_mib_per_h, None);
         assert!(judged.stretches.is_empty());
         assert_eq!(
             judged.rss_max_mib, 24.0,
             "its memory still counts towards the largest"
         );
-        let other = resources(&samples, "holdfast-controller", started, MINUTE, MINUTE);
+        let other = resources(&samples, "holdfast-controller", started, judging(1, 1, 1));
         assert_eq!(
             other.rss_max_mib, 0.0,
             "another component's samples are not judged"
