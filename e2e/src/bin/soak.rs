@@ -6,6 +6,9 @@
 //! status is non-zero when any invariant was broken. `SOAK_SAMPLES` names a CSV file for the
 //! resource samples the bounds were judged on. holdfast runs as the chart's pods on `make
 //! cluster`'s real node; `SOAK_ON=processes`, as `make up`'s host processes.
+//!
+//! `holdfast-soak --judge SAMPLES.csv` judges a run's samples again (the judging of a
+//! `SOAK_MINUTES` run) and prints the resource figures, with no environment.
 
 use std::process::ExitCode;
 
@@ -21,6 +24,20 @@ async fn main() -> Result<ExitCode> {
             .with_context(|| format!("SOAK_MINUTES={minutes} is not a number of minutes"))?,
         Err(_) => 120,
     };
+    let mut args = std::env::args().skip(1);
+    if let (Some(flag), Some(path)) = (args.next(), args.next()) {
+        anyhow::ensure!(flag == "--judge", "usage: holdfast-soak [--judge SAMPLES.csv]");
+        let csv = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        let started = std::time::Instant::now();
+        let samples = soak::invariants::read_samples(&csv, started)?;
+        let (webhook, controller) = soak::judge(&samples, started, Config::long(minutes).judging());
+        println!(
+            "samples={} {}",
+            samples.len(),
+            soak::report::resource_figures(&webhook, &controller)
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let config = Config {
         placement: Placement::from_env()?,
         samples_to: std::env::var_os("SOAK_SAMPLES").map(Into::into),

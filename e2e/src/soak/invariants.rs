@@ -376,6 +376,12 @@ impl Role {
             Role::StandingBy => "standing-by",
         }
     }
+
+    fn parse(text: &str) -> Option<Self> {
+        [Role::Serving, Role::Leading, Role::StandingBy]
+            .into_iter()
+            .find(|role| role.as_str() == text)
+    }
 }
 
 /// One sample of one holdfast process.
@@ -469,9 +475,86 @@ pub fn write_samples(path: &std::path::Path, samples: &[Sample], started: Instan
     Ok(())
 }
 
+/// The samples [`write_samples`] wrote, their times counted from `started`: a run's samples
+/// judged again (`holdfast-soak --judge`).
+pub fn read_samples(csv: &str, started: Instant) -> Result<Vec<Sample>> {
+    csv.lines()
+        .enumerate()
+        .skip(1)
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(n, line)| {
+            let fields: Vec<&str> = line.split(',').collect();
+            let parsed = match fields.as_slice() {
+                [seconds, name, pid, role, rss_mib, open_fds, threads] => (|| {
+                    Some(Sample {
+                        name: (*name).to_owned(),
+                        pid: pid.parse().ok()?,
+                        role: Role::parse(role)?,
+                        at: started + Duration::try_from_secs_f64(seconds.parse().ok()?).ok()?,
+                        usage: Usage {
+                            rss_kib: (rss_mib.parse::<f64>().ok()? * 1024.0).round() as u64,
+                            open_fds: open_fds.parse().ok()?,
+                            threads: threads.parse().ok()?,
+                            ..Default::default()
+                        },
+                    })
+                })(),
+                _ => None,
+            };
+            parsed.ok_or_else(|| {
+                anyhow::anyhow!(
+                    "samples line {}: not seconds,process,pid,role,rss_mib,open_fds,threads: {line}",
+                    n + 1
+                )
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn samples_read_back_as_written() {
+        let started = Instant::now();
+        let sample = |name: &str, pid, role, secs, rss_kib| Sample {
+            name: name.into(),
+            pid,
+            role,
+            at: started + Duration::from_millis(secs),
+            usage: Usage {
+                rss_kib,
+                open_fds: 21,
+                threads: 4,
+                ..Default::default()
+            },
+        };
+        let samples = [
+            sample("holdfast-webhook-a", 7, Role::Serving, 20_900, 44_780),
+            sample("holdfast-controller-b", 9, Role::StandingBy, 35_100, 30_720),
+        ];
+        let path = std::env::temp_dir().join(format!("holdfast-samples-{}.csv", std::process::id()));
+        write_samples(&path, &samples, started).unwrap();
+        let csv = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let read = read_samples(&csv, started).unwrap();
+        assert_eq!(read.len(), 2);
+        for (read, written) in read.iter().zip(&samples) {
+            assert_eq!(
+                (&read.name, read.pid, read.role),
+                (&written.name, written.pid, written.role)
+            );
+            assert_eq!(read.at, written.at);
+            assert!(
+                read.usage.rss_kib.abs_diff(written.usage.rss_kib) <= 5,
+                "{read:?}"
+            );
+            assert_eq!((read.usage.open_fds, read.usage.threads), (21, 4));
+        }
+        let err = read_samples("header\n1.0,holdfast-webhook-a,7,dozing,1,2,3\n", started).unwrap_err();
+        assert!(err.to_string().contains("line 2"), "{err}");
+    }
 
     #[test]
     fn a_push_tried_again_keeps_its_position() {

@@ -38,11 +38,11 @@ use tokio_util::sync::CancellationToken;
 
 use self::{
     faults::{Fault, Injector, RegistryFront, Timeline},
-    invariants::{Mirrored, Shared, Violations},
+    invariants::{Mirrored, Sample, Shared, Violations},
     load::{Load, Outcome, Shape},
     orgs::Orgs,
     replicas::Holdfast,
-    report::Report,
+    report::{Report, Resources},
 };
 use crate::{Env, cluster::Node, installed::NAMESPACE};
 
@@ -112,6 +112,15 @@ pub struct Bounds {
 }
 
 impl Config {
+    /// How its resource samples are judged.
+    pub fn judging(&self) -> report::Judging {
+        report::Judging {
+            warm_up: self.warm_up,
+            settle: self.settle,
+            long_life: self.long_life,
+        }
+    }
+
     /// `make soak`: `minutes` of faults (`SOAK_MINUTES`) over 200 objects and 30 tags, each tag
     /// moved every 5 minutes, on the real node; the resource bounds enforced from an hour on.
     pub fn long(minutes: u64) -> Self {
@@ -172,6 +181,26 @@ impl Config {
             bounds: None,
         }
     }
+}
+
+/// The webhooks' and the controllers' resource figures from `samples`, each logged.
+pub fn judge(samples: &[Sample], started: Instant, judging: report::Judging) -> (Resources, Resources) {
+    let judged = |name, component| {
+        let r = report::resources(samples, component, started, judging);
+        eprintln!(
+            "soak: {name}: RSS slope {:?} MiB/h across {} lives, {:?} MiB/h within long lives; {:.0} judged minutes in {} stretches",
+            r.rss_slope_across_lives,
+            r.lives,
+            r.rss_slope_within_long_lives,
+            r.judged_minutes,
+            r.stretches.len()
+        );
+        r
+    };
+    (
+        judged("webhook", "holdfast-webhook"),
+        judged("controller", "holdfast-controller"),
+    )
 }
 
 /// Runs the soak in an environment of its own; its report (the violations counted, not
@@ -406,22 +435,8 @@ pub async fn run(config: Config) -> Result<Report> {
             path.display()
         );
     }
-    let judging = report::Judging {
-        warm_up: config.warm_up,
-        settle: config.settle,
-        long_life: config.long_life,
-    };
-    let judged = |component| report::resources(&samples, component, started, judging);
-    let (webhook, controller) = (judged("holdfast-webhook"), judged("holdfast-controller"));
+    let (webhook, controller) = judge(&samples, started, config.judging());
     for (name, r) in [("webhook", &webhook), ("controller", &controller)] {
-        eprintln!(
-            "soak: {name}: RSS slope {:?} MiB/h across {} lives, {:?} MiB/h within long lives; {:.0} judged minutes in {} stretches",
-            r.rss_slope_across_lives,
-            r.lives,
-            r.rss_slope_within_long_lives,
-            r.judged_minutes,
-            r.stretches.len()
-        );
         let Some(bounds) = config.bounds else {
             continue;
         };

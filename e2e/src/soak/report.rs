@@ -269,6 +269,23 @@ fn figure(value: Option<f64>) -> String {
     value.map_or_else(|| "n/a".into(), |v| format!("{v:.1}"))
 }
 
+/// The resource figures of a run's samples judged again, in the last line's names.
+pub fn resource_figures(webhook: &Resources, controller: &Resources) -> String {
+    format!(
+        "rss_slope_mib_per_h_webhook={} rss_slope_mib_per_h_controller={} rss_slope_across_lives_webhook={} rss_slope_across_lives_controller={} rss_slope_within_long_lives_webhook={} rss_slope_within_long_lives_controller={} rss_max_mib_webhook={:.1} rss_max_mib_controller={:.1} fd_growth_max={} thread_growth_max={}",
+        figure(webhook.rss_slope_mib_per_h),
+        figure(controller.rss_slope_mib_per_h),
+        figure(webhook.rss_slope_across_lives),
+        figure(controller.rss_slope_across_lives),
+        figure(webhook.rss_slope_within_long_lives),
+        figure(controller.rss_slope_within_long_lives),
+        webhook.rss_max_mib,
+        controller.rss_max_mib,
+        webhook.fd_growth.max(controller.fd_growth),
+        webhook.thread_growth.max(controller.thread_growth),
+    )
+}
+
 /// The last line: the fields the issue asks for, first and in its order, then the others.
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
