@@ -22,8 +22,7 @@ use holdfast_registry::Digest;
 use crate::{CacheEntry, CacheKey, MirrorDeletion, MirrorFields, Mirrored, Scope, Superseded};
 
 /// The command that prints [`manifest`] into the file it belongs in (run from the workspace).
-pub const REGENERATE: &str =
-    "cargo run -q -p holdfast-cache --example crd > manifests/crds/digestcacheentries.holdfast.dev.yaml";
+pub const REGENERATE: &str = "cargo run -q -p holdfast-cache --example digest_cache_crd > manifests/crds/digestcacheentries.holdfast.dev.yaml";
 
 /// The comment block the manifest opens with, before the command that generates it.
 const HEADER: &str = "\

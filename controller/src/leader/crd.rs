@@ -17,8 +17,7 @@ pub use holdfast_cache::cluster_store::crd::Timestamp;
 pub const FILE: &str = "controllerleases.holdfast.dev.yaml";
 
 /// The command that prints [`manifest`] into [`FILE`] (run from the workspace).
-pub const REGENERATE: &str =
-    "cargo run -q -p holdfast-controller --example crd > manifests/crds/controllerleases.holdfast.dev.yaml";
+pub const REGENERATE: &str = "cargo run -q -p holdfast-controller --example controller_lease_crd > manifests/crds/controllerleases.holdfast.dev.yaml";
 
 /// The comment block the manifest opens with, before the command that generates it.
 const HEADER: &str = "\

@@ -50,7 +50,7 @@ impl ParamsCrd {
     /// The command that prints [`manifest`] into the file it belongs in (run from the workspace).
     pub fn regenerate(self) -> String {
         format!(
-            "cargo run -q -p holdfast-pins --example crd -- {} > manifests/crds/{}",
+            "cargo run -q -p holdfast-pins --example policy_params_crd -- {} > manifests/crds/{}",
             self.arg(),
             self.file()
         )
