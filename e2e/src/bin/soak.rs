@@ -24,19 +24,22 @@ async fn main() -> Result<ExitCode> {
             .with_context(|| format!("SOAK_MINUTES={minutes} is not a number of minutes"))?,
         Err(_) => 120,
     };
-    let mut args = std::env::args().skip(1);
-    if let (Some(flag), Some(path)) = (args.next(), args.next()) {
-        anyhow::ensure!(flag == "--judge", "usage: holdfast-soak [--judge SAMPLES.csv]");
-        let csv = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        let started = std::time::Instant::now();
-        let samples = soak::invariants::read_samples(&csv, started)?;
-        let (webhook, controller) = soak::judge(&samples, started, Config::long(minutes).judging());
-        println!(
-            "samples={} {}",
-            samples.len(),
-            soak::report::resource_figures(&webhook, &controller)
-        );
-        return Ok(ExitCode::SUCCESS);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [] => {}
+        [flag, path] if flag == "--judge" => {
+            let csv = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+            let started = std::time::Instant::now();
+            let samples = soak::invariants::read_samples(&csv, started)?;
+            let (webhook, controller) = soak::judge(&samples, started, Config::long(minutes).judging);
+            println!(
+                "samples={} {}",
+                samples.len(),
+                soak::report::resource_figures(&webhook, &controller)
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        _ => anyhow::bail!("usage: holdfast-soak [--judge SAMPLES.csv] (not {args:?})"),
     }
     let config = Config {
         placement: Placement::from_env()?,

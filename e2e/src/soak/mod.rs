@@ -83,14 +83,8 @@ pub struct Config {
     pub hold: Duration,
     /// The quiet spell before each fault.
     pub quiet: Duration,
-    /// Before the first fault; no sample before its end is judged.
-    pub warm_up: Duration,
-    /// What the resource figures leave out of each stretch of a process (its start, or a
-    /// controller's change of role: caches filled, connections opened), and the least a
-    /// stretch must span after it to be judged.
-    pub settle: Duration,
-    /// The least judged span of a stretch whose own RSS growth counts ([`report::Judging`]).
-    pub long_life: Duration,
+    /// How the resource samples are judged; its warm-up is also the wait before the first fault.
+    pub judging: report::Judging,
     /// Where the resource samples are written as CSV ([`invariants::write_samples`]), if anywhere.
     pub samples_to: Option<std::path::PathBuf>,
     pub sample_every: Duration,
@@ -112,15 +106,6 @@ pub struct Bounds {
 }
 
 impl Config {
-    /// How its resource samples are judged.
-    pub fn judging(&self) -> report::Judging {
-        report::Judging {
-            warm_up: self.warm_up,
-            settle: self.settle,
-            long_life: self.long_life,
-        }
-    }
-
     /// `make soak`: `minutes` of faults (`SOAK_MINUTES`) over 200 objects and 30 tags, each tag
     /// moved every 5 minutes, on the real node; the resource bounds enforced from an hour on.
     pub fn long(minutes: u64) -> Self {
@@ -139,9 +124,11 @@ impl Config {
             refresh: Duration::from_secs(60),
             hold: Duration::from_secs(20),
             quiet: Duration::from_secs(60),
-            warm_up: (duration / 10).clamp(Duration::from_secs(60), Duration::from_secs(600)),
-            settle: Duration::from_secs(180),
-            long_life: Duration::from_secs(30 * 60),
+            judging: report::Judging {
+                warm_up: (duration / 10).clamp(Duration::from_secs(60), Duration::from_secs(600)),
+                settle: Duration::from_secs(180),
+                long_life: Duration::from_secs(30 * 60),
+            },
             samples_to: None,
             sample_every: Duration::from_secs(15),
             follow_slack: Duration::from_secs(60),
@@ -171,9 +158,11 @@ impl Config {
             refresh: Duration::from_secs(15),
             hold: Duration::from_secs(5),
             quiet: Duration::from_secs(5),
-            warm_up: Duration::from_secs(20),
-            settle: Duration::from_secs(30),
-            long_life: Duration::from_secs(120),
+            judging: report::Judging {
+                warm_up: Duration::from_secs(20),
+                settle: Duration::from_secs(30),
+                long_life: Duration::from_secs(120),
+            },
             samples_to: None,
             sample_every: Duration::from_secs(5),
             follow_slack: Duration::from_secs(30),
@@ -300,7 +289,7 @@ pub async fn run(config: Config) -> Result<Report> {
         started.elapsed().as_secs_f64(),
         config.shape.objects,
         config.shape.tags,
-        config.warm_up
+        config.judging.warm_up
     );
 
     let env = Arc::new(tokio::sync::Mutex::new(env));
@@ -354,7 +343,7 @@ pub async fn run(config: Config) -> Result<Report> {
         })
     };
 
-    tokio::time::sleep(config.warm_up).await;
+    tokio::time::sleep(config.judging.warm_up).await;
     let injector = Injector {
         env: env.clone(),
         registry: registry.clone(),
@@ -435,7 +424,7 @@ pub async fn run(config: Config) -> Result<Report> {
             path.display()
         );
     }
-    let (webhook, controller) = judge(&samples, started, config.judging());
+    let (webhook, controller) = judge(&samples, started, config.judging);
     for (name, r) in [("webhook", &webhook), ("controller", &controller)] {
         let Some(bounds) = config.bounds else {
             continue;

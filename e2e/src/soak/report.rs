@@ -11,7 +11,9 @@ use super::invariants::{Role, Sample};
 
 /// The least-squares slope of `points` (x, y), none with fewer than two distinct x.
 pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
-    centred(points).and_then(|(sxy, sxx)| (sxx > 0.0).then(|| sxy / sxx))
+    let mut fit = Fit::default();
+    fit.add(points);
+    fit.slope()
 }
 
 /// The sums of `points`' centred products: Σ(x − x̄)(y − ȳ) and Σ(x − x̄)²; none when empty.
@@ -164,15 +166,16 @@ pub fn resources(samples: &[Sample], component: &str, started: Instant, judging:
             if !after_warm_up.is_empty() {
                 out.lives += 1;
             }
-            for age in after_warm_up.chunk_by(|a, b| {
-                a.at.duration_since(begun).as_secs() / 60 == b.at.duration_since(begun).as_secs() / 60
-            }) {
+            let minute_of_age = |s: &Sample| s.at.duration_since(begun).as_secs() / 60;
+            for age in after_warm_up.chunk_by(|a, b| minute_of_age(a) == minute_of_age(b)) {
                 let n = age.len() as f64;
-                let mean = |f: &dyn Fn(&Sample) -> f64| age.iter().map(|s| f(s)).sum::<f64>() / n;
+                let (x, y) = age
+                    .iter()
+                    .fold((0.0, 0.0), |(x, y), s| (x + hours(s), y + s.usage.rss_mib()));
                 by_age
-                    .entry((role, age[0].at.duration_since(begun).as_secs() / 60))
+                    .entry((role, minute_of_age(age[0])))
                     .or_default()
-                    .push((mean(&hours), mean(&|s| s.usage.rss_mib())));
+                    .push((x / n, y / n));
             }
             let judged: Vec<&Sample> = after_warm_up
                 .into_iter()
